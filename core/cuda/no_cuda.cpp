@@ -1,0 +1,44 @@
+// The CUDA backend when clustr is built without the toolkit: every call that needs a GPU
+// throws a clear error; queries answer "not available".
+#include "core/cuda/cuda.h"
+#include "core/error.h"
+
+namespace clustr::cuda {
+
+namespace {
+[[noreturn]] void no_cuda(const char* what) {
+  throw Error(detail::cat(what, ": clustr was built without the CUDA backend (configure with ",
+                          "the CUDA toolkit installed, or -DCLUSTR_CUDA=ON to require it)"));
+}
+}  // namespace
+
+bool compiled() { return false; }
+bool available() { return false; }
+std::string unavailable_reason() { return "clustr was built without the CUDA backend"; }
+void require(const char* what) { no_cuda(what); }
+
+void* alloc(size_t) { no_cuda("cuda::alloc"); }
+void free(void*, size_t) {}
+MemoryStats memory_stats() { return {}; }
+void reset_peak() {}
+void empty_cache() {}
+size_t cached_bytes() { return 0; }
+
+void copy_h2d(void*, const void*, size_t) { no_cuda("cuda::copy_h2d"); }
+void copy_d2h(void*, const void*, size_t) { no_cuda("cuda::copy_d2h"); }
+void copy_d2d(void*, const void*, size_t) { no_cuda("cuda::copy_d2d"); }
+void fill_f32(float*, float, int64_t) { no_cuda("cuda::fill_f32"); }
+void fill_i32(int32_t*, int32_t, int64_t) { no_cuda("cuda::fill_i32"); }
+void synchronize() {}
+
+void gemm(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*,
+          int64_t, float, float*, int64_t) {
+  no_cuda("cuda::gemm");
+}
+void gemm_strided_batched(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t,
+                          int64_t, const float*, int64_t, int64_t, float, float*, int64_t,
+                          int64_t, int64_t) {
+  no_cuda("cuda::gemm_strided_batched");
+}
+
+}  // namespace clustr::cuda

@@ -1,0 +1,241 @@
+#include "core/tensor.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+#include "core/cuda/cuda.h"
+#include "core/error.h"
+
+namespace clustr {
+
+size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::f32: return 4;
+    case DType::i32: return 4;
+  }
+  return 4;
+}
+
+const char* to_string(DType t) { return t == DType::f32 ? "f32" : "i32"; }
+const char* to_string(Device d) { return d == Device::cpu ? "cpu" : "cuda"; }
+
+// ---- CPU allocation with statistics -------------------------------------------------------
+
+namespace {
+std::atomic<int64_t> g_cpu_live{0}, g_cpu_peak{0}, g_cpu_count{0};
+constexpr size_t kAlign = 64;  // one cache line, and one AVX-512 register
+
+void note_alloc(int64_t bytes) {
+  int64_t live = g_cpu_live.fetch_add(bytes) + bytes;
+  int64_t peak = g_cpu_peak.load();
+  while (live > peak && !g_cpu_peak.compare_exchange_weak(peak, live)) {
+  }
+  g_cpu_count.fetch_add(1);
+}
+}  // namespace
+
+MemoryStats memory_stats(Device d) {
+  if (d == Device::cuda) return cuda::memory_stats();
+  return MemoryStats{g_cpu_live.load(), g_cpu_peak.load(), g_cpu_count.load()};
+}
+
+void reset_peak_memory(Device d) {
+  if (d == Device::cuda) return cuda::reset_peak();
+  g_cpu_peak.store(g_cpu_live.load());
+}
+
+Storage::Storage(size_t bytes, Device device) : bytes_(bytes), device_(device) {
+  if (bytes == 0) return;
+  if (device == Device::cuda) {
+    data_ = cuda::alloc(bytes);
+    return;
+  }
+  size_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;
+  data_ = std::aligned_alloc(kAlign, rounded);
+  CLUSTR_CHECK(data_ != nullptr, "Tensor: out of host memory allocating ", bytes, " bytes");
+  note_alloc(static_cast<int64_t>(bytes));
+}
+
+Storage::~Storage() {
+  if (!data_) return;
+  if (device_ == Device::cuda) {
+    cuda::free(data_, bytes_);
+    return;
+  }
+  std::free(data_);
+  g_cpu_live.fetch_sub(static_cast<int64_t>(bytes_));
+}
+
+// ---- Tensor ------------------------------------------------------------------------------
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
+  for (int64_t d : shape)
+    CLUSTR_CHECK(d >= 0, "Tensor::empty: negative size in shape ", to_string(shape));
+  Tensor t;
+  t.shape_ = shape;
+  t.numel_ = clustr::numel(shape);
+  t.dtype_ = dtype;
+  t.device_ = device;
+  t.storage_ = std::make_shared<Storage>(static_cast<size_t>(t.numel_) * dtype_size(dtype), device);
+  return t;
+}
+
+Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
+  Tensor t = empty(shape, dtype, device);
+  t.fill(0.0f);
+  return t;
+}
+
+Tensor Tensor::full(const Shape& shape, float value, Device device) {
+  Tensor t = empty(shape, DType::f32, device);
+  t.fill(value);
+  return t;
+}
+
+Tensor Tensor::scalar(float value, Device device) { return full({}, value, device); }
+
+namespace {
+template <typename T>
+Tensor from_host(const std::vector<T>& values, const Shape& shape, DType dtype, Device device) {
+  CLUSTR_CHECK(static_cast<int64_t>(values.size()) == numel(shape), "Tensor::from_vector: ",
+               values.size(), " values do not fill shape ", to_string(shape), " (",
+               numel(shape), " elements)");
+  Tensor t = Tensor::empty(shape, dtype, device);
+  if (device == Device::cpu)
+    std::memcpy(t.raw(), values.data(), t.nbytes());
+  else
+    cuda::copy_h2d(t.raw(), values.data(), t.nbytes());
+  return t;
+}
+}  // namespace
+
+Tensor Tensor::from_vector(const std::vector<float>& values, const Shape& shape, Device device) {
+  return from_host(values, shape, DType::f32, device);
+}
+
+Tensor Tensor::from_int_vector(const std::vector<int32_t>& values, const Shape& shape,
+                               Device device) {
+  return from_host(values, shape, DType::i32, device);
+}
+
+int64_t Tensor::size(int axis) const {
+  return shape_[normalize_axis(axis, rank(), "Tensor::size")];
+}
+
+void* Tensor::raw() const {
+  CLUSTR_CHECK(defined(), "Tensor: use of an undefined tensor");
+  return static_cast<char*>(storage_->data()) + offset_ * dtype_size(dtype_);
+}
+
+float* Tensor::f32() const {
+  CLUSTR_CHECK(dtype_ == DType::f32, "Tensor::f32: tensor ", describe(*this), " is not f32");
+  return static_cast<float*>(raw());
+}
+
+int32_t* Tensor::i32() const {
+  CLUSTR_CHECK(dtype_ == DType::i32, "Tensor::i32: tensor ", describe(*this), " is not i32");
+  return static_cast<int32_t*>(raw());
+}
+
+Tensor Tensor::reshape(const Shape& shape) const {
+  CLUSTR_CHECK(defined(), "reshape: use of an undefined tensor");
+  Shape s = shape;
+  int infer = -1;
+  int64_t known = 1;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == -1) {
+      CLUSTR_CHECK(infer < 0, "reshape: more than one -1 in ", to_string(shape));
+      infer = static_cast<int>(i);
+    } else {
+      CLUSTR_CHECK(s[i] >= 0, "reshape: negative size in ", to_string(shape));
+      known *= s[i];
+    }
+  }
+  if (infer >= 0) {
+    CLUSTR_CHECK(known > 0 && numel_ % known == 0, "reshape: cannot reshape ", to_string(shape_),
+                 " (", numel_, " elements) to ", to_string(shape));
+    s[infer] = numel_ / known;
+  }
+  CLUSTR_CHECK(clustr::numel(s) == numel_, "reshape: cannot reshape ", to_string(shape_), " (",
+               numel_, " elements) to ", to_string(shape), " (", clustr::numel(s), " elements)");
+  Tensor t = *this;
+  t.shape_ = s;
+  return t;
+}
+
+Tensor Tensor::rows(int64_t begin, int64_t end) const {
+  CLUSTR_CHECK(rank() >= 1, "rows: tensor ", describe(*this), " has no axis 0");
+  CLUSTR_CHECK(0 <= begin && begin <= end && end <= shape_[0], "rows: range [", begin, ", ", end,
+               ") is outside axis 0 of ", describe(*this));
+  Tensor t = *this;
+  int64_t row = shape_[0] == 0 ? 0 : numel_ / shape_[0];
+  t.offset_ = offset_ + begin * row;
+  t.shape_[0] = end - begin;
+  t.numel_ = row * (end - begin);
+  return t;
+}
+
+Tensor Tensor::clone() const { return to(device_); }
+
+Tensor Tensor::to(Device device) const {
+  CLUSTR_CHECK(defined(), "Tensor::to: use of an undefined tensor");
+  Tensor t = empty(shape_, dtype_, device);
+  t.copy_from(*this);
+  return t;
+}
+
+void Tensor::copy_from(const Tensor& src) {
+  CLUSTR_CHECK(defined() && src.defined(), "copy_from: use of an undefined tensor");
+  CLUSTR_CHECK(shape_ == src.shape_ && dtype_ == src.dtype_, "copy_from: destination ",
+               describe(*this), " and source ", describe(src), " differ in shape or dtype");
+  size_t n = nbytes();
+  if (n == 0) return;
+  if (device_ == Device::cpu && src.device_ == Device::cpu)
+    std::memmove(raw(), src.raw(), n);
+  else if (device_ == Device::cuda && src.device_ == Device::cpu)
+    cuda::copy_h2d(raw(), src.raw(), n);
+  else if (device_ == Device::cpu && src.device_ == Device::cuda)
+    cuda::copy_d2h(raw(), src.raw(), n);
+  else
+    cuda::copy_d2d(raw(), src.raw(), n);
+}
+
+void Tensor::fill(float value) {
+  if (numel_ == 0) return;
+  if (dtype_ == DType::f32) {
+    float* p = f32();
+    if (device_ == Device::cuda) return cuda::fill_f32(p, value, numel_);
+    for (int64_t i = 0; i < numel_; ++i) p[i] = value;
+  } else {
+    int32_t* p = i32();
+    auto v = static_cast<int32_t>(value);
+    if (device_ == Device::cuda) return cuda::fill_i32(p, v, numel_);
+    for (int64_t i = 0; i < numel_; ++i) p[i] = v;
+  }
+}
+
+std::vector<float> Tensor::to_vector() const {
+  Tensor host = device_ == Device::cpu ? *this : to(Device::cpu);
+  const float* p = host.f32();
+  return std::vector<float>(p, p + numel_);
+}
+
+std::vector<int32_t> Tensor::to_int_vector() const {
+  Tensor host = device_ == Device::cpu ? *this : to(Device::cpu);
+  const int32_t* p = host.i32();
+  return std::vector<int32_t>(p, p + numel_);
+}
+
+float Tensor::item() const {
+  CLUSTR_CHECK(numel_ == 1, "item: tensor ", describe(*this), " does not have exactly one element");
+  return to_vector()[0];
+}
+
+std::string describe(const Tensor& t) {
+  if (!t.defined()) return "undefined tensor";
+  return detail::cat(to_string(t.dtype()), " ", to_string(t.shape()), " on ",
+                     to_string(t.device()));
+}
+
+}  // namespace clustr
