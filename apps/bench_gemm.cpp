@@ -81,9 +81,11 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// Times `iters` calls of f; returns GFLOP/s.
+// One sample: an untimed call (wakes the library's sleeping threads, warms the caches), then
+// `iters` timed calls. Returns GFLOP/s.
 template <typename F>
-double gflops(F f, int iters, double flops) {
+double sample_gflops(F f, int iters, double flops) {
+  f();
   auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < iters; ++i) f();
   return flops * iters / seconds_since(t0) * 1e-9;
@@ -157,18 +159,16 @@ int main(int argc, char** argv) try {
         blas.run(c.ta, c.tb, int(c.M), int(c.N), int(c.K), A.f32(), int(lda), B.f32(), int(ldb),
                  Cp.f32(), int(c.N));
       };
-      // Calibrate the number of calls per sample on ours (after a warm-up call).
-      ours();
-      double one = 1.0 / gflops(ours, 1, 1.0);
+      // Calibrate the number of calls per sample on ours, so that a sample lasts sample_ms.
+      double one = flops / sample_gflops(ours, 3, flops) * 1e-9;  // seconds per call
       int iters = std::max(1, int(sample_ms * 1e-3 / one));
-      if (peer) theirs();
       std::vector<double> g_ours, g_peer, ratio;
       for (int r = 0; r < reps; ++r) {
         std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(pause_ms));
-        g_ours.push_back(gflops(ours, iters, flops));
+        g_ours.push_back(sample_gflops(ours, iters, flops));
         if (!peer) continue;
         std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(pause_ms));
-        g_peer.push_back(gflops(theirs, iters, flops));
+        g_peer.push_back(sample_gflops(theirs, iters, flops));
         ratio.push_back(g_ours.back() / g_peer.back());
       }
       Stats so = stats(g_ours);

@@ -102,6 +102,7 @@ Tensor from_host(const std::vector<T>& values, const Shape& shape, DType dtype, 
                values.size(), " values do not fill shape ", to_string(shape), " (",
                numel(shape), " elements)");
   Tensor t = Tensor::empty(shape, dtype, device);
+  if (t.nbytes() == 0) return t;
   if (device == Device::cpu)
     std::memcpy(t.raw(), values.data(), t.nbytes());
   else

@@ -1,0 +1,154 @@
+// Row-major single-precision GEMM on the GPU through cuBLAS: the CUDA twin of cpu::gemm and
+// cpu::gemm_strided_batched (core/cpu/gemm.h), with the same arguments and meaning:
+//   C(M,N) = alpha * op(A)(M,K) * op(B)(K,N) + beta * C        (C is overwritten when beta == 0)
+// A is stored M x K (K x M with trans_a) with row stride lda; B is stored K x N (N x K with
+// trans_b) with row stride ldb; C is stored M x N with row stride ldc.
+//
+// Row-major vs cuBLAS's column-major: the bytes of a row-major r x c matrix X with row stride ld
+// are exactly the column-major c x r matrix X^T with leading dimension ld. So the row-major
+// product C = op(A) op(B) is, read column-major, C^T = op(B)^T op(A)^T: cuBLAS is asked for the
+// N x M column-major product with the operands swapped and the transpose flags kept as they are,
+//   cublasSgemm(handle, opB, opA, N, M, K, &alpha, B, ldb, A, lda, &beta, C, ldc),
+//   opX = trans_x ? CUBLAS_OP_T : CUBLAS_OP_N.
+// No data is copied or transposed. The leading-dimension rules cuBLAS applies to the swapped
+// call (ldb >= max(1, rows of its first operand), ...) are exactly the row-major rules of
+// check_gemm_args (ld >= max(1, row length of the stored matrix)).
+//
+// Sizes: the classic int API is used (available in every toolkit), so M, N, K, the leading
+// dimensions and the batch count must each fit in int; larger values are rejected with a clear
+// error rather than truncated. Batch strides are 64-bit in that API already.
+//
+// Precision: the handle uses CUBLAS_DEFAULT_MATH, i.e. full FP32 arithmetic with no TF32 tensor
+// cores and no BF16x9 emulation, so results agree with the CPU to FP32 rounding.
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+
+#include "core/cuda/check.h"
+#include "core/cuda/cuda.h"
+#include "core/error.h"
+#include "core/gemm_args.h"
+
+namespace clustr::cuda {
+
+namespace {
+
+// One handle for the process, made on first use (its creation is slow and allocates device
+// memory). The function-local static makes creation thread-safe, and cuBLAS allows one handle
+// to be shared by host threads as long as its settings are not changed after creation. It is
+// never destroyed: cublasDestroy during static destruction can run after the CUDA runtime has
+// shut down. It is bound to the current device (device 0) and the legacy default stream, so its
+// work is ordered with our kernels and copies.
+cublasHandle_t handle() {
+  static const cublasHandle_t h = [] {
+    cublasHandle_t made = nullptr;
+    CLUSTR_CUBLAS_CHECK(cublasCreate(&made));
+    cublasStatus_t s = cublasSetMathMode(made, CUBLAS_DEFAULT_MATH);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+      cublasDestroy(made);
+      checks::throw_cublas_error(s, "cublasSetMathMode(handle, CUBLAS_DEFAULT_MATH)", __FILE__,
+                                 __LINE__);
+    }
+    return made;
+  }();
+  return h;
+}
+
+cublasOperation_t op_of(bool trans) { return trans ? CUBLAS_OP_T : CUBLAS_OP_N; }
+
+void check_fits_int(const char* op, const char* name, int64_t v) {
+  CLUSTR_CHECK(v <= INT_MAX, op, ": ", name, " = ", v, " exceeds cuBLAS's 32-bit limit (",
+               INT_MAX, "); split the product into smaller ones");
+}
+
+// The CPU GEMM's checks (core/gemm_args.h: sizes, and each leading dimension against the row
+// length of its stored matrix, in the same words), then what only the GPU needs: pointers that
+// will be touched, and cuBLAS's int range.
+void check_args(const char* op, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                const float* A, int64_t lda, const float* B, int64_t ldb, const float* C,
+                int64_t ldc) {
+  ::clustr::check_gemm_args(op, trans_a, trans_b, M, N, K, lda, ldb, ldc);
+  const bool product = M > 0 && N > 0 && K > 0;
+  CLUSTR_CHECK(!product || (A != nullptr && B != nullptr), op, ": null A or B for a ", M, " x ",
+               N, " x ", K, " product");
+  CLUSTR_CHECK(M == 0 || N == 0 || C != nullptr, op, ": null C for a ", M, " x ", N, " result");
+  check_fits_int(op, "M", M);
+  check_fits_int(op, "N", N);
+  check_fits_int(op, "K", K);
+  check_fits_int(op, "lda", lda);
+  check_fits_int(op, "ldb", ldb);
+  check_fits_int(op, "ldc", ldc);
+}
+
+// C = beta * C for `batch` M x N matrices (row stride ldc, stride_c apart), overwriting with
+// zeros when beta == 0 so that NaN or garbage in C is not propagated (the BLAS rule). Used when
+// K == 0 or alpha == 0, where BLAS reads neither A nor B: cuBLAS would too, but doing it here
+// keeps that rule independent of cuBLAS's handling of degenerate sizes and of null A or B.
+__global__ void scale_kernel(float* C, int64_t M, int64_t N, int64_t ldc, int64_t stride_c,
+                             int64_t batch, float beta) {
+  const int64_t per = M * N, total = per * batch;
+  const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += stride) {
+    const int64_t b = i / per, r = (i - b * per) / N, c = i - b * per - r * N;
+    float* p = C + b * stride_c + r * ldc + c;
+    *p = beta == 0.0f ? 0.0f : beta * *p;
+  }
+}
+
+void scale(float* C, int64_t M, int64_t N, int64_t ldc, int64_t stride_c, int64_t batch,
+           float beta) {
+  if (beta == 1.0f || M == 0 || N == 0 || batch == 0) return;
+  constexpr int kThreads = 256;
+  constexpr int64_t kMaxBlocks = 4096;
+  const int64_t total = M * N * batch;
+  const auto blocks =
+      static_cast<unsigned>(std::min<int64_t>((total + kThreads - 1) / kThreads, kMaxBlocks));
+  scale_kernel<<<blocks, kThreads, 0, /*default stream*/ 0>>>(C, M, N, ldc, stride_c, batch, beta);
+  CLUSTR_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+          const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+          int64_t ldc) {
+  const char* op = "cuda::gemm";
+  check_args(op, trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc);
+  if (M == 0 || N == 0) return;  // an empty C: nothing to compute or scale
+  require(op);
+  if (K == 0 || alpha == 0.0f) return scale(C, M, N, ldc, 0, 1, beta);
+  // Swapped operands: see the comment at the top of the file.
+  CLUSTR_CUBLAS_CHECK(cublasSgemm(handle(), op_of(trans_b), op_of(trans_a), static_cast<int>(N),
+                                  static_cast<int>(M), static_cast<int>(K), &alpha, B,
+                                  static_cast<int>(ldb), A, static_cast<int>(lda), &beta, C,
+                                  static_cast<int>(ldc)));
+}
+
+void gemm_strided_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                          float alpha, const float* A, int64_t lda, int64_t stride_a,
+                          const float* B, int64_t ldb, int64_t stride_b, float beta, float* C,
+                          int64_t ldc, int64_t stride_c, int64_t batch) {
+  const char* op = "cuda::gemm_strided_batched";
+  check_args(op, trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc);
+  CLUSTR_CHECK(batch >= 0, op, ": negative batch count ", batch);
+  check_fits_int(op, "batch", batch);
+  // Stride 0 for A or B is allowed (one matrix used by every product). Overlapping C matrices
+  // would be written by several products at once, a race on the GPU, so they are refused.
+  CLUSTR_CHECK(stride_a >= 0 && stride_b >= 0 && stride_c >= 0, op, ": negative stride (a ",
+               stride_a, ", b ", stride_b, ", c ", stride_c, ")");
+  CLUSTR_CHECK(batch <= 1 || M == 0 || N == 0 || stride_c >= (M - 1) * ldc + N, op,
+               ": stride_c = ", stride_c, " makes the ", M, " x ", N, " C matrices (ldc ", ldc,
+               ") of consecutive batch entries overlap; it must be at least ",
+               (M - 1) * ldc + N);
+  if (M == 0 || N == 0 || batch == 0) return;
+  require(op);
+  if (K == 0 || alpha == 0.0f) return scale(C, M, N, ldc, stride_c, batch, beta);
+  CLUSTR_CUBLAS_CHECK(cublasSgemmStridedBatched(
+      handle(), op_of(trans_b), op_of(trans_a), static_cast<int>(N), static_cast<int>(M),
+      static_cast<int>(K), &alpha, B, static_cast<int>(ldb), static_cast<long long>(stride_b), A,
+      static_cast<int>(lda), static_cast<long long>(stride_a), &beta, C, static_cast<int>(ldc),
+      static_cast<long long>(stride_c), static_cast<int>(batch)));
+}
+
+}  // namespace clustr::cuda

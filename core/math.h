@@ -1,0 +1,158 @@
+// Per-element math shared by the CPU kernels and (later) the CUDA kernels: every formula is
+// written once here as a CLUSTR_HD inline function or functor, so both backends compute the
+// same thing and a CUDA kernel can be tested against its CPU twin element for element.
+//
+// The functors are empty structs with a const call operator; kernels are templates over them,
+// which lets the compiler inline and vectorise the body of the hot loop.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "core/hostdevice.h"
+
+namespace clustr::math {
+
+// ---- binary: out = f(a, b) ---------------------------------------------------------------
+struct Add {
+  CLUSTR_HD float operator()(float a, float b) const { return a + b; }
+};
+struct Sub {
+  CLUSTR_HD float operator()(float a, float b) const { return a - b; }
+};
+struct Mul {
+  CLUSTR_HD float operator()(float a, float b) const { return a * b; }
+};
+struct Div {
+  CLUSTR_HD float operator()(float a, float b) const { return a / b; }
+};
+// NaN in either argument gives NaN, as in PyTorch (fmaxf would silently drop it and hide a
+// diverged value). `|` rather than `||`: without a short-circuit branch the compiler turns
+// this into compare-and-blend and vectorises reductions over it.
+struct Maximum {
+  CLUSTR_HD float operator()(float a, float b) const { return ((a > b) | (a != a)) ? a : b; }
+};
+struct Minimum {
+  CLUSTR_HD float operator()(float a, float b) const { return ((a < b) | (a != a)) ? a : b; }
+};
+
+// ---- unary: y = f(x) ---------------------------------------------------------------------
+constexpr float kInvSqrt2 = 0.70710678118654752440f;
+
+// The float with bit pattern `bits`, and back.
+CLUSTR_HD float float_from_bits(uint32_t bits) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(bits);
+#else
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+#endif
+}
+CLUSTR_HD uint32_t bits_of(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  uint32_t b;
+  std::memcpy(&b, &f, sizeof b);
+  return b;
+#endif
+}
+
+// c ? a : b, computed on the bits with a compare mask. GCC's vectoriser, under its default
+// -ftrapping-math, will not if-convert a float `c ? a : b` whose result feeds more arithmetic,
+// and the loop around it then stays scalar; it does vectorise this.
+CLUSTR_HD float select(bool c, float a, float b) {
+  const uint32_t m = 0u - static_cast<uint32_t>(c);  // all ones when c
+  return float_from_bits((bits_of(a) & m) | (bits_of(b) & ~m));
+}
+
+// e^x for every float x, within 2 ulp of the exact value (checked against double exp over
+// the whole range in tests/test_elementwise.cpp), and without a libm call or a branch, so that
+// loops over it vectorise: libm's expf is one scalar call per element, and softmax spent most
+// of its time there.
+// x = n ln2 + r with |r| <= ln2/2 (ln2 split in two, Cody-Waite, so n ln2 is exact), e^r from
+// Cephes' degree-6 polynomial, and 2^n applied as two factors 2^(n/2) 2^(n - n/2) so that both
+// are normal floats even when the result is subnormal (x down to -104).
+// The clamp of x to [kMin, kMax] also gives the limits: at kMin the formula yields
+// 0.97 * 2^-150, which rounds to 0, and at kMax 1.0000003 * 2^128, which overflows to inf; NaN
+// passes the clamp and flows through r. n is read from the bits of the rounding sum rather
+// than converted with (int), which would be undefined for NaN.
+CLUSTR_HD float exp(float x) {
+  constexpr float kLog2e = 1.44269504088896341f;
+  constexpr float kLn2Hi = 0.693359375f;      // 9 significant bits: n * kLn2Hi is exact
+  constexpr float kLn2Lo = -2.12194440e-4f;   // ln2 - kLn2Hi
+  constexpr float kRound = 12582912.0f;       // 1.5 * 2^23: v + kRound has ulp 1, rounds v
+  constexpr float kMax = 88.7228394f;         // e^kMax > FLT_MAX: inf from here up
+  constexpr float kMin = -104.0f;             // e^kMin < 2^-150: 0 from here down
+  const float xc = select(x < kMin, kMin, select(x > kMax, kMax, x));
+  const float t = xc * kLog2e + kRound;
+  const float n = t - kRound;  // round(x / ln2), in [-150, 128]
+  const int32_t ni = static_cast<int32_t>(bits_of(t) - bits_of(kRound));
+  const float r = (xc - n * kLn2Hi) - n * kLn2Lo;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float er = p * r * r + r + 1.0f;
+  const int32_t n1 = ni / 2, n2 = ni - n1;
+  return er * float_from_bits(static_cast<uint32_t>(n1 + 127) << 23) *
+         float_from_bits(static_cast<uint32_t>(n2 + 127) << 23);
+}
+
+CLUSTR_HD float relu(float x) { return x < 0.0f ? 0.0f : x; }  // NaN passes through
+
+// GELU, exact form 0.5 x (1 + erf(x / sqrt(2))) (PyTorch's default, not the tanh fit).
+// Written with erfc because 1 + erf(z) = erfc(-z): for negative x, 1 + erf cancels to a few
+// significant bits while erfc keeps full relative precision in the left tail.
+CLUSTR_HD float gelu(float x) { return 0.5f * x * erfcf(-x * kInvSqrt2); }
+
+// 1 / (1 + e^-x), evaluated so that exp never overflows: with e = e^-|x| <= 1, it is
+// 1 / (1 + e) for x >= 0 and e / (1 + e) for x < 0.
+CLUSTR_HD float sigmoid(float x) {
+  const float e = exp(-fabsf(x));  // <= 1
+  const float s = 1.0f / (1.0f + e);
+  return select(x < 0.0f, e * s, s);
+}
+
+struct Neg {
+  CLUSTR_HD float operator()(float x) const { return -x; }
+};
+struct Exp {
+  CLUSTR_HD float operator()(float x) const { return exp(x); }
+};
+struct Log {
+  CLUSTR_HD float operator()(float x) const { return logf(x); }
+};
+struct Sqrt {
+  CLUSTR_HD float operator()(float x) const { return sqrtf(x); }
+};
+struct Abs {
+  CLUSTR_HD float operator()(float x) const { return fabsf(x); }
+};
+struct Relu {
+  CLUSTR_HD float operator()(float x) const { return relu(x); }
+};
+struct Gelu {
+  CLUSTR_HD float operator()(float x) const { return gelu(x); }
+};
+struct Tanh {
+  CLUSTR_HD float operator()(float x) const { return tanhf(x); }
+};
+struct Sigmoid {
+  CLUSTR_HD float operator()(float x) const { return sigmoid(x); }
+};
+
+// ---- softmax pieces ------------------------------------------------------------------------
+// A row x is reduced to m = max(x) and s = sum_j exp(x_j - m) (so every exp is <= 1 and none
+// overflows); then softmax = exp(x - m) / s and log-softmax = x - m - log(s). A fully masked
+// row (m = -inf) would give inf - inf = NaN here; kernels test for it and write 0 / -inf.
+CLUSTR_HD bool fully_masked(float row_max) { return row_max == -INFINITY; }
+CLUSTR_HD float log_softmax_value(float x, float row_max, float log_sum) {
+  return x - row_max - log_sum;
+}
+
+}  // namespace clustr::math

@@ -1,0 +1,138 @@
+// Front doors of the element-wise ops: binary ops with NumPy broadcasting, ops with a scalar,
+// unary ops and the in-place add_. Each validates, allocates the result on the inputs' device
+// and calls the kernel (core/cpu/elementwise.cpp).
+#include <vector>
+
+#include "core/cpu/kernels.h"
+#include "core/error.h"
+#include "core/ops.h"
+
+namespace clustr {
+
+namespace {
+
+const char* op_name(BinaryOp op) {
+  switch (op) {
+    case BinaryOp::add: return "add";
+    case BinaryOp::sub: return "sub";
+    case BinaryOp::mul: return "mul";
+    case BinaryOp::div: return "div";
+    case BinaryOp::maximum: return "maximum";
+    case BinaryOp::minimum: return "minimum";
+  }
+  throw Error(detail::cat("binary: unknown BinaryOp value ", static_cast<int>(op)));
+}
+
+const char* op_name(UnaryOp op) {
+  switch (op) {
+    case UnaryOp::neg: return "neg";
+    case UnaryOp::exp: return "exp";
+    case UnaryOp::log: return "log";
+    case UnaryOp::sqrt: return "sqrt";
+    case UnaryOp::abs: return "abs";
+    case UnaryOp::relu: return "relu";
+    case UnaryOp::gelu: return "gelu";
+    case UnaryOp::tanh: return "tanh";
+    case UnaryOp::sigmoid: return "sigmoid";
+  }
+  throw Error(detail::cat("unary: unknown UnaryOp value ", static_cast<int>(op)));
+}
+
+// `what` names the argument in the message ("a", "src").
+void check_f32(const char* op, const char* what, const Tensor& t) {
+  CLUSTR_CHECK(t.defined(), op, ": ", what, " is an undefined tensor");
+  CLUSTR_CHECK(t.dtype() == DType::f32, op, ": expected ", what, " to be f32, got ",
+               describe(t));
+}
+
+void check_same_device(const char* op, const Tensor& a, const Tensor& b) {
+  CLUSTR_CHECK(a.device() == b.device(), op, ": inputs are on different devices: ", describe(a),
+               " and ", describe(b), " (move one with .to())");
+}
+
+// There are no CUDA kernels for these ops yet; say so instead of touching device memory.
+void require_cpu(const char* op, const Tensor& t) {
+  CLUSTR_CHECK(t.device() == Device::cpu, op, ": no CUDA kernel for this op yet; tensor ",
+               describe(t), " (copy it to the cpu with .to(Device::cpu))");
+}
+
+// Strides of a tensor of shape s read as the rank-r broadcast result: s is aligned at the
+// right, and an axis that s lacks or has with size 1 gets stride 0 (the same element repeats).
+std::vector<int64_t> broadcast_strides(const Shape& s, size_t r) {
+  std::vector<int64_t> out(r, 0);
+  const std::vector<int64_t> st = contiguous_strides(s);
+  const size_t lead = r - s.size();
+  for (size_t i = 0; i < s.size(); ++i) out[lead + i] = s[i] == 1 ? 0 : st[i];
+  return out;
+}
+
+}  // namespace
+
+// a (shape_a), b (shape_b) -> out (broadcast_shapes(shape_a, shape_b)).
+Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
+  const char* name = op_name(op);
+  check_f32(name, "a", a);
+  check_f32(name, "b", b);
+  check_same_device(name, a, b);
+  require_cpu(name, a);
+  const Shape shape = broadcast_shapes(a.shape(), b.shape(), name);
+  Tensor out = Tensor::empty(shape, DType::f32, a.device());
+  if (out.numel() == 0) return out;
+  const std::vector<int64_t> sa = broadcast_strides(a.shape(), shape.size());
+  const std::vector<int64_t> sb = broadcast_strides(b.shape(), shape.size());
+  cpu::binary(op, static_cast<int>(shape.size()), shape.data(), a.f32(), sa.data(), b.f32(),
+              sb.data(), out.f32());
+  return out;
+}
+
+Tensor add(const Tensor& a, const Tensor& b) { return binary(BinaryOp::add, a, b); }
+Tensor sub(const Tensor& a, const Tensor& b) { return binary(BinaryOp::sub, a, b); }
+Tensor mul(const Tensor& a, const Tensor& b) { return binary(BinaryOp::mul, a, b); }
+Tensor div(const Tensor& a, const Tensor& b) { return binary(BinaryOp::div, a, b); }
+Tensor maximum(const Tensor& a, const Tensor& b) { return binary(BinaryOp::maximum, a, b); }
+Tensor minimum(const Tensor& a, const Tensor& b) { return binary(BinaryOp::minimum, a, b); }
+
+// a (any shape) -> out (same shape), out = a op s.
+Tensor binary_scalar(BinaryOp op, const Tensor& a, float s) {
+  const char* name = op_name(op);
+  check_f32(name, "a", a);
+  require_cpu(name, a);
+  Tensor out = Tensor::empty(a.shape(), DType::f32, a.device());
+  if (out.numel() > 0) cpu::binary_scalar(op, a.f32(), s, out.f32(), out.numel());
+  return out;
+}
+
+Tensor add(const Tensor& a, float s) { return binary_scalar(BinaryOp::add, a, s); }
+Tensor mul(const Tensor& a, float s) { return binary_scalar(BinaryOp::mul, a, s); }
+
+// x (any shape) -> y (same shape).
+Tensor unary(UnaryOp op, const Tensor& x) {
+  const char* name = op_name(op);
+  check_f32(name, "x", x);
+  require_cpu(name, x);
+  Tensor y = Tensor::empty(x.shape(), DType::f32, x.device());
+  if (y.numel() > 0) cpu::unary(op, x.f32(), y.f32(), y.numel());
+  return y;
+}
+
+Tensor neg(const Tensor& x) { return unary(UnaryOp::neg, x); }
+Tensor exp(const Tensor& x) { return unary(UnaryOp::exp, x); }
+Tensor log(const Tensor& x) { return unary(UnaryOp::log, x); }
+Tensor sqrt(const Tensor& x) { return unary(UnaryOp::sqrt, x); }
+Tensor relu(const Tensor& x) { return unary(UnaryOp::relu, x); }
+Tensor gelu(const Tensor& x) { return unary(UnaryOp::gelu, x); }
+Tensor tanh(const Tensor& x) { return unary(UnaryOp::tanh, x); }
+
+// dst (shape), src (shape): dst += alpha * src. No broadcasting: a gradient that arrives with
+// the wrong shape is a bug upstream, and summing it in silently would hide it.
+void add_(Tensor& dst, const Tensor& src, float alpha) {
+  check_f32("add_", "dst", dst);
+  check_f32("add_", "src", src);
+  check_same_device("add_", dst, src);
+  require_cpu("add_", dst);
+  CLUSTR_CHECK(dst.shape() == src.shape(), "add_: expected src of the same shape as dst ",
+               to_string(dst.shape()), ", got src ", describe(src));
+  if (dst.numel() > 0) cpu::axpy(alpha, src.f32(), dst.f32(), dst.numel());
+}
+
+}  // namespace clustr

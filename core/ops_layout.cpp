@@ -1,0 +1,148 @@
+// Front doors of the layout ops: permute / transpose (any rank, f32 or i32) and the embedding
+// row ops gather_rows / scatter_add_rows_. Kernels in core/cpu/layout.cpp.
+//
+// Shapes: table (V, D): V rows (vocabulary), D columns (model width); index i32 of any shape.
+#include <string>
+#include <vector>
+
+#include "core/cpu/kernels.h"
+#include "core/error.h"
+#include "core/ops.h"
+
+namespace clustr {
+
+namespace {
+
+void check_defined(const char* op, const char* what, const Tensor& t) {
+  CLUSTR_CHECK(t.defined(), op, ": ", what, " is an undefined tensor");
+}
+
+void check_dtype(const char* op, const char* what, const Tensor& t, DType want) {
+  check_defined(op, what, t);
+  CLUSTR_CHECK(t.dtype() == want, op, ": expected ", what, " to be ", to_string(want), ", got ",
+               describe(t));
+}
+
+void check_same_device(const char* op, const Tensor& a, const Tensor& b) {
+  CLUSTR_CHECK(a.device() == b.device(), op, ": inputs are on different devices: ", describe(a),
+               " and ", describe(b), " (move one with .to())");
+}
+
+// There are no CUDA kernels for these ops yet; say so instead of touching device memory.
+void require_cpu(const char* op, const Tensor& t) {
+  CLUSTR_CHECK(t.device() == Device::cpu, op, ": no CUDA kernel for this op yet; tensor ",
+               describe(t), " (copy it to the cpu with .to(Device::cpu))");
+}
+
+std::string perm_string(const std::vector<int>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+// "index[1, 2]": the position of flat element i in a tensor of shape s.
+std::string position(const Shape& s, int64_t i) {
+  std::vector<int64_t> idx(s.size());
+  for (size_t d = s.size(); d-- > 0;) {
+    idx[d] = i % s[d];
+    i /= s[d];
+  }
+  std::string out = "index[";
+  for (size_t d = 0; d < idx.size(); ++d) out += (d ? ", " : "") + std::to_string(idx[d]);
+  return out + "]";
+}
+
+// Every index in [0, V); otherwise names the first bad one, where it is and what it is.
+void check_indices(const char* op, const Tensor& table, const Tensor& index) {
+  const int64_t V = table.shape()[0];
+  const int32_t* p = index.i32();
+  for (int64_t i = 0; i < index.numel(); ++i)
+    CLUSTR_CHECK(p[i] >= 0 && p[i] < V, op, ": ", position(index.shape(), i), " = ", p[i],
+                 " is outside [0, ", V, ") for table ", describe(table), " (index ",
+                 describe(index), ")");
+}
+
+// table (V, D) f32, index i32 (any shape), both on the cpu.
+void check_rows_op(const char* op, const Tensor& table, const Tensor& index) {
+  check_dtype(op, "table", table, DType::f32);
+  check_dtype(op, "index", index, DType::i32);
+  CLUSTR_CHECK(table.rank() == 2, op, ": expected table of rank 2 (V, D), got ", describe(table));
+  check_same_device(op, table, index);
+  require_cpu(op, table);
+}
+
+// x (s) -> (s[perm[0]], ..., s[perm[r-1]]); `op` names the caller in errors.
+Tensor permute_as(const char* op, const Tensor& x, const std::vector<int>& perm) {
+  check_defined(op, "x", x);
+  CLUSTR_CHECK(x.dtype() == DType::f32 || x.dtype() == DType::i32, op,
+               ": expected an f32 or i32 tensor, got ", describe(x));
+  require_cpu(op, x);
+  const int r = x.rank();
+  CLUSTR_CHECK(static_cast<int>(perm.size()) == r, op, ": perm ", perm_string(perm), " has ",
+               perm.size(), " entries but x ", describe(x), " has rank ", r);
+  std::vector<int> p(perm.size());
+  std::vector<bool> seen(perm.size(), false);
+  for (int i = 0; i < r; ++i) {
+    const int a = perm[i] < 0 ? perm[i] + r : perm[i];
+    CLUSTR_CHECK(a >= 0 && a < r && !seen[a], op, ": perm ", perm_string(perm),
+                 " is not a permutation of the axes of ", describe(x), " (expected each of 0..",
+                 r - 1, " exactly once)");
+    seen[a] = true;
+    p[i] = a;
+  }
+  Shape out_shape(perm.size());
+  for (int i = 0; i < r; ++i) out_shape[i] = x.shape()[p[i]];
+  Tensor y = Tensor::empty(out_shape, x.dtype(), x.device());
+  if (y.numel() > 0)
+    cpu::permute(static_cast<const uint32_t*>(x.raw()), static_cast<uint32_t*>(y.raw()), r,
+                 x.shape().data(), p.data());
+  return y;
+}
+
+}  // namespace
+
+Tensor permute(const Tensor& x, const std::vector<int>& perm) {
+  return permute_as("permute", x, perm);
+}
+
+// x (..., a0, ..., a1, ...) -> (..., a1, ..., a0, ...).
+Tensor transpose(const Tensor& x, int axis0, int axis1) {
+  check_defined("transpose", "x", x);
+  const int a0 = normalize_axis(axis0, x.rank(), "transpose");
+  const int a1 = normalize_axis(axis1, x.rank(), "transpose");
+  std::vector<int> perm(static_cast<size_t>(x.rank()));
+  for (int i = 0; i < x.rank(); ++i) perm[i] = i;
+  std::swap(perm[a0], perm[a1]);
+  return permute_as("transpose", x, perm);
+}
+
+// table (V, D), index (...) -> (..., D).
+Tensor gather_rows(const Tensor& table, const Tensor& index) {
+  check_rows_op("gather_rows", table, index);
+  check_indices("gather_rows", table, index);
+  const int64_t D = table.shape()[1];
+  Shape out_shape = index.shape();
+  out_shape.push_back(D);
+  Tensor out = Tensor::empty(out_shape, DType::f32, table.device());
+  if (out.numel() > 0) cpu::gather_rows(table.f32(), D, index.i32(), index.numel(), out.f32());
+  return out;
+}
+
+// table (V, D) += src (..., D) scattered by index (...); repeated indices accumulate.
+void scatter_add_rows_(Tensor& table, const Tensor& index, const Tensor& src) {
+  const char* op = "scatter_add_rows_";
+  check_dtype(op, "src", src, DType::f32);
+  check_rows_op(op, table, index);
+  check_same_device(op, table, src);
+  Shape want = index.shape();
+  want.push_back(table.shape()[1]);
+  CLUSTR_CHECK(src.shape() == want, op, ": expected src of shape ", to_string(want),
+               " (index shape ", to_string(index.shape()), " then D of table ", describe(table),
+               "), got ", describe(src));
+  check_indices(op, table, index);
+  if (src.numel() > 0)
+    cpu::scatter_add_rows(table.f32(), table.shape()[0], table.shape()[1], index.i32(),
+                          index.numel(), src.f32());
+}
+
+}  // namespace clustr

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs what clustr needs to build, from Debian's packages, when it is missing. Idempotent:
+# runs apt-get only if a package is not installed yet. Needs root (or sudo) for apt-get.
+# The CUDA toolkit is optional and is not installed here; CMake finds it in /usr/local/cuda.
+set -euo pipefail
+
+packages=(g++ cmake make doctest-dev libcli11-dev libstb-dev libopenblas0)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+else
+  echo "setup: all packages present"
+fi
