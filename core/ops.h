@@ -62,6 +62,66 @@ Tensor gather_rows(const Tensor& table, const Tensor& index);
 // table[index[i], :] += src[i, :]; src (index.shape..., D). Throws on an index outside [0, V).
 void scatter_add_rows_(Tensor& table, const Tensor& index, const Tensor& src);
 
+// ---- shape ops ----------------------------------------------------------------------------------
+// x broadcast (NumPy rules) to `shape`, as a new contiguous tensor.
+Tensor broadcast_to(const Tensor& x, const Shape& shape);
+// The sum of x over the axes that broadcasting added or expanded, giving `shape`: the gradient
+// of broadcast_to. `shape` must broadcast to x's shape.
+Tensor sum_to(const Tensor& x, const Shape& shape);
+// Elements [start, start + length) along `axis` (a copy). f32 or i32.
+Tensor slice(const Tensor& x, int axis, int64_t start, int64_t length);
+// dst[..., start:start+src.size(axis), ...] += src along `axis` (accumulated): the gradient of
+// slice. dst and src agree on every other axis.
+void slice_add_(Tensor& dst, int axis, int64_t start, const Tensor& src);
+// Tensors joined along `axis`; they agree on every other axis. f32 or i32.
+Tensor concat(const std::vector<Tensor>& xs, int axis);
+
+// ---- backward kernels of the nn ops ---------------------------------------------------------
+// dx = dy * f'(x) for y = unary(op, x). Each formula uses x or y, whichever is cheaper and
+// stabler (exp and tanh use y, relu and gelu use x), so both are passed.
+Tensor unary_backward(UnaryOp op, const Tensor& x, const Tensor& y, const Tensor& dy);
+// Over the last axis. y is the forward output.
+Tensor softmax_backward(const Tensor& y, const Tensor& dy);      // dx = y * (dy - sum(dy * y))
+Tensor log_softmax_backward(const Tensor& y, const Tensor& dy);  // dx = dy - exp(y) * sum(dy)
+
+// Layer norm over the last axis (D): y = (x - mean) * rstd * gamma + beta, rstd = 1/sqrt(var +
+// eps) with the biased variance (as PyTorch). x (..., D), gamma and beta (D); mean and rstd
+// have x's shape without the last axis and are what backward needs.
+struct LayerNormOutput {
+  Tensor y, mean, rstd;
+};
+LayerNormOutput layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps);
+struct LayerNormGrads {
+  Tensor dx, dgamma, dbeta;
+};
+LayerNormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& mean,
+                                   const Tensor& rstd, const Tensor& gamma);
+
+// Cross-entropy of logits (R, V) against i32 targets (R): row r contributes
+// w_r * (logsumexp(logits_r) - logits_r[target_r]), where w_r is weight[r] (f32 (R); an
+// undefined tensor means 1) and 0 when target_r == ignore_index. Targets outside [0, V) (other
+// than ignore_index) and negative weights are errors. mean divides by sum(w_r) (0 when every
+// row is ignored, as there is nothing to learn); sum does not.
+enum class Reduction { mean, sum };
+struct CrossEntropyOutput {
+  Tensor loss;       // shape ()
+  Tensor logsumexp;  // (R), saved for backward
+  double total_weight = 0;
+};
+CrossEntropyOutput cross_entropy(const Tensor& logits, const Tensor& target, const Tensor& weight,
+                                 int ignore_index, Reduction reduction);
+// dlogits = dloss * w_r / norm * (softmax(logits_r) - onehot(target_r)); dloss is shape ().
+Tensor cross_entropy_backward(const Tensor& dloss, const Tensor& logits, const Tensor& target,
+                              const Tensor& weight, const Tensor& logsumexp, int ignore_index,
+                              Reduction reduction, double total_weight);
+
+// Inverted dropout with a mask drawn from Philox counter blocks starting at `offset` of stream
+// `seed` (element i keeps with probability 1 - p, from block offset + i/4, word i%4): y = x *
+// keep / (1 - p). The same (seed, offset) gives the same mask, so backward applies this to dy.
+// Reserve the blocks with Generator::reserve(dropout_blocks(numel)).
+Tensor dropout_apply(const Tensor& x, float p, uint64_t seed, uint64_t offset);
+inline uint64_t dropout_blocks(int64_t numel) { return static_cast<uint64_t>((numel + 3) / 4); }
+
 // ---- matrix products --------------------------------------------------------------------------
 // C = alpha * op(A) op(B) + beta * C for matrices (rank 2) or batches of them (rank 3, the
 // same batch size everywhere). op(X) is X, or X^T when the flag is set.

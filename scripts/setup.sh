@@ -4,7 +4,7 @@
 # The CUDA toolkit is optional and is not installed here; CMake finds it in /usr/local/cuda.
 set -euo pipefail
 
-packages=(g++ cmake make doctest-dev libcli11-dev libstb-dev libopenblas0)
+packages=(g++ cmake make doctest-dev libcli11-dev libstb-dev nlohmann-json3-dev libopenblas0)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -1,0 +1,110 @@
+// The backward engine. From the root's node it counts, for every reachable node, how many
+// edges lead into it; then it runs nodes in an order where each runs only after every node
+// that feeds it a gradient (a topological order, found with explicit stacks: no recursion, so
+// graph depth is unlimited). Gradients meeting at a node are summed; gradients reaching a
+// leaf are accumulated into leaf.grad (+=). Each node drops its saved tensors and its edges
+// as soon as it has run, so memory falls back while backward proceeds.
+#include <unordered_map>
+#include <unordered_set>
+
+#include "autograd/node.h"
+#include "autograd/variable.h"
+#include "core/error.h"
+#include "core/ops.h"
+
+namespace clustr {
+
+namespace {
+
+void check_grad_shape(const Tensor& g, const Shape& expected, const char* node, size_t input) {
+  CLUSTR_CHECK(g.shape() == expected, "backward: ", node, " produced a gradient of shape ",
+               to_string(g.shape()), " for its input ", input, ", expected ",
+               to_string(expected));
+}
+
+void accumulate_leaf(VariableImpl& leaf, const Tensor& g) {
+  if (!leaf.grad.defined())
+    leaf.grad = g.clone();  // a gradient may be shared with other edges: own a copy
+  else
+    add_(leaf.grad, g);
+}
+
+void run_backward(const Variable& root, const Tensor& grad) {
+  CLUSTR_CHECK(root.defined(), "backward: use of an undefined Variable");
+  CLUSTR_CHECK(root.requires_grad(), "backward: this Variable does not require grad (no input ",
+               "of the ops that made it requires grad, or it was made under NoGradGuard)");
+  CLUSTR_CHECK(grad.defined() && grad.dtype() == DType::f32 && grad.shape() == root.shape() &&
+                   grad.device() == root.device(),
+               "backward: the gradient must be an f32 tensor of the variable's shape and device: ",
+               "variable ", describe(root.data()), ", gradient ", describe(grad));
+  if (root.is_leaf()) return accumulate_leaf(*root.impl(), grad);
+
+  const std::shared_ptr<Node>& start = root.impl()->grad_fn;
+  // 1. Count the edges into every reachable node.
+  std::unordered_map<Node*, int> dependencies;
+  std::unordered_set<Node*> seen{start.get()};
+  std::vector<Node*> stack{start.get()};
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    CLUSTR_CHECK(!n->released, "backward: the graph was already used by a backward() and has ",
+                 "been freed (node ", n->name(), "); run the forward pass again");
+    for (const Edge& e : n->next)
+      if (e.node) {
+        ++dependencies[e.node.get()];
+        if (seen.insert(e.node.get()).second) stack.push_back(e.node.get());
+      }
+  }
+
+  // 2. Run the nodes whose every incoming gradient has arrived.
+  std::unordered_map<Node*, Tensor> pending{{start.get(), grad}};
+  std::vector<std::shared_ptr<Node>> ready{start};
+  while (!ready.empty()) {
+    std::shared_ptr<Node> n = std::move(ready.back());
+    ready.pop_back();
+    Tensor g = std::move(pending[n.get()]);
+    pending.erase(n.get());
+
+    std::vector<Tensor> grads;
+    if (g.defined()) {  // no gradient arrived at all: nothing to propagate
+      check_grad_shape(g, n->output_shape, n->name(), 0);
+      grads = n->backward(g);
+      CLUSTR_CHECK(grads.size() == n->next.size(), "backward: ", n->name(), " returned ",
+                   grads.size(), " gradients for ", n->next.size(), " inputs");
+    }
+    grads.resize(n->next.size());
+    n->release();
+    n->released = true;
+    std::vector<Edge> edges = std::move(n->next);
+    n->next.clear();
+
+    for (size_t i = 0; i < edges.size(); ++i) {
+      Edge& e = edges[i];
+      Tensor& gi = grads[i];
+      if (e.leaf && gi.defined()) {
+        check_grad_shape(gi, e.leaf->data.shape(), n->name(), i);
+        accumulate_leaf(*e.leaf, gi);
+      }
+      if (!e.node) continue;
+      if (gi.defined()) {
+        check_grad_shape(gi, e.node->output_shape, n->name(), i);
+        Tensor& slot = pending[e.node.get()];
+        slot = slot.defined() ? add(slot, gi) : gi;
+      }
+      if (--dependencies[e.node.get()] == 0) ready.push_back(std::move(e.node));
+    }
+  }
+}
+
+}  // namespace
+
+void Variable::backward() const {
+  CLUSTR_CHECK(defined(), "backward: use of an undefined Variable");
+  CLUSTR_CHECK(numel() == 1, "backward: without an explicit gradient the variable must have one ",
+               "element, got ", describe(data()), " (pass the upstream gradient)");
+  run_backward(*this, Tensor::full(shape(), 1.0f, device()));
+}
+
+void Variable::backward(const Tensor& grad) const { run_backward(*this, grad); }
+
+}  // namespace clustr
