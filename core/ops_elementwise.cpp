@@ -6,6 +6,7 @@
 #include "core/cpu/kernels.h"
 #include "core/error.h"
 #include "core/ops.h"
+#include "core/ops_check.h"
 
 namespace clustr {
 
@@ -38,24 +39,6 @@ const char* op_name(UnaryOp op) {
   throw Error(detail::cat("unary: unknown UnaryOp value ", static_cast<int>(op)));
 }
 
-// `what` names the argument in the message ("a", "src").
-void check_f32(const char* op, const char* what, const Tensor& t) {
-  CLUSTR_CHECK(t.defined(), op, ": ", what, " is an undefined tensor");
-  CLUSTR_CHECK(t.dtype() == DType::f32, op, ": expected ", what, " to be f32, got ",
-               describe(t));
-}
-
-void check_same_device(const char* op, const Tensor& a, const Tensor& b) {
-  CLUSTR_CHECK(a.device() == b.device(), op, ": inputs are on different devices: ", describe(a),
-               " and ", describe(b), " (move one with .to())");
-}
-
-// There are no CUDA kernels for these ops yet; say so instead of touching device memory.
-void require_cpu(const char* op, const Tensor& t) {
-  CLUSTR_CHECK(t.device() == Device::cpu, op, ": no CUDA kernel for this op yet; tensor ",
-               describe(t), " (copy it to the cpu with .to(Device::cpu))");
-}
-
 // Strides of a tensor of shape s read as the rank-r broadcast result: s is aligned at the
 // right, and an axis that s lacks or has with size 1 gets stride 0 (the same element repeats).
 std::vector<int64_t> broadcast_strides(const Shape& s, size_t r) {
@@ -71,10 +54,10 @@ std::vector<int64_t> broadcast_strides(const Shape& s, size_t r) {
 // a (shape_a), b (shape_b) -> out (broadcast_shapes(shape_a, shape_b)).
 Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
   const char* name = op_name(op);
-  check_f32(name, "a", a);
-  check_f32(name, "b", b);
-  check_same_device(name, a, b);
-  require_cpu(name, a);
+  detail::check_f32(name, "a", a);
+  detail::check_f32(name, "b", b);
+  detail::check_same_device(name, a, b);
+  detail::require_cpu(name, a);
   const Shape shape = broadcast_shapes(a.shape(), b.shape(), name);
   Tensor out = Tensor::empty(shape, DType::f32, a.device());
   if (out.numel() == 0) return out;
@@ -95,8 +78,8 @@ Tensor minimum(const Tensor& a, const Tensor& b) { return binary(BinaryOp::minim
 // a (any shape) -> out (same shape), out = a op s.
 Tensor binary_scalar(BinaryOp op, const Tensor& a, float s) {
   const char* name = op_name(op);
-  check_f32(name, "a", a);
-  require_cpu(name, a);
+  detail::check_f32(name, "a", a);
+  detail::require_cpu(name, a);
   Tensor out = Tensor::empty(a.shape(), DType::f32, a.device());
   if (out.numel() > 0) cpu::binary_scalar(op, a.f32(), s, out.f32(), out.numel());
   return out;
@@ -108,8 +91,8 @@ Tensor mul(const Tensor& a, float s) { return binary_scalar(BinaryOp::mul, a, s)
 // x (any shape) -> y (same shape).
 Tensor unary(UnaryOp op, const Tensor& x) {
   const char* name = op_name(op);
-  check_f32(name, "x", x);
-  require_cpu(name, x);
+  detail::check_f32(name, "x", x);
+  detail::require_cpu(name, x);
   Tensor y = Tensor::empty(x.shape(), DType::f32, x.device());
   if (y.numel() > 0) cpu::unary(op, x.f32(), y.f32(), y.numel());
   return y;
@@ -126,10 +109,10 @@ Tensor tanh(const Tensor& x) { return unary(UnaryOp::tanh, x); }
 // dst (shape), src (shape): dst += alpha * src. No broadcasting: a gradient that arrives with
 // the wrong shape is a bug upstream, and summing it in silently would hide it.
 void add_(Tensor& dst, const Tensor& src, float alpha) {
-  check_f32("add_", "dst", dst);
-  check_f32("add_", "src", src);
-  check_same_device("add_", dst, src);
-  require_cpu("add_", dst);
+  detail::check_f32("add_", "dst", dst);
+  detail::check_f32("add_", "src", src);
+  detail::check_same_device("add_", dst, src);
+  detail::require_cpu("add_", dst);
   CLUSTR_CHECK(dst.shape() == src.shape(), "add_: expected src of the same shape as dst ",
                to_string(dst.shape()), ", got src ", describe(src));
   if (dst.numel() > 0) cpu::axpy(alpha, src.f32(), dst.f32(), dst.numel());

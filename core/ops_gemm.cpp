@@ -1,10 +1,9 @@
 // Front doors for matrix products: shape/device checks, then cpu:: or cuda:: GEMM.
-#include <initializer_list>
-
 #include "core/cpu/gemm.h"
 #include "core/cuda/cuda.h"
 #include "core/error.h"
 #include "core/ops.h"
+#include "core/ops_check.h"
 
 namespace clustr {
 
@@ -33,9 +32,9 @@ const char* t_suffix(bool t) { return t ? "^T" : ""; }
 
 void gemm(bool trans_a, bool trans_b, float alpha, const Tensor& A, const Tensor& B, float beta,
           Tensor& C) {
-  for (const Tensor* t : std::initializer_list<const Tensor*>{&A, &B, &C})
-    CLUSTR_CHECK(t->defined() && t->dtype() == DType::f32, "gemm: expected f32 tensors, got ",
-                 describe(*t));
+  detail::check_f32("gemm", "A", A);
+  detail::check_f32("gemm", "B", B);
+  detail::check_f32("gemm", "C", C);
   CLUSTR_CHECK((A.rank() == 2 || A.rank() == 3) && A.rank() == B.rank() && A.rank() == C.rank(),
                "gemm: expected A, B, C all of rank 2 (matrices) or all of rank 3 (batches), got A ",
                to_string(A.shape()), ", B ", to_string(B.shape()), ", C ", to_string(C.shape()));

@@ -8,31 +8,11 @@
 #include "core/cpu/kernels.h"
 #include "core/error.h"
 #include "core/ops.h"
+#include "core/ops_check.h"
 
 namespace clustr {
 
 namespace {
-
-void check_defined(const char* op, const char* what, const Tensor& t) {
-  CLUSTR_CHECK(t.defined(), op, ": ", what, " is an undefined tensor");
-}
-
-void check_dtype(const char* op, const char* what, const Tensor& t, DType want) {
-  check_defined(op, what, t);
-  CLUSTR_CHECK(t.dtype() == want, op, ": expected ", what, " to be ", to_string(want), ", got ",
-               describe(t));
-}
-
-void check_same_device(const char* op, const Tensor& a, const Tensor& b) {
-  CLUSTR_CHECK(a.device() == b.device(), op, ": inputs are on different devices: ", describe(a),
-               " and ", describe(b), " (move one with .to())");
-}
-
-// There are no CUDA kernels for these ops yet; say so instead of touching device memory.
-void require_cpu(const char* op, const Tensor& t) {
-  CLUSTR_CHECK(t.device() == Device::cpu, op, ": no CUDA kernel for this op yet; tensor ",
-               describe(t), " (copy it to the cpu with .to(Device::cpu))");
-}
 
 std::string perm_string(const std::vector<int>& v) {
   std::string s = "[";
@@ -64,19 +44,19 @@ void check_indices(const char* op, const Tensor& table, const Tensor& index) {
 
 // table (V, D) f32, index i32 (any shape), both on the cpu.
 void check_rows_op(const char* op, const Tensor& table, const Tensor& index) {
-  check_dtype(op, "table", table, DType::f32);
-  check_dtype(op, "index", index, DType::i32);
+  detail::check_dtype(op, "table", table, DType::f32);
+  detail::check_dtype(op, "index", index, DType::i32);
   CLUSTR_CHECK(table.rank() == 2, op, ": expected table of rank 2 (V, D), got ", describe(table));
-  check_same_device(op, table, index);
-  require_cpu(op, table);
+  detail::check_same_device(op, table, index);
+  detail::require_cpu(op, table);
 }
 
 // x (s) -> (s[perm[0]], ..., s[perm[r-1]]); `op` names the caller in errors.
 Tensor permute_as(const char* op, const Tensor& x, const std::vector<int>& perm) {
-  check_defined(op, "x", x);
+  detail::check_defined(op, "x", x);
   CLUSTR_CHECK(x.dtype() == DType::f32 || x.dtype() == DType::i32, op,
                ": expected an f32 or i32 tensor, got ", describe(x));
-  require_cpu(op, x);
+  detail::require_cpu(op, x);
   const int r = x.rank();
   CLUSTR_CHECK(static_cast<int>(perm.size()) == r, op, ": perm ", perm_string(perm), " has ",
                perm.size(), " entries but x ", describe(x), " has rank ", r);
@@ -107,7 +87,7 @@ Tensor permute(const Tensor& x, const std::vector<int>& perm) {
 
 // x (..., a0, ..., a1, ...) -> (..., a1, ..., a0, ...).
 Tensor transpose(const Tensor& x, int axis0, int axis1) {
-  check_defined("transpose", "x", x);
+  detail::check_defined("transpose", "x", x);
   const int a0 = normalize_axis(axis0, x.rank(), "transpose");
   const int a1 = normalize_axis(axis1, x.rank(), "transpose");
   std::vector<int> perm(static_cast<size_t>(x.rank()));
@@ -131,9 +111,9 @@ Tensor gather_rows(const Tensor& table, const Tensor& index) {
 // table (V, D) += src (..., D) scattered by index (...); repeated indices accumulate.
 void scatter_add_rows_(Tensor& table, const Tensor& index, const Tensor& src) {
   const char* op = "scatter_add_rows_";
-  check_dtype(op, "src", src, DType::f32);
+  detail::check_dtype(op, "src", src, DType::f32);
   check_rows_op(op, table, index);
-  check_same_device(op, table, src);
+  detail::check_same_device(op, table, src);
   Shape want = index.shape();
   want.push_back(table.shape()[1]);
   CLUSTR_CHECK(src.shape() == want, op, ": expected src of shape ", to_string(want),

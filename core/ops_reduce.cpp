@@ -8,6 +8,7 @@
 #include "core/cpu/kernels.h"
 #include "core/error.h"
 #include "core/ops.h"
+#include "core/ops_check.h"
 
 namespace clustr {
 
@@ -21,17 +22,6 @@ const char* op_name(ReduceOp op) {
     case ReduceOp::min: return "min";
   }
   throw Error(detail::cat("reduce: unknown ReduceOp value ", static_cast<int>(op)));
-}
-
-void check_f32(const char* op, const Tensor& x) {
-  CLUSTR_CHECK(x.defined(), op, ": x is an undefined tensor");
-  CLUSTR_CHECK(x.dtype() == DType::f32, op, ": expected x to be f32, got ", describe(x));
-}
-
-// There are no CUDA kernels for these ops yet; say so instead of touching device memory.
-void require_cpu(const char* op, const Tensor& x) {
-  CLUSTR_CHECK(x.device() == Device::cpu, op, ": no CUDA kernel for this op yet; tensor ",
-               describe(x), " (copy it to the cpu with .to(Device::cpu))");
 }
 
 struct AxisView {
@@ -65,8 +55,8 @@ AxisView axis_view(const char* op, const Tensor& x, int axis, bool keepdim, bool
 // x (..., len, ...) -> (..., ...) or, with keepdim, (..., 1, ...).
 Tensor reduce(ReduceOp op, const Tensor& x, int axis, bool keepdim) {
   const char* name = op_name(op);
-  check_f32(name, x);
-  require_cpu(name, x);
+  detail::check_f32(name, "x", x);
+  detail::require_cpu(name, x);
   const AxisView v = axis_view(name, x, axis, keepdim, op != ReduceOp::sum);
   Tensor y = Tensor::empty(v.out_shape, DType::f32, x.device());
   if (y.numel() > 0) cpu::reduce(op, x.f32(), y.f32(), v.outer, v.len, v.inner);
@@ -85,8 +75,8 @@ Tensor max(const Tensor& x, int axis, bool keepdim) {
 
 // x (..., len, ...) -> i32 (..., ...): the first index of the maximum along axis.
 Tensor argmax(const Tensor& x, int axis, bool keepdim) {
-  check_f32("argmax", x);
-  require_cpu("argmax", x);
+  detail::check_f32("argmax", "x", x);
+  detail::require_cpu("argmax", x);
   const AxisView v = axis_view("argmax", x, axis, keepdim, true);
   CLUSTR_CHECK(v.len <= std::numeric_limits<int32_t>::max(), "argmax: axis ", axis, " of ",
                describe(x), " is too long for i32 indices");
@@ -97,8 +87,8 @@ Tensor argmax(const Tensor& x, int axis, bool keepdim) {
 
 // x (any shape) -> () : the sum of every element (0 for an empty tensor).
 Tensor sum_all(const Tensor& x) {
-  check_f32("sum_all", x);
-  require_cpu("sum_all", x);
+  detail::check_f32("sum_all", "x", x);
+  detail::require_cpu("sum_all", x);
   Tensor y = Tensor::empty({}, DType::f32, x.device());
   cpu::reduce(ReduceOp::sum, x.f32(), y.f32(), 1, x.numel(), 1);
   return y;
@@ -110,8 +100,8 @@ namespace {
 
 // x (..., C) -> y (..., C), computed as rows (numel / C, C).
 Tensor softmax_like(const char* op, const Tensor& x, bool log) {
-  check_f32(op, x);
-  require_cpu(op, x);
+  detail::check_f32(op, "x", x);
+  detail::require_cpu(op, x);
   CLUSTR_CHECK(x.rank() >= 1, op, ": expected a tensor with at least one axis (softmax runs ",
                "over the last), got ", describe(x));
   Tensor y = Tensor::empty(x.shape(), DType::f32, x.device());

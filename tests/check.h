@@ -1,19 +1,68 @@
-// Comparison helpers for tests: |actual - expected| <= atol + rtol * |expected| element-wise.
-// On failure the message gives the tolerance, the number of bad elements, and the worst one
-// with its index, so a failing run says by how much and where.
+// Helpers shared by the test suites.
+//
+// CHECK_CLOSE compares element-wise: |actual - expected| <= atol + rtol * |expected|. On failure
+// the message gives the tolerance, the number of bad elements, and the worst one with its
+// index, so a failing run says by how much and where.
+//
+// CHECK_ERROR checks that an expression throws clustr::Error whose message contains given
+// parts; random_values / random_tensor make reproducible inputs; ThreadCount sets the OpenMP
+// thread count for one scope.
 #pragma once
 
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "core/error.h"
+#include "core/parallel.h"
 #include "core/tensor.h"
 
 namespace clustr::test {
+
+// n values uniform in [lo, hi), the same for the same seed (std::mt19937).
+inline std::vector<float> random_values(int64_t n, uint32_t seed, float lo = -2.0f,
+                                        float hi = 2.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+// A cpu f32 tensor of shape s holding random_values(numel(s), seed, lo, hi).
+inline Tensor random_tensor(const Shape& s, uint32_t seed, float lo = -2.0f, float hi = 2.0f) {
+  return Tensor::from_vector(random_values(numel(s), seed, lo, hi), s);
+}
+
+// The what() of the clustr::Error that f throws; "" when it throws none.
+template <class F>
+std::string error_of(F f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+inline bool contains_all(const std::string& s, std::initializer_list<const char*> parts) {
+  for (const char* p : parts)
+    if (s.find(p) == std::string::npos) return false;
+  return true;
+}
+
+// Sets the OpenMP thread count for one scope.
+struct ThreadCount {
+  int saved = num_threads();
+  explicit ThreadCount(int n) { set_num_threads(n); }
+  ~ThreadCount() { set_num_threads(saved); }
+};
 
 struct CloseReport {
   bool ok = true;
@@ -62,4 +111,13 @@ inline CloseReport compare_close(const std::vector<float>& actual,
   do {                                                                                         \
     auto clustr_report_ = ::clustr::test::compare_close((actual), (expected), (atol), (rtol)); \
     CHECK_MESSAGE(clustr_report_.ok, clustr_report_.message);                                  \
+  } while (0)
+
+// CHECK_ERROR(expr, "part", ...): expr throws clustr::Error and what() contains every part.
+#define CHECK_ERROR(expr, ...)                                                                 \
+  do {                                                                                         \
+    const std::string clustr_msg_ = ::clustr::test::error_of([&] { (void)(expr); });           \
+    CHECK_MESSAGE(                                                                             \
+        (!clustr_msg_.empty() && ::clustr::test::contains_all(clustr_msg_, {__VA_ARGS__})),    \
+        "error message: \"" << clustr_msg_ << "\"");                                           \
   } while (0)

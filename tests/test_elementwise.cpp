@@ -7,62 +7,15 @@
 #include <functional>
 #include <initializer_list>
 #include <limits>
-#include <random>
-#include <string>
 #include <vector>
 
 #include "check.h"
-#include "core/error.h"
 #include "core/ops.h"
-#include "core/parallel.h"
 
 using namespace clustr;
+using namespace clustr::test;
 
 namespace {
-
-std::vector<float> random_values(int64_t n, uint32_t seed, float lo = -2.0f, float hi = 2.0f) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (float& x : v) x = dist(rng);
-  return v;
-}
-
-Tensor random_tensor(const Shape& s, uint32_t seed, float lo = -2.0f, float hi = 2.0f) {
-  return Tensor::from_vector(random_values(numel(s), seed, lo, hi), s);
-}
-
-// The what() of the clustr::Error that f throws; "" when it throws none.
-template <class F>
-std::string error_of(F f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-bool contains_all(const std::string& s, std::initializer_list<const char*> parts) {
-  for (const char* p : parts)
-    if (s.find(p) == std::string::npos) return false;
-  return true;
-}
-
-// CHECK_ERROR(expr, "part", ...): expr throws clustr::Error and what() contains every part.
-#define CHECK_ERROR(expr, ...)                                                         \
-  do {                                                                                 \
-    const std::string msg_ = error_of([&] { (void)(expr); });                          \
-    CHECK_MESSAGE((!msg_.empty() && contains_all(msg_, {__VA_ARGS__})),                \
-                  "error message: \"" << msg_ << "\"");                                \
-  } while (0)
-
-// Sets the OpenMP thread count for one scope.
-struct ThreadCount {
-  int saved = num_threads();
-  explicit ThreadCount(int n) { set_num_threads(n); }
-  ~ThreadCount() { set_num_threads(saved); }
-};
 
 double ref_binary(BinaryOp op, double a, double b) {
   switch (op) {

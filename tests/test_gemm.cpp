@@ -8,10 +8,10 @@
 #include "core/cpu/gemm.h"
 #include "core/error.h"
 #include "core/ops.h"
-#include "core/parallel.h"
 #include "core/random.h"
 
 using namespace clustr;
+using namespace clustr::test;
 
 namespace {
 
@@ -108,16 +108,15 @@ TEST_CASE("gemm with K == 0 scales C by beta") {
 }
 
 TEST_CASE("gemm results are identical at 1 and 2 threads") {
-  int saved = num_threads();
   const int64_t M = 333, N = 530, K = 300;
   std::vector<float> A = random_vector(M * K, 6), B = random_vector(N * K, 7);
-  std::vector<float> C1(M * N), C2(M * N);
-  set_num_threads(1);
-  cpu::gemm(false, true, M, N, K, 1.0f, A.data(), K, B.data(), K, 0.0f, C1.data(), N);
-  set_num_threads(2);
-  cpu::gemm(false, true, M, N, K, 1.0f, A.data(), K, B.data(), K, 0.0f, C2.data(), N);
-  set_num_threads(saved);
-  CHECK(C1 == C2);
+  auto run = [&](int threads) {
+    ThreadCount tc(threads);
+    std::vector<float> C(M * N);
+    cpu::gemm(false, true, M, N, K, 1.0f, A.data(), K, B.data(), K, 0.0f, C.data(), N);
+    return C;
+  };
+  CHECK(run(1) == run(2));
 }
 
 TEST_CASE("strided batched gemm equals one gemm per matrix") {

@@ -6,21 +6,19 @@
 
 #include "check.h"
 #include "core/error.h"
-#include "core/parallel.h"
 #include "core/philox.h"
 #include "core/random.h"
 
 using namespace clustr;
+using namespace clustr::test;
 
 namespace {
 
 std::vector<float> draw(void (*fill)(Tensor&, Generator&), uint64_t seed, int threads, int64_t n) {
-  int saved = num_threads();
-  set_num_threads(threads);
+  ThreadCount tc(threads);
   Generator gen(seed);
   Tensor t = Tensor::empty({n});
   fill(t, gen);
-  set_num_threads(saved);
   return t.to_vector();
 }
 
