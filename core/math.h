@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "core/hostdevice.h"
+#include "core/philox.h"
 
 namespace clustr::math {
 
@@ -146,6 +147,65 @@ struct Sigmoid {
   CLUSTR_HD float operator()(float x) const { return sigmoid(x); }
 };
 
+// ---- derivatives of the unary ops: dx = dy * f'(x) -------------------------------------------
+// Each functor takes (x, y = f(x), dy) but reads only the one of x and y that gives the cheaper
+// and stabler formula; kUsesX / kUsesY say which, so a kernel loads, and an autograd node
+// saves, only that one (exp, sqrt, tanh and sigmoid use y; log, abs, relu and gelu use x).
+
+// d/dx of the exact GELU x Phi(x): Phi(x) + x phi(x), phi the standard normal density (the
+// formula of PyTorch's gelu backward). Phi is written with erfc, as in gelu() above.
+CLUSTR_HD float gelu_grad(float x) {
+  constexpr float kInvSqrt2Pi = 0.39894228040143267794f;
+  const float cdf = 0.5f * erfcf(-x * kInvSqrt2);
+  const float pdf = kInvSqrt2Pi * exp(-0.5f * x * x);
+  return cdf + x * pdf;
+}
+CLUSTR_HD float sigmoid_grad_from_y(float y) { return y * (1.0f - y); }
+CLUSTR_HD float tanh_grad_from_y(float y) { return 1.0f - y * y; }
+
+struct NegGrad {
+  static constexpr bool kUsesX = false, kUsesY = false;
+  CLUSTR_HD float operator()(float, float, float dy) const { return -dy; }
+};
+struct ExpGrad {
+  static constexpr bool kUsesX = false, kUsesY = true;
+  CLUSTR_HD float operator()(float, float y, float dy) const { return dy * y; }
+};
+struct LogGrad {
+  static constexpr bool kUsesX = true, kUsesY = false;
+  CLUSTR_HD float operator()(float x, float, float dy) const { return dy / x; }
+};
+struct SqrtGrad {  // 1 / (2 sqrt(x)) = 0.5 / y
+  static constexpr bool kUsesX = false, kUsesY = true;
+  CLUSTR_HD float operator()(float, float y, float dy) const { return 0.5f * dy / y; }
+};
+// sign(x) dy, 0 at x = 0 (PyTorch's choice of subgradient).
+struct AbsGrad {
+  static constexpr bool kUsesX = true, kUsesY = false;
+  CLUSTR_HD float operator()(float x, float, float dy) const {
+    return select(x > 0.0f, dy, select(x < 0.0f, -dy, 0.0f));
+  }
+};
+// dy where x > 0, else 0 (0 at the kink, as PyTorch).
+struct ReluGrad {
+  static constexpr bool kUsesX = true, kUsesY = false;
+  CLUSTR_HD float operator()(float x, float, float dy) const { return select(x > 0.0f, dy, 0.0f); }
+};
+struct GeluGrad {
+  static constexpr bool kUsesX = true, kUsesY = false;
+  CLUSTR_HD float operator()(float x, float, float dy) const { return dy * gelu_grad(x); }
+};
+struct TanhGrad {
+  static constexpr bool kUsesX = false, kUsesY = true;
+  CLUSTR_HD float operator()(float, float y, float dy) const { return dy * tanh_grad_from_y(y); }
+};
+struct SigmoidGrad {
+  static constexpr bool kUsesX = false, kUsesY = true;
+  CLUSTR_HD float operator()(float, float y, float dy) const {
+    return dy * sigmoid_grad_from_y(y);
+  }
+};
+
 // ---- softmax pieces ------------------------------------------------------------------------
 // A row x is reduced to m = max(x) and s = sum_j exp(x_j - m) (so every exp is <= 1 and none
 // overflows); then softmax = exp(x - m) / s and log-softmax = x - m - log(s). A fully masked
@@ -153,6 +213,32 @@ struct Sigmoid {
 CLUSTR_HD bool fully_masked(float row_max) { return row_max == -INFINITY; }
 CLUSTR_HD float log_softmax_value(float x, float row_max, float log_sum) {
   return x - row_max - log_sum;
+}
+// Backward over a row, given the forward output y and s from one pass over the row:
+// softmax:     s = sum(dy * y), dx = y (dy - s);
+// log-softmax: s = sum(dy),     dx = dy - exp(y) s (exp(y) is the softmax; y <= 0, so it
+//              never overflows, and a masked entry y = -inf gives exp(y) = 0).
+CLUSTR_HD float softmax_dx(float y, float dy, float s) { return y * (dy - s); }
+CLUSTR_HD float log_softmax_dx(float y, float dy, float s) { return dy - exp(y) * s; }
+
+// ---- layer norm, cross-entropy and dropout pieces ----------------------------------------------
+// Layer norm backward for one element of a row, with g = dy * gamma, mean_g = mean(g) and
+// mean_gx = mean(g * xhat) over the row: dx = rstd (g - mean_g - xhat mean_gx).
+CLUSTR_HD float layer_norm_dx(float g, float xhat, float mean_g, float mean_gx, float rstd) {
+  return rstd * (g - mean_g - xhat * mean_gx);
+}
+
+// d loss / d logit_j of one cross-entropy row, scale = dloss * w_r / norm:
+// scale (softmax_j - [j == target]), softmax_j = exp(x_j - logsumexp).
+CLUSTR_HD float cross_entropy_dlogit(float x, float lse, bool is_target, float scale) {
+  return scale * (exp(x - lse) - select(is_target, 1.0f, 0.0f));
+}
+
+// Inverted dropout of one element: x * scale (scale = 1 / (1 - p)) when the uniform 32-bit word
+// `bits` keeps it, which happens when uint_to_unit(bits) >= p, i.e. with probability 1 - p.
+// A dropped element is 0 even when x is inf or NaN.
+CLUSTR_HD float dropout_value(float x, uint32_t bits, float p, float scale) {
+  return select(uint_to_unit(bits) >= p, x * scale, 0.0f);
 }
 
 }  // namespace clustr::math

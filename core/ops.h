@@ -78,7 +78,8 @@ Tensor concat(const std::vector<Tensor>& xs, int axis);
 
 // ---- backward kernels of the nn ops ---------------------------------------------------------
 // dx = dy * f'(x) for y = unary(op, x). Each formula uses x or y, whichever is cheaper and
-// stabler (exp and tanh use y, relu and gelu use x), so both are passed.
+// stabler (exp and tanh use y, relu and gelu use x); only the one the formula reads must be
+// defined, the other may be an undefined tensor (so a node saves just one).
 Tensor unary_backward(UnaryOp op, const Tensor& x, const Tensor& y, const Tensor& dy);
 // Over the last axis. y is the forward output.
 Tensor softmax_backward(const Tensor& y, const Tensor& dy);      // dx = y * (dy - sum(dy * y))

@@ -1,0 +1,249 @@
+// CPU kernels of the nn ops (see core/cpu/nn.h for shapes): the unary derivatives, softmax and
+// log-softmax backward, fused layer norm forward and backward, cross-entropy forward and
+// backward, and dropout. The per-element formulas live in core/math.h.
+//
+// Row sums are accumulated in double over kLanes partial sums in a fixed order (row_sum), so a
+// row's result is the same whichever thread computes it. The one sum across rows, layer norm's
+// dgamma and dbeta, is split into row blocks whose number depends only on R, and the block
+// partials are added in block order.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/cpu/nn.h"
+#include "core/math.h"
+#include "core/philox.h"
+
+namespace clustr::cpu {
+
+namespace {
+
+constexpr int64_t kParallelMin = 16384;  // elements; below this a parallel region costs more
+constexpr int kLanes = 8;                // independent partial sums (ILP, SIMD)
+// Layer norm backward splits the rows into at most this many blocks for dgamma and dbeta.
+constexpr int64_t kMaxBlocks = 64;
+
+// sum over j < n of term(j), in double, with kLanes partial sums combined in a fixed order.
+template <class Term>
+double row_sum(int64_t n, Term term) {
+  double acc[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes)
+    for (int k = 0; k < kLanes; ++k) acc[k] += term(j + k);
+  for (int k = 0; j < n; ++j, ++k) acc[k] += term(j);
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+// NaN-propagating, so that a row holding a NaN gives NaN rather than passing as masked.
+float row_max(const float* x, int64_t n) {
+  float m = -INFINITY;
+  for (int64_t j = 0; j < n; ++j) m = math::Maximum{}(m, x[j]);
+  return m;
+}
+
+// Calls fn(functor) with the derivative functor of op (core/math.h).
+template <class Fn>
+void with_unary_grad(UnaryOp op, Fn&& fn) {
+  switch (op) {
+    case UnaryOp::neg: return fn(math::NegGrad{});
+    case UnaryOp::exp: return fn(math::ExpGrad{});
+    case UnaryOp::log: return fn(math::LogGrad{});
+    case UnaryOp::sqrt: return fn(math::SqrtGrad{});
+    case UnaryOp::abs: return fn(math::AbsGrad{});
+    case UnaryOp::relu: return fn(math::ReluGrad{});
+    case UnaryOp::gelu: return fn(math::GeluGrad{});
+    case UnaryOp::tanh: return fn(math::TanhGrad{});
+    case UnaryOp::sigmoid: return fn(math::SigmoidGrad{});
+  }
+}
+
+// One row of layer norm backward: dy, x, dx (D); dx is written, and dy * xhat and dy are added
+// to the block partials pg and pb (D).
+//
+// The saved mean is the float rounding of the row's mean; with rows like 1e4 + noise its error
+// (up to half an ulp of 1e4, 5e-4) would shift every xhat by a visible amount. So the exact
+// remainder c = mean(x - mean_f) is recomputed here, in double, and xhat = (x - mean_f - c) *
+// rstd agrees with the forward pass, which centred with the double mean.
+void layer_norm_backward_row(const float* dy, const float* x, float mean_f, float rstd,
+                             const float* gamma, float* dx, double* pg, double* pb, int64_t D) {
+  const double m = mean_f;
+  const double sum_g = row_sum(D, [&](int64_t j) { return double(dy[j]) * gamma[j]; });
+  const double sum_d = row_sum(D, [&](int64_t j) { return double(x[j]) - m; });
+  const double sum_gd =
+      row_sum(D, [&](int64_t j) { return double(dy[j]) * gamma[j] * (double(x[j]) - m); });
+  const double c = sum_d / double(D);
+  const double mean_g = sum_g / double(D);
+  // mean(g * xhat) = rstd * (mean(g * d) - c * mean(g)), d = x - mean_f.
+  const double mean_gx = double(rstd) * (sum_gd / double(D) - c * mean_g);
+  const double shift = m + c;
+  const float mean_g_f = static_cast<float>(mean_g), mean_gx_f = static_cast<float>(mean_gx);
+  for (int64_t j = 0; j < D; ++j) {
+    const float xhat = static_cast<float>((double(x[j]) - shift) * rstd);
+    dx[j] = math::layer_norm_dx(dy[j] * gamma[j], xhat, mean_g_f, mean_gx_f, rstd);
+    pg[j] += double(dy[j]) * xhat;
+    pb[j] += dy[j];
+  }
+}
+
+}  // namespace
+
+UnaryGradInputs unary_grad_inputs(UnaryOp op) {
+  UnaryGradInputs in;
+  with_unary_grad(op, [&](auto f) {
+    in.x = decltype(f)::kUsesX;
+    in.y = decltype(f)::kUsesY;
+  });
+  return in;
+}
+
+void unary_backward(UnaryOp op, const float* x, const float* y, const float* dy, float* dx,
+                    int64_t n) {
+  with_unary_grad(op, [&](auto f) {
+    using F = decltype(f);
+    // The pointer that the formula does not read may be null; the branch is decided at
+    // compile time, so it is never dereferenced.
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
+    for (int64_t i = 0; i < n; ++i)
+      dx[i] = f(F::kUsesX ? x[i] : 0.0f, F::kUsesY ? y[i] : 0.0f, dy[i]);
+  });
+}
+
+void softmax_backward(const float* y, const float* dy, float* dx, int64_t rows, int64_t cols) {
+#pragma omp parallel for schedule(static) if (rows * cols >= kParallelMin)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* yr = y + r * cols;
+    const float* gr = dy + r * cols;
+    float* out = dx + r * cols;
+    const float s =
+        static_cast<float>(row_sum(cols, [&](int64_t j) { return double(gr[j]) * yr[j]; }));
+    for (int64_t j = 0; j < cols; ++j) out[j] = math::softmax_dx(yr[j], gr[j], s);
+  }
+}
+
+void log_softmax_backward(const float* y, const float* dy, float* dx, int64_t rows,
+                          int64_t cols) {
+#pragma omp parallel for schedule(static) if (rows * cols >= kParallelMin)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* yr = y + r * cols;
+    const float* gr = dy + r * cols;
+    float* out = dx + r * cols;
+    const float s = static_cast<float>(row_sum(cols, [&](int64_t j) { return double(gr[j]); }));
+    for (int64_t j = 0; j < cols; ++j) out[j] = math::log_softmax_dx(yr[j], gr[j], s);
+  }
+}
+
+// Two passes per row in double (mean, then the mean square deviation from it): no
+// cancellation even for rows like 1e4 + small noise, where E[x^2] - E[x]^2 in float is noise.
+void layer_norm(const float* x, const float* gamma, const float* beta, float eps, float* y,
+                float* mean, float* rstd, int64_t R, int64_t D) {
+#pragma omp parallel for schedule(static) if (R * D >= kParallelMin)
+  for (int64_t r = 0; r < R; ++r) {
+    const float* xr = x + r * D;
+    float* yr = y + r * D;
+    const double mu = row_sum(D, [&](int64_t j) { return double(xr[j]); }) / double(D);
+    const double var = row_sum(D, [&](int64_t j) {
+                         const double d = xr[j] - mu;
+                         return d * d;
+                       }) / double(D);
+    const double rs = 1.0 / std::sqrt(var + double(eps));
+    mean[r] = static_cast<float>(mu);
+    rstd[r] = static_cast<float>(rs);
+    for (int64_t j = 0; j < D; ++j)
+      yr[j] = static_cast<float>((xr[j] - mu) * rs) * gamma[j] + beta[j];
+  }
+}
+
+void layer_norm_backward(const float* dy, const float* x, const float* mean, const float* rstd,
+                         const float* gamma, float* dx, float* dgamma, float* dbeta, int64_t R,
+                         int64_t D) {
+  // Block b holds rows [b * block_rows, (b + 1) * block_rows); the split depends on R only.
+  const int64_t block_rows = std::max<int64_t>(1, (R + kMaxBlocks - 1) / kMaxBlocks);
+  const int64_t blocks = (R + block_rows - 1) / block_rows;
+  // partial[b] = (sum of dy * xhat over block b's rows (D), sum of dy (D)).
+  std::vector<double> partial(static_cast<size_t>(2 * blocks * D), 0.0);
+#pragma omp parallel if (R * D >= kParallelMin)
+  {
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < blocks; ++b) {
+      double* pg = partial.data() + 2 * b * D;
+      double* pb = pg + D;
+      const int64_t r1 = std::min(R, (b + 1) * block_rows);
+      for (int64_t r = b * block_rows; r < r1; ++r)
+        layer_norm_backward_row(dy + r * D, x + r * D, mean[r], rstd[r], gamma, dx + r * D, pg,
+                                pb, D);
+    }
+#pragma omp for schedule(static)
+    for (int64_t j = 0; j < D; ++j) {
+      double g = 0, s = 0;
+      for (int64_t b = 0; b < blocks; ++b) {
+        g += partial[static_cast<size_t>(2 * b * D + j)];
+        s += partial[static_cast<size_t>(2 * b * D + D + j)];
+      }
+      dgamma[j] = static_cast<float>(g);
+      dbeta[j] = static_cast<float>(s);
+    }
+  }
+}
+
+CrossEntropySums cross_entropy(const float* logits, const int32_t* target, const float* weight,
+                               int32_t ignore_index, float* lse, int64_t R, int64_t V) {
+  // Per-row terms, summed below in row order so the total does not depend on the threads.
+  std::vector<double> row_loss(static_cast<size_t>(R)), row_weight(static_cast<size_t>(R));
+#pragma omp parallel for schedule(static) if (R * V >= kParallelMin)
+  for (int64_t r = 0; r < R; ++r) {
+    const float* xr = logits + r * V;
+    // logsumexp = m + log(sum exp(x - m)): every exp is <= 1, so logits of 1e4 do not overflow.
+    const float m = row_max(xr, V);
+    double log_s = 0;
+    if (!math::fully_masked(m))
+      log_s = std::log(row_sum(V, [&](int64_t j) { return double(math::exp(xr[j] - m)); }));
+    lse[r] = static_cast<float>(m + log_s);
+    const int32_t t = target[r];
+    const double w = t == ignore_index ? 0.0 : (weight ? double(weight[r]) : 1.0);
+    row_weight[static_cast<size_t>(r)] = w;
+    // (m - x_t) + log_s rather than lse - x_t: both parts are small when x_t is near the max.
+    row_loss[static_cast<size_t>(r)] = w == 0.0 ? 0.0 : w * ((double(m) - xr[t]) + log_s);
+  }
+  CrossEntropySums sums;
+  for (int64_t r = 0; r < R; ++r) {
+    sums.loss += row_loss[static_cast<size_t>(r)];
+    sums.weight += row_weight[static_cast<size_t>(r)];
+  }
+  return sums;
+}
+
+void cross_entropy_backward(float scale, const float* logits, const int32_t* target,
+                            const float* weight, const float* lse, int32_t ignore_index,
+                            float* dlogits, int64_t R, int64_t V) {
+#pragma omp parallel for schedule(static) if (R * V >= kParallelMin)
+  for (int64_t r = 0; r < R; ++r) {
+    const float* xr = logits + r * V;
+    float* out = dlogits + r * V;
+    const int32_t t = target[r];
+    const float w = t == ignore_index ? 0.0f : (weight ? weight[r] : 1.0f);
+    if (w == 0.0f) {
+      std::fill(out, out + V, 0.0f);
+      continue;
+    }
+    const float sc = scale * w, l = lse[r];
+    // The target column is redone after the loop, which then has no per-element test and
+    // vectorises.
+    for (int64_t j = 0; j < V; ++j) out[j] = math::cross_entropy_dlogit(xr[j], l, false, sc);
+    out[t] = math::cross_entropy_dlogit(xr[t], l, true, sc);
+  }
+}
+
+void dropout(const float* x, float p, uint64_t seed, uint64_t offset, float* y, int64_t n) {
+  const int64_t blocks = (n + 3) / 4;
+  const float scale = 1.0f / (1.0f - p);
+  // Philox costs about as much as the rest together, so parallelise earlier than elsewhere.
+#pragma omp parallel for schedule(static) if (n >= kParallelMin / 4)
+  for (int64_t b = 0; b < blocks; ++b) {
+    const Philox4 bits = philox4x32(seed, offset + static_cast<uint64_t>(b));
+    const int64_t i0 = 4 * b, len = std::min<int64_t>(4, n - i0);
+    for (int64_t k = 0; k < len; ++k)
+      y[i0 + k] = math::dropout_value(x[i0 + k], bits.v[k], p, scale);
+  }
+}
+
+}  // namespace clustr::cpu

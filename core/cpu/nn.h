@@ -1,0 +1,60 @@
+// CPU kernels of the nn ops and of their backward passes: raw pointers, no validation (the
+// front doors in core/ops_nn.cpp did it), OpenMP inside. Every output is overwritten (=);
+// nothing here accumulates. Results never depend on the thread count: each output element or
+// row is computed by one thread, and sums across rows are combined in a fixed order.
+//
+// Legend: n elements, R rows, D layer-norm width, V classes (vocabulary).
+#pragma once
+
+#include <cstdint>
+
+#include "core/ops.h"
+
+namespace clustr::cpu {
+
+// Which of x and y the derivative of `op` reads (core/math.h); the other may be null below.
+struct UnaryGradInputs {
+  bool x = false, y = false;
+};
+UnaryGradInputs unary_grad_inputs(UnaryOp op);
+
+// x, y, dy, dx (n): dx = dy * f'(x) for y = unary(op, x).
+void unary_backward(UnaryOp op, const float* x, const float* y, const float* dy, float* dx,
+                    int64_t n);
+
+// y, dy, dx (rows, cols), per row over cols.
+void softmax_backward(const float* y, const float* dy, float* dx, int64_t rows, int64_t cols);
+void log_softmax_backward(const float* y, const float* dy, float* dx, int64_t rows,
+                          int64_t cols);
+
+// x, y (R, D); gamma, beta (D); mean, rstd (R). y = (x - mean) * rstd * gamma + beta with the
+// biased variance; mean and rstd are written for backward.
+void layer_norm(const float* x, const float* gamma, const float* beta, float eps, float* y,
+                float* mean, float* rstd, int64_t R, int64_t D);
+// dy, x, dx (R, D); mean, rstd (R); gamma, dgamma, dbeta (D). dx, dgamma and dbeta are
+// overwritten (dgamma = sum over rows of dy * xhat, dbeta = sum over rows of dy).
+void layer_norm_backward(const float* dy, const float* x, const float* mean, const float* rstd,
+                         const float* gamma, float* dx, float* dgamma, float* dbeta, int64_t R,
+                         int64_t D);
+
+// Sums over the rows of a cross-entropy, in double.
+struct CrossEntropySums {
+  double loss = 0;    // sum of w_r * (lse_r - logits[r, target_r]) over counted rows
+  double weight = 0;  // sum of w_r over counted rows
+};
+// logits (R, V); target (R), each in [0, V) or ignore_index (checked by the caller); weight (R)
+// or null (every w_r = 1); lse (R) = logsumexp of each row. Rows whose target is ignore_index
+// are not counted; rows with w_r = 0 add 0 (even when the row's loss is inf).
+CrossEntropySums cross_entropy(const float* logits, const int32_t* target, const float* weight,
+                               int32_t ignore_index, float* lse, int64_t R, int64_t V);
+// dlogits (R, V) = scale * w_r * (softmax(logits_r) - onehot(target_r)), 0 on ignored rows;
+// logits (R, V), target, weight (or null), lse (R) as above; scale = dloss / norm.
+void cross_entropy_backward(float scale, const float* logits, const int32_t* target,
+                            const float* weight, const float* lse, int32_t ignore_index,
+                            float* dlogits, int64_t R, int64_t V);
+
+// x, y (n): y[i] = x[i] / (1 - p) when uint_to_unit(philox4x32(seed, offset + i/4).v[i%4]) >= p,
+// else 0. p in [0, 1).
+void dropout(const float* x, float p, uint64_t seed, uint64_t offset, float* y, int64_t n);
+
+}  // namespace clustr::cpu
