@@ -1,0 +1,144 @@
+// Differentiable matrix products and lookups: matmul (with transpose flags, rank 2 or batched
+// rank 3), linear and embedding. Every gradient of a product is one GEMM whose transpose flags
+// absorb the transposes, so no transposed copy is ever made.
+//
+// matmul, C = op_a(A) op_b(B) (op = identity or transpose), dC the gradient of C:
+//   dA = dC op_b(B)^T          when A is not transposed: matmul(dC, B, false, !tb)
+//   dA = (dC op_b(B)^T)^T      when it is:               matmul(B, dC, tb, true)
+//   dB = op_a(A)^T dC          when B is not transposed: matmul(A, dC, !ta, false)
+//   dB = (op_a(A)^T dC)^T      when it is:               matmul(dC, A, true, ta)
+//
+// linear, x (..., in) viewed as X (R, in) with R the product of the leading sizes, W (out, in),
+// b (out): Y (R, out) = X W^T + b, and
+//   dX = dY W (R, in),   dW = dY^T X (out, in),   db = sum of the rows of dY (out).
+//
+// embedding, table (V, D), index i32 (...): y (..., D) = table[index]; dtable (V, D) = zeros
+// with dy's rows added at their indices (repeated indices add up).
+#include <memory>
+#include <vector>
+
+#include "autograd/node.h"
+#include "autograd/ops.h"
+#include "core/error.h"
+#include "core/ops.h"
+
+namespace clustr {
+
+namespace {
+
+class MatmulNode : public Node {
+ public:
+  MatmulNode(bool trans_a, bool trans_b) : ta_(trans_a), tb_(trans_b) {}
+  const char* name() const override { return "matmul"; }
+  std::vector<Tensor> backward(const Tensor& g) override {
+    std::vector<Tensor> out(2);
+    if (needs_grad(0)) out[0] = ta_ ? matmul(B_, g, tb_, true) : matmul(g, B_, false, !tb_);
+    if (needs_grad(1)) out[1] = tb_ ? matmul(g, A_, true, ta_) : matmul(A_, g, !ta_, false);
+    return out;
+  }
+  void release() override { A_ = B_ = Tensor(); }
+
+  Tensor A_, B_;  // A only when B requires grad, B only when A does
+
+ private:
+  bool ta_, tb_;
+};
+
+class LinearNode : public Node {
+ public:
+  LinearNode(Shape x_shape, int64_t rows, int64_t out_features, bool has_bias)
+      : x_shape_(std::move(x_shape)), rows_(rows), out_(out_features), has_bias_(has_bias) {}
+  const char* name() const override { return "linear"; }
+  std::vector<Tensor> backward(const Tensor& g) override {
+    std::vector<Tensor> out(has_bias_ ? 3 : 2);
+    const Tensor dy = g.reshape({rows_, out_});  // (R, out)
+    if (needs_grad(0)) out[0] = matmul(dy, W_).reshape(x_shape_);
+    if (needs_grad(1)) out[1] = matmul(dy, X_, true, false);
+    if (has_bias_ && needs_grad(2)) out[2] = sum(dy, 0);
+    return out;
+  }
+  void release() override { X_ = W_ = Tensor(); }
+
+  Tensor X_, W_;  // X (R, in) only when W requires grad, W only when x does
+
+ private:
+  Shape x_shape_;
+  int64_t rows_, out_;
+  bool has_bias_;
+};
+
+class EmbeddingNode : public Node {
+ public:
+  EmbeddingNode(Tensor index, Shape table_shape)
+      : index_(std::move(index)), table_shape_(std::move(table_shape)) {}
+  const char* name() const override { return "embedding"; }
+  std::vector<Tensor> backward(const Tensor& g) override {
+    Tensor dtable = Tensor::zeros(table_shape_, DType::f32, g.device());
+    scatter_add_rows_(dtable, index_, g);
+    return {dtable};
+  }
+  void release() override { index_ = Tensor(); }
+
+ private:
+  Tensor index_;
+  Shape table_shape_;
+};
+
+}  // namespace
+
+// A (.., M, K) or its transpose, B (.., K, N) or its transpose -> (.., M, N).
+Variable matmul(const Variable& A, const Variable& B, bool trans_a, bool trans_b) {
+  Tensor C = matmul(A.data(), B.data(), trans_a, trans_b);
+  if (!record_needed({&A, &B})) return Variable(std::move(C));
+  auto node = std::make_shared<MatmulNode>(trans_a, trans_b);
+  if (B.requires_grad()) node->A_ = A.data();
+  if (A.requires_grad()) node->B_ = B.data();
+  return attach(std::move(C), std::move(node), {&A, &B});
+}
+
+// x (..., in), weight (out, in), bias (out) or undefined -> (..., out).
+Variable linear(const Variable& x, const Variable& weight, const Variable& bias) {
+  const char* op = "linear";
+  CLUSTR_CHECK(x.defined() && weight.defined(), op, ": x and weight must be defined Variables");
+  const Tensor& X = x.data();
+  const Tensor& W = weight.data();
+  CLUSTR_CHECK(W.rank() == 2, op, ": expected weight of rank 2 (out, in), got ", describe(W));
+  const int64_t out_features = W.shape()[0], in_features = W.shape()[1];
+  CLUSTR_CHECK(X.rank() >= 1 && X.shape().back() == in_features, op, ": expected x (..., ",
+               in_features, ") to match weight ", describe(W), ", got x ", describe(X));
+  const bool has_bias = bias.defined();
+  if (has_bias)
+    CLUSTR_CHECK(bias.shape() == Shape{out_features}, op, ": expected bias of shape (",
+                 out_features, ",) for weight ", describe(W), ", got ", describe(bias.data()));
+  int64_t rows = 1;
+  for (int i = 0; i + 1 < X.rank(); ++i) rows *= X.shape()[i];
+  const Tensor X2 = X.reshape({rows, in_features});
+  Tensor Y;
+  if (has_bias) {
+    // Y = b broadcast to every row, then Y = X W^T + 1 * Y in one GEMM.
+    Y = broadcast_to(bias.data(), {rows, out_features});
+    gemm(false, true, 1.0f, X2, W, 1.0f, Y);
+  } else {
+    Y = matmul(X2, W, false, true);
+  }
+  Shape y_shape = X.shape();
+  y_shape.back() = out_features;
+  Y = Y.reshape(y_shape);
+  const bool record =
+      has_bias ? record_needed({&x, &weight, &bias}) : record_needed({&x, &weight});
+  if (!record) return Variable(std::move(Y));
+  auto node = std::make_shared<LinearNode>(X.shape(), rows, out_features, has_bias);
+  if (weight.requires_grad()) node->X_ = X2;
+  if (x.requires_grad()) node->W_ = W;
+  if (has_bias) return attach(std::move(Y), std::move(node), {&x, &weight, &bias});
+  return attach(std::move(Y), std::move(node), {&x, &weight});
+}
+
+// table (V, D), index i32 (...) -> (..., D).
+Variable embedding(const Variable& table, const Tensor& index) {
+  Tensor y = gather_rows(table.data(), index);  // validates shapes, dtypes and indices
+  if (!record_needed({&table})) return Variable(std::move(y));
+  return attach(std::move(y), std::make_shared<EmbeddingNode>(index, table.shape()), {&table});
+}
+
+}  // namespace clustr
