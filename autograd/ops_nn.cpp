@@ -19,26 +19,12 @@ namespace clustr {
 
 namespace {
 
-const char* unary_node_name(UnaryOp op) {
-  switch (op) {
-    case UnaryOp::neg: return "neg";
-    case UnaryOp::exp: return "exp";
-    case UnaryOp::log: return "log";
-    case UnaryOp::sqrt: return "sqrt";
-    case UnaryOp::abs: return "abs";
-    case UnaryOp::relu: return "relu";
-    case UnaryOp::gelu: return "gelu";
-    case UnaryOp::tanh: return "tanh";
-    case UnaryOp::sigmoid: return "sigmoid";
-  }
-  return "unary";
-}
 
 // dx = dy * f'(x); holds x or y, whichever the derivative of op reads (the other undefined).
 class UnaryNode : public Node {
  public:
   UnaryNode(UnaryOp op, Tensor x, Tensor y) : op_(op), x_(std::move(x)), y_(std::move(y)) {}
-  const char* name() const override { return unary_node_name(op_); }
+  const char* name() const override { return op_name(op_); }
   std::vector<Tensor> backward(const Tensor& g) override {
     return {unary_backward(op_, x_, y_, g)};
   }

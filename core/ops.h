@@ -13,6 +13,8 @@ namespace clustr {
 // ---- element-wise, with NumPy broadcasting ------------------------------------------------
 enum class BinaryOp { add, sub, mul, div, maximum, minimum };
 enum class UnaryOp { neg, exp, log, sqrt, abs, relu, gelu, tanh, sigmoid };
+const char* op_name(BinaryOp op);  // "add", "mul", ... for messages and node names
+const char* op_name(UnaryOp op);
 
 Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b);
 Tensor add(const Tensor& a, const Tensor& b);

@@ -10,8 +10,6 @@
 
 namespace clustr {
 
-namespace {
-
 const char* op_name(BinaryOp op) {
   switch (op) {
     case BinaryOp::add: return "add";
@@ -38,6 +36,8 @@ const char* op_name(UnaryOp op) {
   }
   throw Error(detail::cat("unary: unknown UnaryOp value ", static_cast<int>(op)));
 }
+
+namespace {
 
 // Strides of a tensor of shape s read as the rank-r broadcast result: s is aligned at the
 // right, and an axis that s lacks or has with size 1 gets stride 0 (the same element repeats).

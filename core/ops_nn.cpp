@@ -18,20 +18,6 @@ using detail::require_cpu;
 
 namespace {
 
-const char* unary_name(UnaryOp op) {
-  switch (op) {
-    case UnaryOp::neg: return "neg";
-    case UnaryOp::exp: return "exp";
-    case UnaryOp::log: return "log";
-    case UnaryOp::sqrt: return "sqrt";
-    case UnaryOp::abs: return "abs";
-    case UnaryOp::relu: return "relu";
-    case UnaryOp::gelu: return "gelu";
-    case UnaryOp::tanh: return "tanh";
-    case UnaryOp::sigmoid: return "sigmoid";
-  }
-  throw Error(detail::cat("unary_backward: unknown UnaryOp value ", static_cast<int>(op)));
-}
 
 // f32, on the cpu (the only backend of these ops so far), on `like`'s device, of shape `shape`.
 void check_arg(const char* op, const char* what, const Tensor& t, const Tensor& like,
@@ -89,15 +75,15 @@ void check_reduction(const char* op, Reduction reduction) {
 // x, y, dy, dx (any shape, all the same). Only the one of x and y that the derivative reads
 // must be defined (cpu::unary_grad_inputs); the other may be undefined.
 Tensor unary_backward(UnaryOp op, const Tensor& x, const Tensor& y, const Tensor& dy) {
-  const std::string name_s = std::string(unary_name(op)) + "_backward";
+  const std::string name_s = std::string(op_name(op)) + "_backward";
   const char* name = name_s.c_str();
   check_f32(name, "dy", dy);
   require_cpu(name, dy);
   const cpu::UnaryGradInputs need = cpu::unary_grad_inputs(op);
   CLUSTR_CHECK(!need.x || x.defined(), name, ": x is an undefined tensor (the derivative of ",
-               unary_name(op), " is computed from x)");
+               op_name(op), " is computed from x)");
   CLUSTR_CHECK(!need.y || y.defined(), name, ": y is an undefined tensor (the derivative of ",
-               unary_name(op), " is computed from y)");
+               op_name(op), " is computed from y)");
   if (x.defined()) check_arg(name, "x", x, dy, dy.shape());
   if (y.defined()) check_arg(name, "y", y, dy, dy.shape());
   Tensor dx = Tensor::empty(dy.shape(), DType::f32, dy.device());

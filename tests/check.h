@@ -12,6 +12,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <functional>
 #include <cstdint>
 #include <initializer_list>
 #include <random>
@@ -21,6 +22,7 @@
 
 #include "core/error.h"
 #include "core/parallel.h"
+#include "autograd/gradcheck.h"
 #include "core/tensor.h"
 
 namespace clustr::test {
@@ -121,3 +123,18 @@ inline CloseReport compare_close(const std::vector<float>& actual,
         (!clustr_msg_.empty() && ::clustr::test::contains_all(clustr_msg_, {__VA_ARGS__})),    \
         "error message: \"" << clustr_msg_ << "\"");                                           \
   } while (0)
+
+namespace clustr::test {
+
+using GradFn = std::function<Variable(const std::vector<Variable>&)>;
+
+// gradcheck(f, inputs, requires_grad) with the default tolerances (autograd/gradcheck.h)
+// passes; on failure the message names the case and the worst element.
+inline void check_grad(const std::string& what, const GradFn& f, const std::vector<Tensor>& inputs,
+                       const std::vector<bool>& requires_grad = {}) {
+  const GradcheckResult r = gradcheck(f, inputs, requires_grad);
+  INFO(what);
+  CHECK_MESSAGE(r.ok, r.message);
+}
+
+}  // namespace clustr::test

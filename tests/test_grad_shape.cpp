@@ -14,14 +14,8 @@ using clustr::test::random_tensor;
 
 namespace {
 
-using Fn = std::function<Variable(const std::vector<Variable>&)>;
-
-void check_grad(const std::string& what, const Fn& f, const std::vector<Tensor>& inputs,
-                const std::vector<bool>& requires_grad = {}) {
-  const GradcheckResult r = gradcheck(f, inputs, requires_grad);
-  INFO(what);
-  CHECK_MESSAGE(r.ok, r.message);
-}
+using Fn = test::GradFn;
+using test::check_grad;
 
 }  // namespace
 
