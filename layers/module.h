@@ -1,0 +1,55 @@
+// Module: the base of every layer. A module owns named parameters (leaf Variables that require
+// grad) and named submodules; names compose with dots in registration order, as in PyTorch:
+// "layers.0.attention.query.weight". train()/eval() switch dropout for the whole tree.
+//
+// A layer registers its parameters and submodules in its constructor, initialised from the
+// run's Generator with PyTorch's default schemes (see each layer), and exposes forward().
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "autograd/variable.h"
+
+namespace clustr {
+
+class Module {
+ public:
+  Module() = default;
+  virtual ~Module() = default;
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  // Every parameter of this module and its submodules, depth first in registration order.
+  std::vector<std::pair<std::string, Variable>> named_parameters() const;
+  std::vector<Variable> parameters() const;
+  int64_t parameter_count() const;  // number of scalars
+
+  void train(bool on = true);  // this module and every submodule
+  void eval() { train(false); }
+  bool training() const { return training_; }
+
+  void zero_grad();  // forgets every parameter's gradient
+
+ protected:
+  // Registers a parameter (a leaf that requires grad) holding `value`; returns it.
+  Variable register_parameter(const std::string& name, Tensor value);
+  // Registers a submodule; returns it.
+  template <typename M>
+  std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> module) {
+    add_child(name, module);
+    return module;
+  }
+
+ private:
+  void add_child(const std::string& name, std::shared_ptr<Module> module);
+  void collect(const std::string& prefix, std::vector<std::pair<std::string, Variable>>& out) const;
+
+  std::vector<std::pair<std::string, Variable>> params_;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+  bool training_ = true;
+};
+
+}  // namespace clustr
