@@ -1,0 +1,59 @@
+// The transformer encoder layer and stack (see encoder.h).
+#include "layers/encoder.h"
+
+#include "autograd/ops.h"
+#include "core/error.h"
+
+namespace clustr {
+
+EncoderLayer::EncoderLayer(int64_t dim, int64_t heads, int64_t hidden,
+                           const AttentionConfig& attention, float dropout, Activation activation,
+                           bool pre_norm, Generator& gen)
+    : pre_norm_(pre_norm) {
+  attention_ = register_module("attention",
+                               std::make_shared<MultiHeadAttention>(dim, heads, attention, gen));
+  feedforward_ = register_module(
+      "feedforward", std::make_shared<FeedForward>(dim, hidden, activation, dropout, gen));
+  norm1_ = register_module("norm1", std::make_shared<LayerNorm>(dim));
+  norm2_ = register_module("norm2", std::make_shared<LayerNorm>(dim));
+  dropout1_ = register_module("dropout1", std::make_shared<Dropout>(dropout));
+  dropout2_ = register_module("dropout2", std::make_shared<Dropout>(dropout));
+}
+
+Variable EncoderLayer::forward(const Variable& x, const Tensor& lengths, Generator& gen) const {
+  const int64_t D = attention_->dim();
+  CLUSTR_CHECK(x.defined() && x.rank() == 3 && x.size(2) == D, "EncoderLayer(D=", D,
+               ", H=", attention_->heads(), "): expected x (B, N, ", D, "), got ",
+               x.defined() ? describe(x.data()) : std::string("an undefined Variable"));
+  // All shapes stay (B, N, D).
+  if (pre_norm_) {
+    Variable h = x + dropout1_->forward(attention_->forward(norm1_->forward(x), lengths, gen), gen);
+    return h + dropout2_->forward(feedforward_->forward(norm2_->forward(h), gen), gen);
+  }
+  Variable h = norm1_->forward(x + dropout1_->forward(attention_->forward(x, lengths, gen), gen));
+  return norm2_->forward(h + dropout2_->forward(feedforward_->forward(h, gen), gen));
+}
+
+Encoder::Encoder(int64_t num_layers, int64_t dim, int64_t heads, int64_t hidden,
+                 const AttentionConfig& attention, float dropout, Activation activation,
+                 bool pre_norm, Generator& gen) {
+  CLUSTR_CHECK(num_layers > 0, "Encoder: expected at least one layer, got ", num_layers);
+  layers_ = register_module("layers", std::make_shared<ModuleList<EncoderLayer>>());
+  for (int64_t i = 0; i < num_layers; ++i)
+    layers_->push_back(std::make_shared<EncoderLayer>(dim, heads, hidden, attention, dropout,
+                                                      activation, pre_norm, gen));
+  if (pre_norm) norm_ = register_module("norm", std::make_shared<LayerNorm>(dim));
+}
+
+Variable Encoder::forward(const Variable& x, const Tensor& lengths, Generator& gen) const {
+  Variable h = x;
+  for (const auto& layer : *layers_) h = layer->forward(h, lengths, gen);
+  return norm_ ? norm_->forward(h) : h;
+}
+
+void Encoder::set_attention(const AttentionConfig& attention) {
+  attention.validate();
+  for (const auto& layer : *layers_) layer->attention().config = attention;
+}
+
+}  // namespace clustr

@@ -1,0 +1,49 @@
+// Multi-head self-attention (see multihead_attention.h).
+#include "layers/multihead_attention.h"
+
+#include <utility>
+
+#include "autograd/ops.h"
+#include "core/error.h"
+#include "layers/attention/attention.h"
+
+namespace clustr {
+
+MultiHeadAttention::MultiHeadAttention(int64_t dim, int64_t heads, AttentionConfig attention_config,
+                                       Generator& gen)
+    : config(std::move(attention_config)), dim_(dim), heads_(heads) {
+  CLUSTR_CHECK(dim > 0 && heads > 0, "MultiHeadAttention: expected positive D and H, got D=", dim,
+               " H=", heads);
+  CLUSTR_CHECK(dim % heads == 0, "MultiHeadAttention: the model width D=", dim,
+               " is not divisible by the number of heads H=", heads);
+  config.validate();
+  query_ = register_module("query", std::make_shared<Linear>(dim, dim, true, gen));
+  key_ = register_module("key", std::make_shared<Linear>(dim, dim, true, gen));
+  value_ = register_module("value", std::make_shared<Linear>(dim, dim, true, gen));
+  out_ = register_module("out", std::make_shared<Linear>(dim, dim, true, gen));
+}
+
+Variable MultiHeadAttention::forward(const Variable& x, const Tensor& lengths,
+                                     Generator& gen) const {
+  CLUSTR_CHECK(x.defined(), "MultiHeadAttention(D=", dim_, ", H=", heads_, "): x is undefined");
+  CLUSTR_CHECK(x.rank() == 3 && x.size(2) == dim_, "MultiHeadAttention(D=", dim_, ", H=", heads_,
+               "): expected x (B, N, ", dim_, "), got ", describe(x.data()));
+  const int64_t B = x.size(0), N = x.size(1), H = heads_, E = dim_ / heads_;
+  if (lengths.defined())
+    CLUSTR_CHECK(lengths.dtype() == DType::i32 && lengths.shape() == Shape{B},
+                 "MultiHeadAttention(D=", dim_, ", H=", heads_, "): expected lengths i32 ",
+                 to_string(Shape{B}), " for x ", to_string(x.shape()), ", got ", describe(lengths));
+  // (B, N, D) -> (B, N, H, E) -> (B, H, N, E)
+  auto split_heads = [&](const Variable& t) {
+    return permute(reshape(t, {B, N, H, E}), {0, 2, 1, 3});
+  };
+  const Variable Q = split_heads(query_->forward(x));
+  const Variable K = split_heads(key_->forward(x));
+  const Variable V = split_heads(value_->forward(x));
+  const Variable heads_out = attention(config, Q, K, V, lengths, gen, training());  // (B, H, N, E)
+  // (B, H, N, E) -> (B, N, H, E) -> (B, N, D)
+  const Variable merged = reshape(permute(heads_out, {0, 2, 1, 3}), {B, N, dim_});
+  return out_->forward(merged);
+}
+
+}  // namespace clustr

@@ -1,0 +1,65 @@
+// AttentionConfig checks and names (config.h).
+#include "layers/attention/config.h"
+
+#include <sstream>
+
+#include "core/error.h"
+
+namespace clustr {
+
+void AttentionConfig::validate() const {
+  const char* type_name = attention_type_name(type);
+  CLUSTR_CHECK(clusters >= 1, "AttentionConfig: clusters must be >= 1, got ", clusters);
+  CLUSTR_CHECK(topk >= 1, "AttentionConfig: topk must be >= 1, got ", topk);
+  CLUSTR_CHECK(bits >= 1 && bits <= 63, "AttentionConfig: bits must be in [1, 63], got ", bits);
+  CLUSTR_CHECK(iterations >= 1, "AttentionConfig: iterations must be >= 1, got ", iterations);
+  CLUSTR_CHECK(dropout >= 0.0f && dropout < 1.0f,
+               "AttentionConfig: dropout must be in [0, 1), got ", dropout);
+  // Clustering groups queries from the whole sequence, so a query's cluster centroid would
+  // see keys after the query: the clustered types cannot be causal.
+  CLUSTR_CHECK(!causal || type == AttentionType::full, "AttentionConfig: causal masking is ",
+               "supported by full attention only, not by ", type_name,
+               " attention (use --attention full)");
+}
+
+std::string AttentionConfig::describe() const {
+  std::ostringstream os;
+  os << attention_type_name(type);
+  switch (type) {
+    case AttentionType::full:
+      break;
+    case AttentionType::clustered:
+      os << " (C=" << clusters << ", B=" << bits << ", L=" << iterations << ")";
+      break;
+    case AttentionType::improved_clustered:
+      os << " (C=" << clusters << ", k=" << topk << ", B=" << bits << ", L=" << iterations
+         << ")";
+      break;
+  }
+  if (causal) os << ", causal";
+  if (dropout > 0.0f) os << ", dropout " << dropout;
+  return os.str();
+}
+
+AttentionType parse_attention_type(const std::string& name) {
+  for (AttentionType t :
+       {AttentionType::full, AttentionType::clustered, AttentionType::improved_clustered})
+    if (name == attention_type_name(t)) return t;
+  throw Error(detail::cat("unknown attention type '", name,
+                          "'; expected one of: full, clustered, improved-clustered"));
+}
+
+const char* attention_type_name(AttentionType type) {
+  switch (type) {
+    case AttentionType::full:
+      return "full";
+    case AttentionType::clustered:
+      return "clustered";
+    case AttentionType::improved_clustered:
+      return "improved-clustered";
+  }
+  throw Error(detail::cat("attention_type_name: unknown AttentionType value ",
+                          static_cast<int>(type)));
+}
+
+}  // namespace clustr

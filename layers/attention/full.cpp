@@ -1,0 +1,179 @@
+// Front doors of the fused full attention (full.h) and its autograd node. They check dtypes,
+// shapes, devices, lengths and options once, allocate the outputs and the kernels' scratch
+// (as tensors, so that memory_stats counts it) on the inputs' device, and call the CPU kernels
+// (full_cpu.cpp). There is no CUDA kernel yet.
+//
+// Legend: B batch, H heads, N queries, S keys, E query/key dim, M value dim.
+#include "layers/attention/full.h"
+
+#include <cmath>
+#include <memory>
+#include <utility>
+
+#include "autograd/node.h"
+#include "core/error.h"
+#include "core/ops_check.h"
+#include "core/parallel.h"
+#include "layers/attention/full_cpu.h"
+
+namespace clustr {
+
+namespace {
+
+using detail::check_f32;
+
+// Q (B, H, N, E), K (B, H, S, E), V (B, H, S, M), lengths i32 (B) with values in [0, S] or
+// undefined, and the options; returns the sizes.
+cpu::FullAttentionDims check_inputs(const char* op, const Tensor& Q, const Tensor& K,
+                                    const Tensor& V, const Tensor& lengths,
+                                    const FullAttentionOptions& options) {
+  check_f32(op, "Q", Q);
+  check_f32(op, "K", K);
+  check_f32(op, "V", V);
+  detail::check_same_device(op, Q, K);
+  detail::check_same_device(op, Q, V);
+  detail::require_cpu(op, Q);
+  CLUSTR_CHECK(Q.rank() == 4, op, ": expected Q of shape (B, H, N, E), got ", describe(Q));
+  cpu::FullAttentionDims d;
+  d.B = Q.size(0), d.H = Q.size(1), d.N = Q.size(2), d.E = Q.size(3);
+  CLUSTR_CHECK(d.E >= 1, op, ": expected Q with E >= 1 (the last axis), got ", describe(Q));
+  CLUSTR_CHECK(K.rank() == 4 && K.size(0) == d.B && K.size(1) == d.H && K.size(3) == d.E, op,
+               ": expected K of shape (B, H, S, E) = (", d.B, ", ", d.H, ", S, ", d.E,
+               ") to match Q ", describe(Q), ", got ", describe(K));
+  d.S = K.size(2);
+  CLUSTR_CHECK(V.rank() == 4 && V.size(0) == d.B && V.size(1) == d.H && V.size(2) == d.S, op,
+               ": expected V of shape (B, H, S, M) = (", d.B, ", ", d.H, ", ", d.S,
+               ", M) to match K ", describe(K), ", got ", describe(V));
+  d.M = V.size(3);
+  CLUSTR_CHECK(!options.causal || d.N == d.S, op,
+               ": causal masking needs as many queries as keys (N == S), got Q ", describe(Q),
+               " and K ", describe(K));
+  CLUSTR_CHECK(options.dropout >= 0.0f && options.dropout < 1.0f, op,
+               ": expected a dropout probability in [0, 1), got ", options.dropout);
+  CLUSTR_CHECK(std::isfinite(options.temperature), op,
+               ": expected a finite temperature (<= 0 for 1/sqrt(E)), got ",
+               options.temperature);
+  if (lengths.defined()) {
+    detail::check_dtype(op, "lengths", lengths, DType::i32);
+    detail::check_same_device(op, Q, lengths);
+    CLUSTR_CHECK(lengths.shape() == Shape{d.B}, op, ": expected lengths of shape (", d.B,
+                 ",) (one per sequence of Q ", describe(Q), "), got ", describe(lengths));
+    const int32_t* len = lengths.i32();
+    for (int64_t b = 0; b < d.B; ++b)
+      CLUSTR_CHECK(len[b] >= 0 && len[b] <= d.S, op, ": lengths[", b, "] = ", len[b],
+                   " is outside [0, S = ", d.S, "] (K ", describe(K), ")");
+  }
+  return d;
+}
+
+cpu::FullAttentionParams params_of(const cpu::FullAttentionDims& d, const Tensor& lengths,
+                                   const FullAttentionOptions& options) {
+  cpu::FullAttentionParams p;
+  p.lengths = lengths.defined() ? lengths.i32() : nullptr;
+  p.causal = options.causal;
+  p.temperature = options.temperature > 0.0f
+                      ? options.temperature
+                      : static_cast<float>(1.0 / std::sqrt(static_cast<double>(d.E)));
+  p.dropout = options.dropout;
+  p.seed = options.seed;
+  p.offset = options.offset;
+  return p;
+}
+
+void check_shape(const char* op, const char* what, const Tensor& t, const Tensor& like,
+                 const Shape& shape) {
+  check_f32(op, what, t);
+  detail::check_same_device(op, like, t);
+  CLUSTR_CHECK(t.shape() == shape, op, ": expected ", what, " of shape ", to_string(shape),
+               ", got ", describe(t));
+}
+
+// Scratch for a kernel: `floats` floats (an undefined tensor when none are needed).
+Tensor workspace(int64_t floats, Device device) {
+  return floats > 0 ? Tensor::empty({floats}, DType::f32, device) : Tensor();
+}
+
+// Saves the inputs, the output and the per-row log-sum-exp; backward recomputes the weights.
+class FullAttentionNode : public Node {
+ public:
+  const char* name() const override { return "full_attention"; }
+  std::vector<Tensor> backward(const Tensor& g) override {
+    FullAttentionGrads d = full_attention_backward(g, Q_, K_, V_, out_, lse_, lengths_, options_);
+    return {std::move(d.dQ), std::move(d.dK), std::move(d.dV)};
+  }
+  void release() override { Q_ = K_ = V_ = out_ = lse_ = lengths_ = Tensor(); }
+
+  Tensor Q_, K_, V_, out_, lse_, lengths_;
+  FullAttentionOptions options_;
+};
+
+}  // namespace
+
+FullAttentionOutput full_attention_forward(const Tensor& Q, const Tensor& K, const Tensor& V,
+                                           const Tensor& lengths,
+                                           const FullAttentionOptions& options) {
+  const char* op = "full_attention";
+  const cpu::FullAttentionDims d = check_inputs(op, Q, K, V, lengths, options);
+  FullAttentionOutput r;
+  r.out = Tensor::empty({d.B, d.H, d.N, d.M}, DType::f32, Q.device());
+  r.logsumexp = Tensor::empty({d.B, d.H, d.N}, DType::f32, Q.device());
+  if (d.B * d.H * d.N == 0) return r;
+  const int threads = num_threads();
+  Tensor ws = workspace(cpu::full_attention_forward_workspace(d, threads), Q.device());
+  cpu::full_attention_forward(d, params_of(d, lengths, options), Q.f32(), K.f32(), V.f32(),
+                              r.out.f32(), r.logsumexp.f32(), ws.defined() ? ws.f32() : nullptr,
+                              threads);
+  return r;
+}
+
+FullAttentionGrads full_attention_backward(const Tensor& dout, const Tensor& Q, const Tensor& K,
+                                           const Tensor& V, const Tensor& out,
+                                           const Tensor& logsumexp, const Tensor& lengths,
+                                           const FullAttentionOptions& options) {
+  const char* op = "full_attention_backward";
+  const cpu::FullAttentionDims d = check_inputs(op, Q, K, V, lengths, options);
+  check_shape(op, "dout", dout, Q, {d.B, d.H, d.N, d.M});
+  check_shape(op, "out", out, Q, {d.B, d.H, d.N, d.M});
+  check_shape(op, "logsumexp", logsumexp, Q, {d.B, d.H, d.N});
+  FullAttentionGrads g;
+  g.dQ = Tensor::empty(Q.shape(), DType::f32, Q.device());
+  g.dK = Tensor::empty(K.shape(), DType::f32, Q.device());
+  g.dV = Tensor::empty(V.shape(), DType::f32, Q.device());
+  if (d.B * d.H * d.N == 0) {  // no query: dQ is empty, and dK = dV = 0
+    g.dK.fill(0.0f);
+    g.dV.fill(0.0f);
+    return g;
+  }
+  const int threads = num_threads();
+  Tensor ws = workspace(cpu::full_attention_backward_workspace(d, threads), Q.device());
+  cpu::full_attention_backward(d, params_of(d, lengths, options), Q.f32(), K.f32(), V.f32(),
+                               out.f32(), logsumexp.f32(), dout.f32(), g.dQ.f32(), g.dK.f32(),
+                               g.dV.f32(), ws.defined() ? ws.f32() : nullptr, threads);
+  return g;
+}
+
+Variable full_attention(const Variable& Q, const Variable& K, const Variable& V,
+                        const Tensor& lengths, const FullAttentionOptions& options) {
+  FullAttentionOutput r = full_attention_forward(Q.data(), K.data(), V.data(), lengths, options);
+  if (!record_needed({&Q, &K, &V})) return Variable(std::move(r.out));
+  auto node = std::make_shared<FullAttentionNode>();
+  node->Q_ = Q.data();
+  node->K_ = K.data();
+  node->V_ = V.data();
+  node->out_ = r.out;
+  node->lse_ = std::move(r.logsumexp);
+  node->lengths_ = lengths;
+  node->options_ = options;
+  return attach(std::move(r.out), std::move(node), {&Q, &K, &V});
+}
+
+uint64_t full_attention_dropout_blocks(const Tensor& Q, const Tensor& K) {
+  CLUSTR_CHECK(Q.defined() && Q.rank() == 4 && K.defined() && K.rank() == 4,
+               "full_attention_dropout_blocks: expected Q (B, H, N, E) and K (B, H, S, E), got ",
+               Q.defined() ? describe(Q) : "undefined", " and ",
+               K.defined() ? describe(K) : "undefined");
+  const uint64_t elements = static_cast<uint64_t>(Q.size(0) * Q.size(1) * Q.size(2) * K.size(2));
+  return (elements + 3) / 4;
+}
+
+}  // namespace clustr

@@ -1,0 +1,426 @@
+// CPU kernels of the fused full attention (full_cpu.h gives the contract and the legend).
+//
+// A task is one query block (Bq rows) of one (b, h). It walks the key tiles (Bk columns) the
+// block can see: scores = t Q_blk K_tile^T by cpu::gemm into a Bq x Bk scratch tile, then the
+// per-row work (max, exp, sums) in loops that vectorise, then the products with V (forward) or
+// with dO, K and Q (backward), again by cpu::gemm. Only the keys a block sees are computed:
+// keys >= lengths[b] and, with causal, the tiles past the block's last row are skipped, and
+// padded query rows (rows >= lengths[b] when N == S) are left out of the products.
+//
+// Forward uses the online softmax (Milakov & Gimelshein 2018): each row keeps its running max m
+// and sum l; when a tile raises m, the row's accumulated output is multiplied by exp(m_old -
+// m_new). Backward (FlashAttention-2) recomputes P = exp(t q . k - lse) tile by tile.
+//
+// Threads: the tasks are shared by an OpenMP team, and cpu::gemm inside a task runs on the
+// calling thread alone (each thread sets its own thread count to 1 inside the region: an
+// OpenMP ICV of that thread's task, gone when the region ends). dK and dV are sums over query
+// blocks; to keep them race-free and independent of the thread count, the query blocks of each
+// (b, h) are dealt round-robin into G chunks (G from the shape only: enough (b, h, chunk) tasks
+// for kBackwardTasks threads). Chunk 0 accumulates into dK, dV themselves, chunk g > 0 into a
+// scratch copy, and the copies are added in chunk order at the end. With B H >= kBackwardTasks,
+// G = 1 and no copy is made.
+//
+// The per-row loops are compiled for AVX-512, AVX2 and plain x86-64 (target_clones: the loader
+// picks one for this CPU, as gemm.cpp picks its micro-kernel). They sum in the same order in
+// each, but the AVX-512 version fuses multiply-adds, so the last bits can differ between CPUs;
+// on one CPU a result never depends on the run or the thread count.
+#include "layers/attention/full_cpu.h"
+
+#include <cmath>
+
+#include "core/cpu/gemm.h"
+#include "core/math.h"
+#include "core/parallel.h"
+#include "core/philox.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#if defined(__x86_64__) && defined(__ELF__) && defined(__has_attribute)
+#if __has_attribute(target_clones)
+#define CLUSTR_ROW_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+#endif
+#ifndef CLUSTR_ROW_CLONES
+#define CLUSTR_ROW_CLONES
+#endif
+
+namespace clustr::cpu {
+
+namespace {
+
+// A 128 x 512 tile (256 KiB) keeps the scores, and in backward their gradient too, in a 1 MiB
+// L2. On the development machine (6 heads x 64, N = 2048 and 4096) every Bq in 64..256 and Bk
+// in 256..2048 timed within the noise of this choice except Bq = 64 (about 15% slower); the
+// smaller blocks give more tasks to share among threads.
+constexpr int64_t kBlockQ = 128;       // Bq
+constexpr int64_t kTileK = 512;        // Bk
+constexpr int64_t kBackwardTasks = 8;  // (b, h, chunk) tasks backward aims for
+constexpr int kLanes = 16;             // independent partial sums in the row loops
+
+int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t round16(int64_t n) { return (n + 15) / 16 * 16; }  // floats: one cache line
+
+int thread_id() {
+#ifdef _OPENMP
+  return omp_get_thread_num();
+#else
+  return 0;
+#endif
+}
+
+struct Layout {
+  int64_t bq, bk;    // block rows and tile columns, clipped to N and S
+  int64_t qblocks;   // query blocks per (b, h)
+};
+Layout layout_of(const FullAttentionDims& d) {
+  Layout l;
+  l.bq = max64(1, min64(kBlockQ, d.N));
+  l.bk = max64(1, min64(kTileK, d.S));
+  l.qblocks = ceil_div(d.N, l.bq);
+  return l;
+}
+
+// Which columns of a tile a row sees: row r (query i0 + r) sees the tile's columns
+// c < limit(r), the keys j = k0 + c below `length` and, with causal, not after the query.
+struct RowLimits {
+  int64_t i0, k0, length;
+  bool causal;
+  int64_t tc;  // columns in the tile
+  int64_t limit(int64_t r) const {
+    const int64_t seen = causal ? min64(length, i0 + r + 1) : length;
+    return max64(0, min64(tc, seen - k0));
+  }
+};
+
+// The rows of one query block that are not padding, and the keys they see.
+struct Block {
+  int64_t bh, i0, i1;  // (b, h) and the block's rows [i0, i1)
+  int64_t rows;        // rows [i0, i0 + rows) are real queries; the rest are padding
+  int64_t length;      // keys j < length are valid
+  int64_t key_end;     // keys [0, key_end) are seen by some row of the block
+};
+Block block_of(const FullAttentionDims& d, const FullAttentionParams& p, const Layout& lay,
+               int64_t bh, int64_t qb) {
+  Block k;
+  k.bh = bh;
+  k.i0 = qb * lay.bq;
+  k.i1 = min64(d.N, k.i0 + lay.bq);
+  k.length = p.lengths ? p.lengths[bh / d.H] : d.S;
+  const int64_t query_end = (p.lengths && d.N == d.S) ? k.length : d.N;
+  k.rows = max64(0, min64(k.i1, query_end) - k.i0);
+  // The last real row sees the most keys.
+  k.key_end = k.rows == 0 ? 0 : p.causal ? min64(k.length, k.i0 + k.rows) : k.length;
+  return k;
+}
+
+// Dropout words of one row: bits[c] for the element idx0 + c, c < n (full_cpu.h).
+void dropout_bits(uint64_t seed, uint64_t offset, uint64_t idx0, int64_t n, uint32_t* bits) {
+  uint64_t idx = idx0;
+  int64_t c = 0;
+  while (c < n) {
+    const Philox4 r = philox4x32(seed, offset + idx / 4);
+    for (uint64_t lane = idx % 4; lane < 4 && c < n; ++lane, ++idx, ++c) bits[c] = r.v[lane];
+  }
+}
+
+// max(x[0..n)), n >= 1, through integer keys that order like the floats (the magnitude bits
+// of negative floats flipped): an integer max reduction vectorises, a float one does not
+// (GCC will not reorder a float max that must honour NaN). A NaN maps beyond +-inf, and either
+// way the exp pass turns it into a NaN output.
+inline int32_t order_key(int32_t bits) { return bits ^ ((bits >> 31) & 0x7fffffff); }  // involution
+inline float row_max(const float* x, int64_t n) {
+  int32_t key = order_key(static_cast<int32_t>(math::bits_of(x[0])));
+  for (int64_t c = 1; c < n; ++c) {
+    const int32_t k = order_key(static_cast<int32_t>(math::bits_of(x[c])));
+    key = k > key ? k : key;
+  }
+  return math::float_from_bits(static_cast<uint32_t>(order_key(key)));
+}
+
+// One online-softmax step over a tile (rows x tc, row stride ld) of scores s: with m, l (rows)
+// the running max and sum of each row, s becomes exp(s - m_new) on the row's visible columns
+// and 0 on the others, l = l exp(m - m_new) + sum, and corr = exp(m - m_new) is the factor for
+// the row's accumulated output (0 while m = -inf: nothing accumulated yet).
+CLUSTR_ROW_CLONES
+void softmax_tile(float* s, int64_t ld, int64_t rows, RowLimits lim, float* m, float* l,
+                  float* corr) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* x = s + r * ld;
+    const int64_t n = lim.limit(r);
+    if (n == 0) {
+      for (int64_t c = 0; c < lim.tc; ++c) x[c] = 0.0f;
+      corr[r] = 1.0f;
+      continue;
+    }
+    const float mx = math::Maximum{}(m[r], row_max(x, n));
+    float acc[kLanes] = {};
+    int64_t c = 0;
+    for (; c + kLanes <= n; c += kLanes)
+      for (int k = 0; k < kLanes; ++k) {
+        const float e = math::exp(x[c + k] - mx);
+        x[c + k] = e;
+        acc[k] += e;
+      }
+    for (; c < n; ++c) {
+      const float e = math::exp(x[c] - mx);
+      x[c] = e;
+      acc[0] += e;
+    }
+    for (; c < lim.tc; ++c) x[c] = 0.0f;
+    float sum = 0.0f;
+    for (int k = 0; k < kLanes; ++k) sum += acc[k];
+    corr[r] = math::exp(m[r] - mx);
+    l[r] = l[r] * corr[r] + sum;
+    m[r] = mx;
+  }
+}
+
+// Dropout for the backward tile (identity when p == 0).
+struct TileDropout {
+  float p = 0.0f, scale = 1.0f;
+  uint64_t seed = 0, offset = 0;
+  uint64_t idx0 = 0, row_stride = 0;  // element index of the tile's (0, 0), and per row
+  uint32_t* bits = nullptr;           // scratch, tile columns
+};
+
+// Backward over a tile (rows x tc, row stride ld): s holds the scores t q . k and becomes
+// Pd = P keep scale; dp holds dO V^T and becomes dS = P (dp keep scale - D). P = exp(s - lse)
+// on the visible columns; every other column of both is 0, as is every column of a row with
+// lse = -inf (it saw no key).
+CLUSTR_ROW_CLONES
+void backward_tile(float* s, float* dp, int64_t ld, int64_t rows, RowLimits lim,
+                   const float* lse, const float* D, const TileDropout& drop) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* x = s + r * ld;
+    float* g = dp + r * ld;
+    const float lr = lse[r], dr = D[r];
+    const int64_t n = lr == -INFINITY ? 0 : lim.limit(r);
+    int64_t c = 0;
+    if (drop.p > 0.0f) {
+      dropout_bits(drop.seed, drop.offset, drop.idx0 + r * drop.row_stride, n, drop.bits);
+      const uint32_t* bits = drop.bits;
+      const float p = drop.p, scale = drop.scale;
+      for (; c < n; ++c) {
+        const float pr = math::exp(x[c] - lr);
+        const bool keep = uint_to_unit(bits[c]) >= p;
+        x[c] = math::select(keep, pr * scale, 0.0f);
+        g[c] = pr * (math::select(keep, g[c] * scale, 0.0f) - dr);
+      }
+    } else {
+      for (; c < n; ++c) {
+        const float pr = math::exp(x[c] - lr);
+        x[c] = pr;
+        g[c] = pr * (g[c] - dr);
+      }
+    }
+    for (; c < lim.tc; ++c) x[c] = g[c] = 0.0f;
+  }
+}
+
+// D (rows) = the dot products of the rows of a and b (rows, M).
+CLUSTR_ROW_CLONES
+void row_dots(const float* a, const float* b, int64_t rows, int64_t M, float* D) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float acc[kLanes] = {};
+    const float* x = a + r * M;
+    const float* y = b + r * M;
+    int64_t c = 0;
+    for (; c + kLanes <= M; c += kLanes)
+      for (int k = 0; k < kLanes; ++k) acc[k] += x[c + k] * y[c + k];
+    for (; c < M; ++c) acc[0] += x[c] * y[c];
+    float sum = 0.0f;
+    for (int k = 0; k < kLanes; ++k) sum += acc[k];
+    D[r] = sum;
+  }
+}
+
+void fill_rows(float* x, int64_t n, float value) {
+  for (int64_t i = 0; i < n; ++i) x[i] = value;
+}
+
+// Per-thread scratch of forward: scores tile, m, l, corr, dropout words.
+int64_t forward_scratch(const Layout& lay) {
+  return round16(lay.bq * lay.bk) + 3 * round16(lay.bq) + round16(lay.bk);
+}
+// Of backward: scores tile, dP tile, D, dropout words.
+int64_t backward_scratch(const Layout& lay) {
+  return 2 * round16(lay.bq * lay.bk) + round16(lay.bq) + round16(lay.bk);
+}
+
+void forward_block(const FullAttentionDims& d, const FullAttentionParams& p, const Layout& lay,
+                   const Block& k, const float* Q, const float* K, const float* V, float* out,
+                   float* logsumexp, float* scratch) {
+  const int64_t row0 = k.bh * d.N + k.i0;
+  float* o = out + row0 * d.M;
+  float* lse = logsumexp + row0;
+  // Padding rows, and rows that see no key: 0 and -inf.
+  fill_rows(o, (k.i1 - k.i0) * d.M, 0.0f);
+  fill_rows(lse, k.i1 - k.i0, -INFINITY);
+  if (k.rows == 0 || k.key_end == 0) return;
+
+  float* s = scratch;
+  float* m = s + round16(lay.bq * lay.bk);
+  float* l = m + round16(lay.bq);
+  float* corr = l + round16(lay.bq);
+  uint32_t* bits = reinterpret_cast<uint32_t*>(corr + round16(lay.bq));
+  fill_rows(m, k.rows, -INFINITY);
+  fill_rows(l, k.rows, 0.0f);
+  const float* q = Q + row0 * d.E;
+  const float scale = 1.0f / (1.0f - p.dropout);
+  for (int64_t k0 = 0; k0 < k.key_end; k0 += lay.bk) {
+    const int64_t tc = min64(lay.bk, k.key_end - k0);
+    const RowLimits lim{k.i0, k0, k.length, p.causal, tc};
+    gemm(false, true, k.rows, tc, d.E, p.temperature, q, d.E, K + (k.bh * d.S + k0) * d.E, d.E,
+         0.0f, s, lay.bk);
+    softmax_tile(s, lay.bk, k.rows, lim, m, l, corr);
+    // The normalised weights are dropped (the sum l above is over all of them), so dropping
+    // the unnormalised ones now is the same.
+    if (p.dropout > 0.0f)
+      for (int64_t r = 0; r < k.rows; ++r) {
+        float* x = s + r * lay.bk;
+        const int64_t n = lim.limit(r);
+        dropout_bits(p.seed, p.offset, static_cast<uint64_t>((row0 + r) * d.S + k0), n, bits);
+        for (int64_t c = 0; c < n; ++c)
+          x[c] = math::dropout_value(x[c], bits[c], p.dropout, scale);
+      }
+    for (int64_t r = 0; r < k.rows; ++r)
+      if (corr[r] != 1.0f)
+        for (int64_t c = 0; c < d.M; ++c) o[r * d.M + c] *= corr[r];
+    gemm(false, false, k.rows, d.M, tc, 1.0f, s, lay.bk, V + (k.bh * d.S + k0) * d.M, d.M, 1.0f,
+         o, d.M);
+  }
+  for (int64_t r = 0; r < k.rows; ++r) {
+    // l >= 1 for a row that saw a key (its max contributes exp(0)); 0 for one that did not.
+    if (l[r] == 0.0f) continue;
+    const float inv = 1.0f / l[r];
+    for (int64_t c = 0; c < d.M; ++c) o[r * d.M + c] *= inv;
+    lse[r] = m[r] + std::log(l[r]);
+  }
+}
+
+struct Grads {
+  float *dQ, *dK, *dV;  // dK, dV: this chunk's accumulators for (b, h), (S, E) and (S, M)
+};
+
+void backward_block(const FullAttentionDims& d, const FullAttentionParams& p, const Layout& lay,
+                    const Block& k, const float* Q, const float* K, const float* V,
+                    const float* out, const float* logsumexp, const float* dout, Grads g,
+                    float* scratch) {
+  const int64_t row0 = k.bh * d.N + k.i0;
+  float* dq = g.dQ + row0 * d.E;
+  fill_rows(dq + k.rows * d.E, (k.i1 - k.i0 - k.rows) * d.E, 0.0f);  // padding rows
+  if (k.rows == 0) return;
+  if (k.key_end == 0) return fill_rows(dq, k.rows * d.E, 0.0f);
+
+  float* s = scratch;
+  float* dp = s + round16(lay.bq * lay.bk);
+  float* D = dp + round16(lay.bq * lay.bk);
+  TileDropout drop;
+  if (p.dropout > 0.0f) {
+    drop.p = p.dropout;
+    drop.scale = 1.0f / (1.0f - p.dropout);
+    drop.seed = p.seed;
+    drop.offset = p.offset;
+    drop.row_stride = static_cast<uint64_t>(d.S);
+    drop.bits = reinterpret_cast<uint32_t*>(D + round16(lay.bq));
+  }
+  const float* q = Q + row0 * d.E;
+  const float* dO = dout + row0 * d.M;
+  row_dots(dO, out + row0 * d.M, k.rows, d.M, D);
+  const float t = p.temperature;
+  for (int64_t k0 = 0; k0 < k.key_end; k0 += lay.bk) {
+    const int64_t tc = min64(lay.bk, k.key_end - k0);
+    const float* kt = K + (k.bh * d.S + k0) * d.E;
+    const float* vt = V + (k.bh * d.S + k0) * d.M;
+    gemm(false, true, k.rows, tc, d.E, t, q, d.E, kt, d.E, 0.0f, s, lay.bk);
+    gemm(false, true, k.rows, tc, d.M, 1.0f, dO, d.M, vt, d.M, 0.0f, dp, lay.bk);
+    drop.idx0 = static_cast<uint64_t>(row0 * d.S + k0);
+    backward_tile(s, dp, lay.bk, k.rows, RowLimits{k.i0, k0, k.length, p.causal, tc},
+                  logsumexp + row0, D, drop);
+    // dV_tile += Pd^T dO, dQ_blk (+)= t dS K_tile, dK_tile += t dS^T Q_blk.
+    gemm(true, false, tc, d.M, k.rows, 1.0f, s, lay.bk, dO, d.M, 1.0f, g.dV + k0 * d.M, d.M);
+    gemm(false, false, k.rows, d.E, tc, t, dp, lay.bk, kt, d.E, k0 == 0 ? 0.0f : 1.0f, dq, d.E);
+    gemm(true, false, tc, d.E, k.rows, t, dp, lay.bk, q, d.E, 1.0f, g.dK + k0 * d.E, d.E);
+  }
+}
+
+}  // namespace
+
+int64_t full_attention_backward_chunks(const FullAttentionDims& d) {
+  const int64_t pairs = max64(1, d.B * d.H);
+  return max64(1, min64(layout_of(d).qblocks, ceil_div(kBackwardTasks, pairs)));
+}
+
+int64_t full_attention_forward_workspace(const FullAttentionDims& d, int threads) {
+  return forward_scratch(layout_of(d)) * threads;
+}
+
+int64_t full_attention_backward_workspace(const FullAttentionDims& d, int threads) {
+  const int64_t copies = full_attention_backward_chunks(d) - 1;
+  return copies * d.B * d.H * d.S * (d.E + d.M) + backward_scratch(layout_of(d)) * threads;
+}
+
+void full_attention_forward(const FullAttentionDims& d, const FullAttentionParams& p,
+                            const float* Q, const float* K, const float* V, float* out,
+                            float* logsumexp, float* workspace, int threads) {
+  const Layout lay = layout_of(d);
+  const int64_t tasks = d.B * d.H * lay.qblocks;
+#pragma omp parallel num_threads(threads)
+  {
+    set_num_threads(1);  // for cpu::gemm inside this region (this thread's ICV only)
+    float* scratch = workspace + thread_id() * forward_scratch(lay);
+#pragma omp for schedule(dynamic)
+    for (int64_t task = 0; task < tasks; ++task)
+      forward_block(d, p, lay, block_of(d, p, lay, task / lay.qblocks, task % lay.qblocks), Q, K,
+                    V, out, logsumexp, scratch);
+  }
+}
+
+void full_attention_backward(const FullAttentionDims& d, const FullAttentionParams& p,
+                             const float* Q, const float* K, const float* V, const float* out,
+                             const float* logsumexp, const float* dout, float* dQ, float* dK,
+                             float* dV, float* workspace, int threads) {
+  const Layout lay = layout_of(d);
+  const int64_t G = full_attention_backward_chunks(d);
+  const int64_t pairs = d.B * d.H;
+  const int64_t nk = pairs * d.S * d.E, nv = pairs * d.S * d.M;  // floats of dK, dV
+  float* copies = workspace;  // chunk g > 0: its dK (nk floats), then its dV (nv floats)
+  float* scratch0 = workspace + (G - 1) * (nk + nv);
+#pragma omp parallel num_threads(threads)
+  {
+    set_num_threads(1);  // for cpu::gemm inside this region (this thread's ICV only)
+    float* scratch = scratch0 + thread_id() * backward_scratch(lay);
+    // dK, dV and the chunks' copies start at 0 (keys no query sees stay 0).
+#pragma omp for schedule(static) nowait
+    for (int64_t i = 0; i < nk; ++i) dK[i] = 0.0f;
+#pragma omp for schedule(static) nowait
+    for (int64_t i = 0; i < nv; ++i) dV[i] = 0.0f;
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < (G - 1) * (nk + nv); ++i) copies[i] = 0.0f;
+#pragma omp for schedule(dynamic)
+    for (int64_t task = 0; task < pairs * G; ++task) {
+      const int64_t bh = task / G, chunk = task % G;
+      float* base = chunk == 0 ? nullptr : copies + (chunk - 1) * (nk + nv);
+      const Grads grads{dQ, (chunk == 0 ? dK : base) + bh * d.S * d.E,
+                        (chunk == 0 ? dV : base + nk) + bh * d.S * d.M};
+      for (int64_t qb = chunk; qb < lay.qblocks; qb += G)
+        backward_block(d, p, lay, block_of(d, p, lay, bh, qb), Q, K, V, out, logsumexp, dout,
+                       grads, scratch);
+    }
+    if (G > 1) {
+#pragma omp for schedule(static)
+      for (int64_t i = 0; i < nk + nv; ++i) {
+        float* dst = i < nk ? dK + i : dV + (i - nk);
+        float acc = *dst;
+        for (int64_t chunk = 1; chunk < G; ++chunk) acc += copies[(chunk - 1) * (nk + nv) + i];
+        *dst = acc;
+      }
+    }
+  }
+}
+
+}  // namespace clustr::cpu

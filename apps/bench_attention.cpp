@@ -1,0 +1,143 @@
+// Full-attention benchmark (the paper's supplementary C.1 measure): the fused full attention
+// alone, forward + backward through autograd, batch 1, H heads of E dims (6 x 64 by default),
+// for each sequence length N. Prints the time and the peak extra memory per sequence element
+// (time / N, bytes / N) and writes a CSV. apps/bench_attention_torch.py runs it beside PyTorch.
+//
+// Time: one untimed run (it also gives the memory figures), then --reps timed runs; the median
+// and the minimum are reported. Memory, two ways:
+//   tensor: peak minus live bytes of tensor storage (memory_stats(Device::cpu)) over the run,
+//           starting after the inputs Q, K, V and dO exist (outputs, gradients, scratch);
+//   rss:    growth of the process's peak resident set over the run (VmHWM after the run minus
+//           VmRSS before it, the peak reset through /proc/self/clear_refs), which also counts
+//           GEMM packing buffers and anything else; -1 where /proc does not allow it. This is
+//           how the PyTorch script measures its side.
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "autograd/variable.h"
+#include "core/error.h"
+#include "core/parallel.h"
+#include "core/random.h"
+#include "core/tensor.h"
+#include "layers/attention/full.h"
+
+namespace {
+
+using clustr::Tensor;
+using clustr::Variable;
+
+// A field of /proc/self/status in bytes ("VmRSS", "VmHWM"), or -1.
+long long proc_status_bytes(const char* field) {
+  std::ifstream f("/proc/self/status");
+  std::string key;
+  while (f >> key) {
+    if (key == std::string(field) + ":") {
+      long long kb = 0;
+      f >> kb;
+      return kb * 1024;
+    }
+    std::getline(f, key);
+  }
+  return -1;
+}
+
+// Resets the peak resident set (VmHWM) to the current one; false where not allowed.
+bool reset_peak_rss() {
+  std::ofstream f("/proc/self/clear_refs");
+  f << "5";
+  f.flush();
+  return f.good();
+}
+
+struct Sample {
+  double seconds;
+  long long tensor_bytes, rss_bytes;
+};
+
+// One forward + backward of full attention, as a training step would run it.
+Sample run_once(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout,
+                const clustr::FullAttentionOptions& options) {
+  Variable Q(q, true), K(k, true), V(v, true);
+  const long long live = clustr::memory_stats(clustr::Device::cpu).live_bytes;
+  clustr::reset_peak_memory(clustr::Device::cpu);
+  const long long rss0 = proc_status_bytes("VmRSS");
+  const bool rss_ok = reset_peak_rss() && rss0 >= 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    Variable out = clustr::full_attention(Q, K, V, Tensor(), options);
+    out.backward(dout);
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const long long hwm = proc_status_bytes("VmHWM");
+  return {seconds, clustr::memory_stats(clustr::Device::cpu).peak_bytes - live,
+          rss_ok && hwm >= 0 ? hwm - rss0 : -1};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  CLI::App app{"clustr full-attention benchmark: forward + backward time and peak memory per element"};
+  std::vector<int64_t> lengths = {512, 1024, 2048, 4096, 8192, 16384};
+  int64_t heads = 6, dim = 64, batch = 1;
+  int reps = 3, threads = 0;
+  bool causal = false;
+  std::string csv_path = "bench_attention.csv";
+  app.add_option("--n", lengths, "sequence lengths N")->capture_default_str();
+  app.add_option("--heads", heads, "attention heads H")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--dim", dim, "dims per head E (= M)")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--batch", batch, "batch size B")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--reps", reps, "timed runs per N (after one untimed)")->capture_default_str()
+      ->check(CLI::Range(1, 1000));
+  app.add_option("--threads", threads, "OpenMP threads (0: the default)")->capture_default_str();
+  app.add_flag("--causal", causal, "causal mask");
+  app.add_option("--csv", csv_path, "CSV output file")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  if (threads > 0) clustr::set_num_threads(threads);
+
+  std::printf("full attention, forward + backward: B=%ld, H=%ld, E=M=%ld%s, %d threads, "
+              "median of %d runs\n",
+              long(batch), long(heads), long(dim), causal ? ", causal" : "",
+              clustr::num_threads(), reps);
+  std::printf("%7s | %10s %10s | %12s %10s %10s | %12s\n", "N", "ms", "us/elem", "tensor MB",
+              "KB/elem", "B/N^2", "rss MB");
+  std::ofstream csv(csv_path);
+  CLUSTR_CHECK(csv.good(), "bench_attention: cannot write ", csv_path);
+  csv << "N,B,H,E,threads,causal,seconds_median,seconds_min,us_per_element,"
+         "tensor_peak_bytes,rss_peak_bytes,bytes_per_element\n";
+
+  clustr::FullAttentionOptions options;
+  options.causal = causal;
+  clustr::Generator gen(1);
+  for (int64_t N : lengths) {
+    CLUSTR_CHECK(N >= 1, "bench_attention: --n values must be >= 1, got ", N);
+    Tensor q = Tensor::empty({batch, heads, N, dim}), k = Tensor::empty({batch, heads, N, dim});
+    Tensor v = Tensor::empty({batch, heads, N, dim}), dout = Tensor::empty({batch, heads, N, dim});
+    for (Tensor* t : {&q, &k, &v, &dout}) clustr::normal_(*t, gen);
+    const Sample first = run_once(q, k, v, dout, options);
+    std::vector<double> times;
+    for (int r = 0; r < reps; ++r) times.push_back(run_once(q, k, v, dout, options).seconds);
+    std::sort(times.begin(), times.end());
+    const double median = times[times.size() / 2];
+    const double us_per_elem = median / double(N) * 1e6;
+    const double bytes_per_elem = double(first.tensor_bytes) / double(N);
+    std::printf("%7ld | %10.1f %10.2f | %12.1f %10.1f %10.2f | %12.1f\n", long(N), median * 1e3,
+                us_per_elem, first.tensor_bytes / 1048576.0, bytes_per_elem / 1024.0,
+                double(first.tensor_bytes) / (double(N) * double(N)),
+                first.rss_bytes < 0 ? -1.0 : first.rss_bytes / 1048576.0);
+    std::fflush(stdout);
+    csv << N << ',' << batch << ',' << heads << ',' << dim << ',' << clustr::num_threads() << ','
+        << int(causal) << ',' << median << ',' << times.front() << ',' << us_per_elem << ','
+        << first.tensor_bytes << ',' << first.rss_bytes << ',' << bytes_per_elem << '\n';
+  }
+  std::printf("wrote %s\n", csv_path.c_str());
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "bench_attention: %s\n", e.what());
+  return 1;
+}

@@ -1,0 +1,97 @@
+// Encoder-layer benchmark: one EncoderLayer of the copy-task model (D = 192, 6 heads x 32,
+// feed-forward 768, ReLU, post-norm, full attention, dropout 0), forward + backward through
+// autograd with the input requiring grad (as inside a stack), for batch x length shapes.
+// Prints microseconds per token (time of one step / (B * N)) and writes a CSV.
+// apps/bench_encoder_torch.py runs it beside PyTorch's nn.TransformerEncoderLayer.
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/parallel.h"
+#include "core/random.h"
+#include "layers/encoder.h"
+
+namespace {
+
+using clustr::Tensor;
+using clustr::Variable;
+
+struct Shape2 {
+  int64_t batch, length;
+};
+
+// "32x64" -> {32, 64}.
+Shape2 parse_shape(const std::string& s) {
+  size_t x = s.find('x');
+  CLUSTR_CHECK(x != std::string::npos, "bench_encoder: --shapes expects BxN, got '", s, "'");
+  return {std::stoll(s.substr(0, x)), std::stoll(s.substr(x + 1))};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  CLI::App app{"clustr encoder-layer benchmark (forward + backward)"};
+  std::vector<std::string> shapes = {"32x64", "32x128", "32x256", "32x512",
+                                     "4x1024", "4x2048", "4x4096"};
+  int64_t dim = 192, heads = 6, hidden = 768;
+  int reps = 5, threads = 0;
+  std::string csv_path = "bench_encoder.csv";
+  app.add_option("--shapes", shapes, "batch x length, e.g. 32x64")->capture_default_str();
+  app.add_option("--dim", dim, "model width D")->capture_default_str();
+  app.add_option("--heads", heads, "heads H")->capture_default_str();
+  app.add_option("--hidden", hidden, "feed-forward width")->capture_default_str();
+  app.add_option("--reps", reps, "timed steps per shape (after one untimed)")
+      ->capture_default_str()->check(CLI::Range(1, 1000));
+  app.add_option("--threads", threads, "OpenMP threads (0: the default)")->capture_default_str();
+  app.add_option("--csv", csv_path, "CSV output file")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  if (threads > 0) clustr::set_num_threads(threads);
+
+  clustr::Generator gen(1);
+  clustr::AttentionConfig attention;  // full
+  clustr::EncoderLayer layer(dim, heads, hidden, attention, 0.0f, clustr::Activation::relu,
+                             /*pre_norm=*/false, gen);
+  std::ofstream csv(csv_path);
+  CLUSTR_CHECK(csv.good(), "bench_encoder: cannot write ", csv_path);
+  csv << "batch,length,us_per_token_median,us_per_token_min\n";
+  std::printf("encoder layer D=%ld H=%ld F=%ld, forward + backward, %d threads\n", long(dim),
+              long(heads), long(hidden), clustr::num_threads());
+  std::printf("%6s %6s | %12s %12s\n", "B", "N", "us/token med", "us/token min");
+  for (const std::string& s : shapes) {
+    Shape2 shape = parse_shape(s);
+    Tensor x0 = Tensor::empty({shape.batch, shape.length, dim});
+    Tensor dout = Tensor::empty({shape.batch, shape.length, dim});
+    clustr::normal_(x0, gen);
+    clustr::normal_(dout, gen);
+    Variable x(x0, true);
+    auto step = [&] {
+      layer.forward(x, Tensor(), gen).backward(dout);
+      layer.zero_grad();
+      x.zero_grad();
+    };
+    step();
+    std::vector<double> us;
+    for (int r = 0; r < reps; ++r) {
+      auto t0 = std::chrono::steady_clock::now();
+      step();
+      double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      us.push_back(sec * 1e6 / double(shape.batch * shape.length));
+    }
+    std::sort(us.begin(), us.end());
+    std::printf("%6ld %6ld | %12.2f %12.2f\n", long(shape.batch), long(shape.length),
+                us[us.size() / 2], us.front());
+    std::fflush(stdout);
+    csv << shape.batch << ',' << shape.length << ',' << us[us.size() / 2] << ',' << us.front()
+        << '\n';
+  }
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "bench_encoder: %s\n", e.what());
+  return 1;
+}
