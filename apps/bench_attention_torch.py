@@ -30,6 +30,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_torch_common import child_env, run_worker  # noqa: E402
+
 
 def proc_status_bytes(field):
     with open("/proc/self/status") as f:
@@ -83,13 +86,6 @@ def torch_worker(args):
                       "torch": torch.__version__, "threads": torch.get_num_threads()}))
 
 
-def child_env():
-    env = dict(os.environ)
-    env.setdefault("OPENBLAS_CORETYPE", "SkylakeX")
-    env.setdefault("OMP_WAIT_POLICY", "passive")
-    return env
-
-
 def run_ours(args, n):
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "ours.csv")
@@ -105,11 +101,8 @@ def run_ours(args, n):
 
 
 def run_torch(args, n):
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", str(n), "--reps", str(args.reps),
-           "--threads", str(args.threads), "--heads", str(args.heads), "--dim", str(args.dim),
-           "--batch", str(args.batch)]
-    out = subprocess.run(cmd, check=True, env=child_env(), capture_output=True, text=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_worker(__file__, ["--worker", n, "--reps", args.reps, "--threads", args.threads,
+                                 "--heads", args.heads, "--dim", args.dim, "--batch", args.batch])
 
 
 def load():

@@ -23,6 +23,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_torch_common import child_env, run_worker  # noqa: E402
+
 SHAPES = ["32x64", "32x128", "32x256", "32x512", "4x1024", "4x2048", "4x4096"]
 
 
@@ -55,13 +58,6 @@ def torch_worker(args):
                       "torch": torch.__version__, "threads": torch.get_num_threads()}))
 
 
-def child_env():
-    env = dict(os.environ)
-    env.setdefault("OPENBLAS_CORETYPE", "SkylakeX")
-    env.setdefault("OMP_WAIT_POLICY", "passive")
-    return env
-
-
 def run_ours(args, shape):
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "ours.csv")
@@ -75,11 +71,9 @@ def run_ours(args, shape):
 
 
 def run_torch(args, shape):
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", shape, "--reps", str(args.reps),
-           "--threads", str(args.threads), "--dim", str(args.dim), "--heads", str(args.heads),
-           "--hidden", str(args.hidden)]
-    out = subprocess.run(cmd, check=True, env=child_env(), capture_output=True, text=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])["us_median"]
+    return run_worker(__file__, ["--worker", shape, "--reps", args.reps, "--threads",
+                                 args.threads, "--dim", args.dim, "--heads", args.heads,
+                                 "--hidden", args.hidden])["us_median"]
 
 
 def main():

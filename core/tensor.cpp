@@ -1,11 +1,15 @@
 #include "core/tensor.h"
 
-#include <atomic>
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <vector>
 #include <cstdlib>
 #include <cstring>
 
 #include "core/cuda/cuda.h"
 #include "core/error.h"
+#include "core/size_class.h"
 
 namespace clustr {
 
@@ -20,51 +24,112 @@ size_t dtype_size(DType t) {
 const char* to_string(DType t) { return t == DType::f32 ? "f32" : "i32"; }
 const char* to_string(Device d) { return d == Device::cpu ? "cpu" : "cuda"; }
 
-// ---- CPU allocation with statistics -------------------------------------------------------
+// ---- CPU allocation with statistics and a cache of large blocks ----------------------------
+//
+// Training allocates the same large sizes every step. Returned to the system, such blocks come
+// back as fresh pages that fault and are zeroed on first touch (several percent of a small
+// model's step), so blocks of at least kCacheMin bytes are kept in free lists by size class
+// (core/size_class.h) and handed out again, up to kCacheMax bytes in all. Live and peak bytes
+// count what tensors use, not what the cache holds.
 
 namespace {
-std::atomic<int64_t> g_cpu_live{0}, g_cpu_peak{0}, g_cpu_count{0};
 constexpr size_t kAlign = 64;  // one cache line, and one AVX-512 register
+constexpr size_t kCacheMin = 64 * 1024;
+constexpr size_t kCacheMax = size_t(1) << 30;
 
-void note_alloc(int64_t bytes) {
-  int64_t live = g_cpu_live.fetch_add(bytes) + bytes;
-  int64_t peak = g_cpu_peak.load();
-  while (live > peak && !g_cpu_peak.compare_exchange_weak(peak, live)) {
+struct HostAllocator {
+  std::mutex mu;
+  std::map<size_t, std::vector<void*>> cache;  // size class -> free blocks
+  size_t cached = 0;
+  int64_t live = 0, peak = 0, count = 0;
+};
+
+// Never destroyed: tensors in static objects may be freed during static destruction.
+HostAllocator& host_allocator() {
+  static HostAllocator* a = new HostAllocator;
+  return *a;
+}
+
+size_t host_block_size(size_t bytes) {
+  return bytes >= kCacheMin ? size_class(bytes) : (bytes + kAlign - 1) / kAlign * kAlign;
+}
+
+void* host_alloc(size_t bytes) {
+  HostAllocator& a = host_allocator();
+  size_t size = host_block_size(bytes);
+  void* p = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(a.mu);
+    a.live += static_cast<int64_t>(bytes);
+    a.peak = std::max(a.peak, a.live);
+    ++a.count;
+    auto it = a.cache.find(size);
+    if (it != a.cache.end() && !it->second.empty()) {
+      p = it->second.back();  // the most recently freed: likeliest to be in cache
+      it->second.pop_back();
+      a.cached -= size;
+      return p;
+    }
   }
-  g_cpu_count.fetch_add(1);
+  p = std::aligned_alloc(kAlign, size);
+  if (!p) {
+    std::lock_guard<std::mutex> lock(a.mu);
+    a.live -= static_cast<int64_t>(bytes);
+    throw Error(detail::cat("Tensor: out of host memory allocating ", bytes, " bytes"));
+  }
+  return p;
+}
+
+void host_free(void* p, size_t bytes) {
+  HostAllocator& a = host_allocator();
+  size_t size = host_block_size(bytes);
+  {
+    std::lock_guard<std::mutex> lock(a.mu);
+    a.live -= static_cast<int64_t>(bytes);
+    if (bytes >= kCacheMin && a.cached + size <= kCacheMax) {
+      a.cache[size].push_back(p);
+      a.cached += size;
+      return;
+    }
+  }
+  std::free(p);
 }
 }  // namespace
 
 MemoryStats memory_stats(Device d) {
   if (d == Device::cuda) return cuda::memory_stats();
-  return MemoryStats{g_cpu_live.load(), g_cpu_peak.load(), g_cpu_count.load()};
+  HostAllocator& a = host_allocator();
+  std::lock_guard<std::mutex> lock(a.mu);
+  return MemoryStats{a.live, a.peak, a.count};
 }
 
 void reset_peak_memory(Device d) {
   if (d == Device::cuda) return cuda::reset_peak();
-  g_cpu_peak.store(g_cpu_live.load());
+  HostAllocator& a = host_allocator();
+  std::lock_guard<std::mutex> lock(a.mu);
+  a.peak = a.live;
+}
+
+void empty_host_cache() {
+  HostAllocator& a = host_allocator();
+  std::lock_guard<std::mutex> lock(a.mu);
+  for (auto& [size, blocks] : a.cache)
+    for (void* p : blocks) std::free(p);
+  a.cache.clear();
+  a.cached = 0;
 }
 
 Storage::Storage(size_t bytes, Device device) : bytes_(bytes), device_(device) {
   if (bytes == 0) return;
-  if (device == Device::cuda) {
-    data_ = cuda::alloc(bytes);
-    return;
-  }
-  size_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;
-  data_ = std::aligned_alloc(kAlign, rounded);
-  CLUSTR_CHECK(data_ != nullptr, "Tensor: out of host memory allocating ", bytes, " bytes");
-  note_alloc(static_cast<int64_t>(bytes));
+  data_ = device == Device::cuda ? cuda::alloc(bytes) : host_alloc(bytes);
 }
 
 Storage::~Storage() {
   if (!data_) return;
-  if (device_ == Device::cuda) {
+  if (device_ == Device::cuda)
     cuda::free(data_, bytes_);
-    return;
-  }
-  std::free(data_);
-  g_cpu_live.fetch_sub(static_cast<int64_t>(bytes_));
+  else
+    host_free(data_, bytes_);
 }
 
 // ---- Tensor ------------------------------------------------------------------------------

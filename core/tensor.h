@@ -29,6 +29,9 @@ struct MemoryStats {
 };
 MemoryStats memory_stats(Device d);
 void reset_peak_memory(Device d);  // sets peak to the current live bytes
+// Freed host blocks of 64 KiB and more are cached for reuse (up to 1 GiB); this returns them to
+// the system. (cuda::empty_cache does the same for the device.)
+void empty_host_cache();
 
 // A block of bytes on one device. Freed when the last tensor that uses it goes away.
 class Storage {

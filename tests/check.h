@@ -11,7 +11,11 @@
 
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <functional>
 #include <cstdint>
 #include <initializer_list>
@@ -136,5 +140,39 @@ inline void check_grad(const std::string& what, const GradFn& f, const std::vect
   INFO(what);
   CHECK_MESSAGE(r.ok, r.message);
 }
+
+}  // namespace clustr::test
+
+namespace clustr::test {
+
+// A fresh directory under the system temp dir, removed with everything in it at scope exit.
+class TempDir {
+ public:
+  TempDir() {
+    static int counter = 0;
+    path_ = std::filesystem::temp_directory_path() /
+            ("clustr_test." + std::to_string(::getpid()) + "." + std::to_string(counter++));
+    std::filesystem::remove_all(path_);
+    std::filesystem::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+  std::vector<std::string> list() const {  // file names, sorted
+    std::vector<std::string> names;
+    for (const auto& e : std::filesystem::directory_iterator(path_))
+      names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    return names;
+  }
+
+ private:
+  std::filesystem::path path_;
+};
 
 }  // namespace clustr::test

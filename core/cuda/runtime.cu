@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/cuda/check.h"
+#include "core/size_class.h"
 #include "core/cuda/cuda.h"
 #include "core/error.h"
 
@@ -68,20 +69,10 @@ void require(const char* what) {
 //
 // cudaMalloc and cudaFree are slow (cudaFree also synchronizes the device), and training
 // allocates the same sizes every step, so freed blocks are kept in free lists by size class and
-// handed out again. Sizes are rounded up so that nearby sizes share a class: multiples of 512
-// bytes below 4 KiB, above that 8 classes per power of two (waste under 12.5%).
+// handed out again. Sizes are rounded up to size classes (core/size_class.h).
 
 namespace {
 
-size_t round_size(size_t bytes) {
-  size_t step = 512;
-  if (bytes >= 4096) {
-    size_t p = 1;  // the largest power of two <= bytes
-    while (p <= bytes / 2) p <<= 1;
-    step = p / 8;
-  }
-  return (bytes + step - 1) / step * step;
-}
 
 struct Block {
   size_t size;       // rounded, as cudaMalloc'ed
@@ -125,7 +116,7 @@ void* alloc(size_t bytes) {
   if (bytes == 0) return nullptr;
   CLUSTR_CHECK(bytes <= (size_t(1) << 56), "cuda::alloc: ", bytes,
                " bytes is not a plausible allocation size");
-  size_t size = round_size(bytes);
+  size_t size = size_class(bytes);
   Allocator& a = allocator();
   std::lock_guard<std::mutex> lock(a.mu);
 
