@@ -12,7 +12,7 @@
 // Tolerance: atol 1e-5, rtol 1e-4, as for the single ops (test_fixtures.cpp). The references are
 // exact to half a float32 ulp and PyTorch's own float32 layer stays within 0.16 of this
 // tolerance (make_encoder_fixture.py prints the figure); a layer is a few dozen ops deep, each
-// with O(1) values and sums of at most F = 384 terms.
+// with O(1) values and sums of at most F = 768 terms.
 #include <doctest/doctest.h>
 
 #include <cmath>
