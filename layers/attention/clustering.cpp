@@ -1,0 +1,224 @@
+// Query clustering for clustered attention: hashing and Hamming K-means (clustering.h gives the
+// contract, the choices and the random stream layout; the paper's sec. 3.2.2).
+//
+// Legend: B batch, H heads, N queries, E per-head dim, C clusters, K bits, V valid queries of
+// one (b, h) (= lengths[b], or N).
+#include "layers/attention/clustering.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "core/error.h"
+#include "core/ops_check.h"
+#include "core/parallel.h"
+#include "core/philox.h"
+
+namespace clustr {
+
+namespace {
+
+// With fewer (b, h) pairs than threads, one pair's loops are shared instead, once N is large
+// enough to pay for a parallel region per step.
+constexpr int64_t kInnerMinN = 256;
+
+struct Sizes {
+  int64_t B, H, N, E;
+  int C, K, L;
+};
+
+// Plain left-to-right sum: the same value for a query wherever it is computed (both hashing
+// passes below rely on it).
+float dot(const float* a, const float* b, int64_t E) {
+  float s = 0.0f;
+  for (int64_t e = 0; e < E; ++e) s += a[e] * b[e];
+  return s;
+}
+
+uint64_t draw_u64(uint64_t seed, uint64_t counter) {
+  Philox4 r = philox4x32(seed, counter);
+  return (static_cast<uint64_t>(r.v[0]) << 32) | r.v[1];
+}
+
+int popcount(uint64_t x) { return __builtin_popcountll(x); }
+
+// Everything random one (b, h) needs: the shared planes and the first counter block of its
+// thresholds and of its seeding draws.
+struct Draws {
+  const float* planes;  // (K, E)
+  uint64_t seed, threshold_base, seed_base;
+};
+
+// codes[i] for the V valid queries q (V, E) (sec. 3.2.2 hashing, bias as in clustering.h).
+// Pass 1 finds each plane's projection range [lo_k, hi_k], pass 2 sets the bits.
+void hash_queries(const float* q, int64_t V, const Sizes& s, const Draws& r, bool inner,
+                  uint64_t* codes) {
+  std::vector<float> threshold(static_cast<size_t>(s.K));
+#pragma omp parallel for schedule(static) if (inner)
+  for (int k = 0; k < s.K; ++k) {
+    const float* w = r.planes + k * s.E;
+    float lo = dot(q, w, s.E), hi = lo;
+    for (int64_t i = 1; i < V; ++i) {
+      float p = dot(q + i * s.E, w, s.E);
+      lo = std::min(lo, p), hi = std::max(hi, p);
+    }
+    float u = uint_to_unit(philox4x32(r.seed, r.threshold_base + static_cast<uint64_t>(k)).v[0]);
+    threshold[static_cast<size_t>(k)] = lo + u * (hi - lo);
+  }
+#pragma omp parallel for schedule(static) if (inner)
+  for (int64_t i = 0; i < V; ++i) {
+    uint64_t code = 0;
+    for (int k = 0; k < s.K; ++k)
+      if (dot(q + i * s.E, r.planes + k * s.E, s.E) > threshold[static_cast<size_t>(k)])
+        code |= uint64_t{1} << k;
+    codes[i] = code;
+  }
+}
+
+// k-means++ seeding in Hamming distance (clustering.h); returns the number of seeded
+// centroids, <= C. The d^2 weights are integers, so their sum is exact in any order.
+int seed_centroids(const uint64_t* codes, int64_t V, const Sizes& s, const Draws& r, bool inner,
+                   std::vector<uint64_t>& centroids) {
+  std::vector<int64_t> dist(static_cast<size_t>(V));
+  int64_t first = static_cast<int64_t>(draw_u64(r.seed, r.seed_base) % static_cast<uint64_t>(V));
+  centroids[0] = codes[first];
+  int seeded = 1;
+  for (int j = 1; j < s.C; ++j) {
+    const uint64_t c = centroids[static_cast<size_t>(j - 1)];
+    uint64_t total = 0;
+#pragma omp parallel for schedule(static) reduction(+ : total) if (inner)
+    for (int64_t i = 0; i < V; ++i) {
+      int64_t d = popcount(codes[i] ^ c);
+      dist[i] = j == 1 ? d : std::min(dist[i], d);
+      total += static_cast<uint64_t>(dist[i] * dist[i]);
+    }
+    if (total == 0) break;  // every code is already a centroid
+    uint64_t x = draw_u64(r.seed, r.seed_base + static_cast<uint64_t>(j)) % total;
+    int64_t pick = 0;
+    for (uint64_t acc = 0; pick < V; ++pick) {
+      acc += static_cast<uint64_t>(dist[pick] * dist[pick]);
+      if (x < acc) break;
+    }
+    centroids[static_cast<size_t>(j)] = codes[pick];  // d > 0: a code not seeded before
+    seeded = j + 1;
+  }
+  return seeded;
+}
+
+// Assign step: nearest of the `active` centroids, ties to the lowest index. Returns how many
+// assignments changed.
+int64_t assign(const uint64_t* codes, int64_t V, const std::vector<uint64_t>& centroids,
+               int active, bool inner, int32_t* a) {
+  int64_t changed = 0;
+#pragma omp parallel for schedule(static) reduction(+ : changed) if (inner)
+  for (int64_t i = 0; i < V; ++i) {
+    int best = 0, best_d = popcount(codes[i] ^ centroids[0]);
+    for (int c = 1; c < active; ++c) {
+      int d = popcount(codes[i] ^ centroids[static_cast<size_t>(c)]);
+      if (d < best_d) best = c, best_d = d;
+    }
+    if (a[i] != best) ++changed, a[i] = best;
+  }
+  return changed;
+}
+
+// Update step: majority vote per bit, ties (and empty clusters) keep the previous bit. Shared
+// by bits, so each thread owns its own columns of `ones`.
+void update(const uint64_t* codes, int64_t V, const int32_t* a, const Sizes& s, int active,
+            bool inner, std::vector<uint64_t>& centroids) {
+  std::vector<int64_t> members(static_cast<size_t>(active), 0);
+  for (int64_t i = 0; i < V; ++i) ++members[static_cast<size_t>(a[i])];
+  std::vector<int64_t> ones(static_cast<size_t>(active) * static_cast<size_t>(s.K), 0);
+#pragma omp parallel for schedule(static) if (inner)
+  for (int k = 0; k < s.K; ++k)
+    for (int64_t i = 0; i < V; ++i)
+      if ((codes[i] >> k) & 1u) ++ones[static_cast<size_t>(a[i]) * s.K + k];
+  for (int c = 0; c < active; ++c) {
+    uint64_t& cent = centroids[static_cast<size_t>(c)];
+    for (int k = 0; k < s.K; ++k) {
+      int64_t twice = 2 * ones[static_cast<size_t>(c) * s.K + k], m = members[static_cast<size_t>(c)];
+      if (twice > m) cent |= uint64_t{1} << k;
+      if (twice < m) cent &= ~(uint64_t{1} << k);
+    }
+  }
+}
+
+// One (b, h): q (N, E) with V valid rows -> a (N), counts (C), both overwritten.
+void cluster_one(const float* q, int64_t V, const Sizes& s, const Draws& r, bool inner,
+                 int32_t* a, int32_t* counts) {
+  std::fill(a, a + s.N, -1);
+  std::fill(counts, counts + s.C, 0);
+  if (V == 0) return;
+  std::vector<uint64_t> codes(static_cast<size_t>(V));
+  hash_queries(q, V, s, r, inner, codes.data());
+  std::vector<uint64_t> centroids(static_cast<size_t>(s.C), 0);
+  const int active = seed_centroids(codes.data(), V, s, r, inner, centroids);
+  for (int round = 0;; ++round) {
+    int64_t changed = assign(codes.data(), V, centroids, active, inner, a);
+    if (round == s.L || (round > 0 && changed == 0)) break;
+    update(codes.data(), V, a, s, active, inner, centroids);
+  }
+  for (int64_t i = 0; i < V; ++i) ++counts[a[i]];
+}
+
+Sizes check_inputs(const char* op, const Tensor& Q, const Tensor& lengths,
+                   const ClusteringOptions& o) {
+  detail::check_f32(op, "Q", Q);
+  detail::require_cpu(op, Q);
+  CLUSTR_CHECK(Q.rank() == 4, op, ": expected Q of shape (B, H, N, E), got ", describe(Q));
+  Sizes s{Q.size(0), Q.size(1), Q.size(2), Q.size(3), o.clusters, o.bits, o.iterations};
+  CLUSTR_CHECK(s.E >= 1, op, ": expected Q with E >= 1 (the last axis), got ", describe(Q));
+  CLUSTR_CHECK(o.clusters >= 1, op, ": expected clusters >= 1, got ", o.clusters);
+  CLUSTR_CHECK(o.bits >= 1 && o.bits <= 63, op, ": expected bits in [1, 63] (codes are 64-bit), got ",
+               o.bits);
+  CLUSTR_CHECK(o.iterations >= 0, op, ": expected iterations >= 0, got ", o.iterations);
+  if (lengths.defined()) {
+    detail::check_dtype(op, "lengths", lengths, DType::i32);
+    detail::require_cpu(op, lengths);
+    CLUSTR_CHECK(lengths.shape() == Shape{s.B}, op, ": expected lengths of shape (", s.B,
+                 ",) (one per sequence of Q ", describe(Q), "), got ", describe(lengths));
+    const int32_t* len = lengths.i32();
+    for (int64_t b = 0; b < s.B; ++b)
+      CLUSTR_CHECK(len[b] >= 0 && len[b] <= s.N, op, ": lengths[", b, "] = ", len[b],
+                   " is outside [0, N = ", s.N, "] (Q ", describe(Q), ")");
+  }
+  return s;
+}
+
+}  // namespace
+
+Clustering cluster_queries(const Tensor& Q, const Tensor& lengths,
+                           const ClusteringOptions& options, Generator& gen) {
+  const char* op = "cluster_queries";
+  const Sizes s = check_inputs(op, Q, lengths, options);
+  const int64_t BH = s.B * s.H;
+  // The stream layout of clustering.h: planes, then thresholds, then seeding draws.
+  Tensor planes = Tensor::empty({s.K, s.E});
+  normal_(planes, gen);
+  Draws r{planes.f32(), gen.seed(), gen.reserve(static_cast<uint64_t>(BH * s.K)),
+          gen.reserve(static_cast<uint64_t>(BH * s.C))};
+
+  Clustering out;
+  out.assignment = Tensor::empty({s.B, s.H, s.N}, DType::i32);
+  out.counts = Tensor::empty({s.B, s.H, s.C}, DType::i32);
+  const float* q = Q.f32();
+  const int32_t* len = lengths.defined() ? lengths.i32() : nullptr;
+  int32_t* a = out.assignment.i32();
+  int32_t* counts = out.counts.i32();
+  auto one = [&](int64_t bh, bool inner) {
+    Draws d = r;
+    d.threshold_base += static_cast<uint64_t>(bh * s.K);
+    d.seed_base += static_cast<uint64_t>(bh * s.C);
+    const int64_t V = len ? len[bh / s.H] : s.N;
+    cluster_one(q + bh * s.N * s.E, V, s, d, inner, a + bh * s.N, counts + bh * s.C);
+  };
+  if (BH >= num_threads() || s.N < kInnerMinN) {
+#pragma omp parallel for schedule(dynamic)
+    for (int64_t bh = 0; bh < BH; ++bh) one(bh, false);
+  } else {
+    for (int64_t bh = 0; bh < BH; ++bh) one(bh, true);
+  }
+  return out;
+}
+
+}  // namespace clustr
