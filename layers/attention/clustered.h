@@ -1,0 +1,57 @@
+// Clustered attention (the paper's sec. 3.2, eq. 3-6) for a given clustering of the queries,
+// as one fused op with a hand-written backward. cluster_queries (clustering.h) makes the
+// clustering; attention() (attention.h) chains the two.
+//
+// Legend: B batch, H heads, N queries, S keys, E query/key dim, M value dim, C clusters.
+//   Q (B, H, N, E), K (B, H, S, E), V (B, H, S, M), lengths i32 (B) or undefined,
+//   assignment i32 (B, H, N) with values in [-1, C): the cluster of each query, -1 for a padded
+//   query (no cluster) -> out (B, H, N, M).
+// Per (b, h), with t the temperature (<= 0: 1/sqrt(E)) and keys j >= lengths[b] masked:
+//   Qc_j = mean of the queries assigned to cluster j                     (eq. 4-5, centroids)
+//   Ac   = softmax(t Qc K^T + mask)   (C x S)                            (eq. 3)
+//   Vc   = Ac V                       (C x M)
+//   out_i = Vc_{j(i)}                                                    (eq. 6)
+// Padded queries (assignment -1), empty clusters and clusters that see no key (lengths[b] = 0)
+// give zero rows.
+// Backward treats the assignment as fixed (it is piecewise constant in Q, so this is the true
+// gradient almost everywhere): the gradient reaches each query through its centroid's mean.
+// Memory: Ac (B, H, C, S) is saved for backward; it is C / N the size of full attention's
+// weights, so there is no recomputation.
+// Results never depend on the thread count (OpenMP over (b, h) pairs, each summed in one fixed
+// order). cpu only: CUDA tensors are rejected with a clustr::Error.
+#pragma once
+
+#include "autograd/variable.h"
+#include "core/tensor.h"
+
+namespace clustr {
+
+// Tensor-level forward: out and what backward needs.
+struct ClusteredAttentionOutput {
+  Tensor out;        // (B, H, N, M)
+  Tensor weights;    // Ac (B, H, C, S): 0 on masked keys and for empty clusters
+  Tensor centroids;  // Qc (B, H, C, E): 0 for empty clusters
+  Tensor counts;     // i32 (B, H, C): members of each cluster
+};
+ClusteredAttentionOutput clustered_attention_forward(const Tensor& Q, const Tensor& K,
+                                                     const Tensor& V, const Tensor& lengths,
+                                                     const Tensor& assignment, int64_t clusters,
+                                                     float temperature = 0.0f);
+
+struct ClusteredAttentionGrads {
+  Tensor dQ, dK, dV;  // the shapes of Q, K, V (overwritten, never accumulated)
+};
+// The gradients of sum(dout * out) for the fixed assignment, given the forward's outputs.
+// Q's shape is (B, H, N, E) from assignment and K; Q itself enters only through the centroids.
+ClusteredAttentionGrads clustered_attention_backward(const Tensor& dout, const Tensor& K,
+                                                     const Tensor& V, const Tensor& lengths,
+                                                     const Tensor& assignment,
+                                                     const ClusteredAttentionOutput& forward,
+                                                     float temperature = 0.0f);
+
+// The differentiable op (gradients for Q, K and V; the assignment is a constant).
+Variable clustered_attention(const Variable& Q, const Variable& K, const Variable& V,
+                             const Tensor& lengths, const Tensor& assignment, int64_t clusters,
+                             float temperature = 0.0f);
+
+}  // namespace clustr

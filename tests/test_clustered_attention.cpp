@@ -1,0 +1,373 @@
+// Clustered attention for a fixed clustering (layers/attention/clustered.h, the paper's eq. 3-6):
+// one query per cluster equals full attention (values and gradients); an explicit
+// double-precision reference for random assignments with padded queries, empty clusters and
+// sequences without keys over sizes 1, 3, 17, 129 with N != S and E != M; gradcheck; padding
+// invariance (NaN in padded keys and values changes nothing); identical results at 1 and 2
+// threads; the attention() dispatcher and MultiHeadAttention end to end; argument errors.
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "autograd/ops.h"
+#include "check.h"
+#include "core/random.h"
+#include "layers/attention/attention.h"
+#include "layers/attention/clustered.h"
+#include "layers/attention/clustering.h"
+#include "layers/attention/full.h"
+#include "layers/multihead_attention.h"
+
+using namespace clustr;
+using namespace clustr::test;
+
+namespace {
+
+struct Case {
+  int64_t B = 1, H = 1, N = 1, S = 1, E = 1, M = 1, C = 1;
+  std::vector<int32_t> lengths;  // empty: no key mask
+  float temperature = 0.0f;
+};
+
+struct Inputs {
+  Tensor Q, K, V, dO, lengths, assignment;
+};
+
+// Random Q, K, V, dO; assignment uniform in [-1, C - 1) when C > 1, so cluster C - 1 is always
+// empty and about 1 in C queries is padding (-1); with C == 1 every query is in cluster 0.
+Inputs make_inputs(const Case& c, uint32_t seed) {
+  Inputs in;
+  in.Q = random_tensor({c.B, c.H, c.N, c.E}, seed);
+  in.K = random_tensor({c.B, c.H, c.S, c.E}, seed + 1);
+  in.V = random_tensor({c.B, c.H, c.S, c.M}, seed + 2);
+  in.dO = random_tensor({c.B, c.H, c.N, c.M}, seed + 3);
+  if (!c.lengths.empty()) in.lengths = Tensor::from_int_vector(c.lengths, {c.B});
+  std::mt19937 rng(seed + 4);
+  std::uniform_int_distribution<int32_t> pick(c.C > 1 ? -1 : 0, c.C > 1 ? int32_t(c.C) - 2 : 0);
+  std::vector<int32_t> a(static_cast<size_t>(c.B * c.H * c.N));
+  for (int32_t& x : a) x = pick(rng);
+  in.assignment = Tensor::from_int_vector(a, {c.B, c.H, c.N});
+  return in;
+}
+
+struct Result {
+  std::vector<float> out, dQ, dK, dV;
+};
+
+// The explicit reference in double, straight from eq. 3-6 and the chain rule for a fixed
+// assignment: Qc = member mean, Ac = softmax(t Qc K^T) over keys < L, out_i = (Ac V)_{j(i)};
+// dVc_j = sum of members' dO, dV = Ac^T dVc, dAc = dVc V^T, dS = Ac (dAc - rowsum(Ac dAc)),
+// dQc = t dS K, dK = t dS^T Qc, dQ_i = dQc_{j(i)} / |j(i)|.
+Result reference(const Case& c, const Inputs& in) {
+  const int64_t N = c.N, S = c.S, E = c.E, M = c.M, C = c.C;
+  const double t = c.temperature > 0 ? c.temperature : 1.0 / std::sqrt(double(E));
+  const std::vector<float> Q = in.Q.to_vector(), K = in.K.to_vector(), V = in.V.to_vector(),
+                           dO = in.dO.to_vector();
+  const std::vector<int32_t> a = in.assignment.to_int_vector();
+  Result r;
+  r.out.assign(c.B * c.H * N * M, 0.0f);
+  r.dQ.assign(c.B * c.H * N * E, 0.0f);
+  r.dK.assign(c.B * c.H * S * E, 0.0f);
+  r.dV.assign(c.B * c.H * S * M, 0.0f);
+  for (int64_t bh = 0; bh < c.B * c.H; ++bh) {
+    const int64_t L = c.lengths.empty() ? S : c.lengths[bh / c.H];
+    if (L == 0) continue;
+    std::vector<double> count(C, 0), Qc(C * E, 0), A(C * S, 0), dVc(C * M, 0), dQc(C * E, 0);
+    for (int64_t i = 0; i < N; ++i) {
+      const int32_t j = a[bh * N + i];
+      if (j < 0) continue;
+      count[j] += 1;
+      for (int64_t e = 0; e < E; ++e) Qc[j * E + e] += Q[(bh * N + i) * E + e];
+      for (int64_t m = 0; m < M; ++m) dVc[j * M + m] += dO[(bh * N + i) * M + m];
+    }
+    for (int64_t j = 0; j < C; ++j) {
+      if (count[j] == 0) continue;
+      for (int64_t e = 0; e < E; ++e) Qc[j * E + e] /= count[j];
+      double mx = -INFINITY, sum = 0;
+      for (int64_t s = 0; s < L; ++s) {
+        double dot = 0;
+        for (int64_t e = 0; e < E; ++e) dot += Qc[j * E + e] * K[(bh * S + s) * E + e];
+        A[j * S + s] = t * dot;
+        mx = std::max(mx, t * dot);
+      }
+      for (int64_t s = 0; s < L; ++s) sum += (A[j * S + s] = std::exp(A[j * S + s] - mx));
+      std::vector<double> dA(L);
+      double rowsum = 0;
+      for (int64_t s = 0; s < L; ++s) {
+        A[j * S + s] /= sum;
+        dA[s] = 0;
+        for (int64_t m = 0; m < M; ++m) dA[s] += dVc[j * M + m] * V[(bh * S + s) * M + m];
+        rowsum += A[j * S + s] * dA[s];
+      }
+      for (int64_t s = 0; s < L; ++s) {
+        const double ds = A[j * S + s] * (dA[s] - rowsum);
+        for (int64_t e = 0; e < E; ++e) {
+          dQc[j * E + e] += t * ds * K[(bh * S + s) * E + e];
+          r.dK[(bh * S + s) * E + e] += static_cast<float>(t * ds * Qc[j * E + e]);
+        }
+        for (int64_t m = 0; m < M; ++m)
+          r.dV[(bh * S + s) * M + m] += static_cast<float>(A[j * S + s] * dVc[j * M + m]);
+      }
+    }
+    for (int64_t i = 0; i < N; ++i) {
+      const int32_t j = a[bh * N + i];
+      if (j < 0) continue;
+      for (int64_t m = 0; m < M; ++m) {
+        double v = 0;
+        for (int64_t s = 0; s < L; ++s) v += A[j * S + s] * V[(bh * S + s) * M + m];
+        r.out[(bh * N + i) * M + m] = static_cast<float>(v);
+      }
+      for (int64_t e = 0; e < E; ++e)
+        r.dQ[(bh * N + i) * E + e] = static_cast<float>(dQc[j * E + e] / count[j]);
+    }
+  }
+  return r;
+}
+
+Result run(const Case& c, const Inputs& in) {
+  const ClusteredAttentionOutput f = clustered_attention_forward(
+      in.Q, in.K, in.V, in.lengths, in.assignment, c.C, c.temperature);
+  const ClusteredAttentionGrads g = clustered_attention_backward(
+      in.dO, in.K, in.V, in.lengths, in.assignment, f, c.temperature);
+  return {f.out.to_vector(), g.dQ.to_vector(), g.dK.to_vector(), g.dV.to_vector()};
+}
+
+Case make_case(int64_t B, int64_t H, int64_t N, int64_t S, int64_t E, int64_t M, int64_t C,
+               std::vector<int32_t> lengths = {}) {
+  Case c;
+  c.B = B, c.H = H, c.N = N, c.S = S, c.E = E, c.M = M, c.C = C;
+  c.lengths = std::move(lengths);
+  return c;
+}
+
+std::string name_of(const Case& c) {
+  return "B=" + std::to_string(c.B) + " H=" + std::to_string(c.H) + " N=" + std::to_string(c.N) +
+         " S=" + std::to_string(c.S) + " E=" + std::to_string(c.E) + " M=" + std::to_string(c.M) +
+         " C=" + std::to_string(c.C) + (c.lengths.empty() ? "" : " with lengths");
+}
+
+}  // namespace
+
+TEST_CASE("clustered attention: one query per cluster is full attention, values and gradients") {
+  // eq. 4-5 with singleton clusters: Qc_i = Q_i, so Ac is full attention's A (eq. 1-2).
+  for (const Case& c : {make_case(2, 2, 17, 17, 5, 3, 17, {17, 9}), make_case(1, 3, 3, 3, 4, 7, 3),
+                        make_case(2, 1, 129, 129, 8, 16, 129, {129, 40})}) {
+    INFO(name_of(c));
+    Inputs in = make_inputs(c, 7);
+    std::vector<int32_t> a(static_cast<size_t>(c.B * c.H * c.N));
+    for (int64_t bh = 0; bh < c.B * c.H; ++bh)
+      for (int64_t i = 0; i < c.N; ++i)  // padded queries (self-attention) have no cluster
+        a[bh * c.N + i] = c.lengths.empty() || i < c.lengths[bh / c.H] ? int32_t(i) : -1;
+    in.assignment = Tensor::from_int_vector(a, {c.B, c.H, c.N});
+    const Result r = run(c, in);
+    const FullAttentionOutput f = full_attention_forward(in.Q, in.K, in.V, in.lengths, {});
+    const FullAttentionGrads g =
+        full_attention_backward(in.dO, in.Q, in.K, in.V, f.out, f.logsumexp, in.lengths, {});
+    CHECK_CLOSE(r.out, f.out.to_vector(), 2e-6, 2e-5);
+    CHECK_CLOSE(r.dQ, g.dQ.to_vector(), 1e-5, 1e-4);
+    CHECK_CLOSE(r.dK, g.dK.to_vector(), 1e-5, 1e-4);
+    CHECK_CLOSE(r.dV, g.dV.to_vector(), 1e-5, 1e-4);
+  }
+}
+
+TEST_CASE("clustered attention: matches the double reference (padding, empty clusters)") {
+  uint32_t seed = 100;
+  for (const Case& c :
+       {make_case(1, 1, 1, 1, 1, 1, 1), make_case(2, 3, 3, 17, 5, 3, 4, {17, 1}),
+        make_case(1, 2, 17, 3, 4, 7, 3), make_case(2, 1, 129, 129, 8, 16, 10, {129, 0}),
+        make_case(1, 1, 3, 129, 17, 1, 5), make_case(2, 2, 129, 17, 3, 5, 129, {17, 6}),
+        make_case(1, 2, 17, 129, 16, 8, 1, {70})}) {
+    INFO(name_of(c));
+    const Inputs in = make_inputs(c, seed += 10);
+    const Result r = run(c, in), e = reference(c, in);
+    CHECK_CLOSE(r.out, e.out, 2e-6, 2e-5);
+    CHECK_CLOSE(r.dQ, e.dQ, 1e-5, 1e-4);
+    CHECK_CLOSE(r.dK, e.dK, 1e-5, 1e-4);
+    CHECK_CLOSE(r.dV, e.dV, 1e-5, 1e-4);
+  }
+  // A temperature other than 1/sqrt(E).
+  Case c = make_case(1, 2, 17, 19, 4, 3, 4, {11});
+  c.temperature = 0.7f;
+  const Inputs in = make_inputs(c, 5);
+  const Result r = run(c, in), e = reference(c, in);
+  CHECK_CLOSE(r.out, e.out, 2e-6, 2e-5);
+  CHECK_CLOSE(r.dQ, e.dQ, 1e-5, 1e-4);
+  CHECK_CLOSE(r.dK, e.dK, 1e-5, 1e-4);
+}
+
+TEST_CASE("clustered attention: forward outputs hold the centroids, weights and counts") {
+  const Case c = make_case(1, 1, 4, 3, 2, 2, 3, {2});
+  Inputs in = make_inputs(c, 9);
+  in.assignment = Tensor::from_int_vector({1, -1, 1, 0}, {1, 1, 4});
+  const ClusteredAttentionOutput f =
+      clustered_attention_forward(in.Q, in.K, in.V, in.lengths, in.assignment, 3);
+  const std::vector<float> q = in.Q.to_vector(), qc = f.centroids.to_vector(),
+                           w = f.weights.to_vector();
+  CHECK(f.counts.to_int_vector() == std::vector<int32_t>{1, 2, 0});
+  CHECK(qc[0] == q[6]);  // cluster 0 = query 3
+  CHECK(qc[2] == doctest::Approx((q[0] + q[4]) / 2));
+  CHECK(qc[4] == 0.0f);  // empty cluster
+  for (int j = 0; j < 2; ++j) {  // rows sum to 1 over the 2 valid keys; the masked key is 0
+    CHECK(w[j * 3] + w[j * 3 + 1] == doctest::Approx(1.0f));
+    CHECK(w[j * 3 + 2] == 0.0f);
+  }
+  CHECK(w[6] == 0.0f);
+  CHECK(w[7] == 0.0f);
+  CHECK(w[8] == 0.0f);
+}
+
+TEST_CASE("clustered attention: gradcheck of Q, K and V for a fixed assignment") {
+  const Case c = make_case(2, 2, 6, 5, 3, 2, 4, {5, 3});
+  Inputs in = make_inputs(c, 31);
+  // Every case at once: cluster 3 empty, padded queries (-1), singleton and shared clusters.
+  in.assignment = Tensor::from_int_vector(
+      {0, 1, 0, 2, -1, 1, 2, 2, 2, 0, -1, -1, 0, 0, 1, 1, 2, 0, 1, -1, 0, 0, 0, 2}, {2, 2, 6});
+  const Tensor assignment = in.assignment, lengths = in.lengths;
+  check_grad(
+      "key lengths, padded queries, empty cluster",
+      [&](const std::vector<Variable>& x) {
+        return clustered_attention(x[0], x[1], x[2], lengths, assignment, 4);
+      },
+      {in.Q, in.K, in.V});
+  check_grad(
+      "no lengths, temperature 0.6",
+      [&](const std::vector<Variable>& x) {
+        return clustered_attention(x[0], x[1], x[2], {}, assignment, 4, 0.6f);
+      },
+      {in.Q, in.K, in.V});
+}
+
+TEST_CASE("clustered attention: padded keys and values change nothing, even NaN") {
+  const Case c = make_case(2, 2, 9, 7, 4, 3, 3, {5, 2});
+  const Inputs in = make_inputs(c, 41);
+  Inputs nan = in;
+  nan.K = in.K.clone();
+  nan.V = in.V.clone();
+  float* k = nan.K.f32();
+  float* v = nan.V.f32();
+  for (int64_t bh = 0; bh < c.B * c.H; ++bh)
+    for (int64_t s = c.lengths[bh / c.H]; s < c.S; ++s) {
+      for (int64_t e = 0; e < c.E; ++e) k[(bh * c.S + s) * c.E + e] = NAN;
+      for (int64_t m = 0; m < c.M; ++m) v[(bh * c.S + s) * c.M + m] = 1e30f;
+    }
+  const Result a = run(c, in), b = run(c, nan);
+  CHECK(a.out == b.out);
+  CHECK(a.dQ == b.dQ);
+  CHECK(a.dK == b.dK);
+  CHECK(a.dV == b.dV);
+  for (int64_t bh = 0; bh < c.B * c.H; ++bh)  // and masked keys get no gradient
+    for (int64_t s = c.lengths[bh / c.H]; s < c.S; ++s)
+      CHECK(a.dK[(bh * c.S + s) * c.E] == 0.0f);
+}
+
+TEST_CASE("clustered attention: identical results at 1 and 2 threads") {
+  const Case c = make_case(3, 2, 65, 40, 8, 6, 5, {40, 17, 33});
+  const Inputs in = make_inputs(c, 51);
+  Result one, two;
+  {
+    ThreadCount t(1);
+    one = run(c, in);
+  }
+  {
+    ThreadCount t(2);
+    two = run(c, in);
+  }
+  CHECK(one.out == two.out);
+  CHECK(one.dQ == two.dQ);
+  CHECK(one.dK == two.dK);
+  CHECK(one.dV == two.dV);
+}
+
+TEST_CASE("attention(): clustered = cluster_queries then clustered_attention") {
+  const Case c = make_case(2, 2, 24, 24, 6, 4, 1, {24, 15});
+  const Inputs in = make_inputs(c, 61);
+  AttentionConfig config;
+  config.type = AttentionType::clustered;
+  config.clusters = 5;
+  config.bits = 16;
+  config.iterations = 4;
+  Generator gen(9), same(9);
+  const Variable Q(in.Q, true), K(in.K, true), V(in.V, true);
+  const Variable out = attention(config, Q, K, V, in.lengths, gen, false);
+  const Clustering cl = cluster_queries(in.Q, in.lengths, {5, 16, 4}, same);
+  CHECK(gen.offset() == same.offset());
+  const std::vector<int32_t> a = cl.assignment.to_int_vector();
+  for (int64_t bh = 0; bh < 4; ++bh)  // padded queries have no cluster
+    for (int64_t i = c.lengths[bh / 2]; i < c.N; ++i) CHECK(a[bh * c.N + i] == -1);
+  CHECK(out.data().to_vector() ==
+        clustered_attention_forward(in.Q, in.K, in.V, in.lengths, cl.assignment, 5).out.to_vector());
+  sum_all(out * Variable(in.dO)).backward();
+  CHECK(Q.grad().shape() == in.Q.shape());
+  CHECK(V.grad().shape() == in.V.shape());
+
+  // Refusals: causal, dropout in training, and improved-clustered (not implemented yet).
+  AttentionConfig causal = config;
+  causal.causal = true;
+  CHECK_ERROR(attention(causal, Q, K, V, in.lengths, gen, false), "causal", "clustered");
+  AttentionConfig dropout = config;
+  dropout.dropout = 0.1f;
+  CHECK_ERROR(attention(dropout, Q, K, V, in.lengths, gen, true), "dropout", "clustered");
+  attention(dropout, Q, K, V, in.lengths, gen, false);  // evaluation: no dropout, runs
+  AttentionConfig improved = config;
+  improved.type = AttentionType::improved_clustered;
+  CHECK_ERROR(attention(improved, Q, K, V, in.lengths, gen, false),
+              "improved-clustered attention is not implemented yet");
+}
+
+TEST_CASE("MultiHeadAttention with clustered attention runs forward and backward") {
+  Generator gen(3);
+  AttentionConfig config;
+  config.type = AttentionType::clustered;
+  config.clusters = 3;
+  config.bits = 8;
+  config.iterations = 3;
+  MultiHeadAttention mha(12, 3, config, gen);
+  const Variable x(random_tensor({2, 7, 12}, 71), true);
+  const Tensor lengths = Tensor::from_int_vector({7, 4}, {2});
+  const Variable y = mha.forward(x, lengths, gen);
+  CHECK(y.data().shape() == Shape{2, 7, 12});
+  sum_all(y * y).backward();
+  for (const Variable& p : mha.parameters()) {
+    REQUIRE(p.grad().defined());
+    for (float g : p.grad().to_vector()) CHECK(std::isfinite(g));
+  }
+  for (float g : x.grad().to_vector()) REQUIRE(std::isfinite(g));
+}
+
+TEST_CASE("clustered attention: argument errors name the op, the argument and the shapes") {
+  const Tensor Q = random_tensor({2, 3, 4, 5}, 1), K = random_tensor({2, 3, 6, 5}, 2),
+               V = random_tensor({2, 3, 6, 7}, 3);
+  const Tensor a = Tensor::zeros({2, 3, 4}, DType::i32);
+  const char* op = "clustered_attention";
+  CHECK_ERROR(clustered_attention_forward(random_tensor({2, 3, 4}, 1), K, V, {}, a, 2), op,
+              "Q of shape (B, H, N, E)", "(2, 3, 4)");
+  CHECK_ERROR(clustered_attention_forward(Q, random_tensor({2, 3, 6, 4}, 2), V, {}, a, 2), op,
+              "K of shape (B, H, S, E) = (2, 3, S, 5)");
+  CHECK_ERROR(clustered_attention_forward(Q, K, random_tensor({2, 3, 5, 7}, 3), {}, a, 2), op,
+              "V of shape (B, H, S, M) = (2, 3, 6, M)");
+  CHECK_ERROR(clustered_attention_forward(Q, K, V, {}, Tensor::zeros({2, 3, 5}, DType::i32), 2),
+              op, "assignment of shape (B, H, N) = (2, 3, 4)");
+  CHECK_ERROR(clustered_attention_forward(Q, K, V, {}, Tensor::zeros({2, 3, 4}), 2), op,
+              "assignment", "i32");
+  CHECK_ERROR(clustered_attention_forward(Q, K, V, {}, a, 0), op, "clusters >= 1", "0");
+  std::vector<int32_t> bad(24, 0);
+  bad[17] = 2;
+  CHECK_ERROR(clustered_attention_forward(Q, K, V, {}, Tensor::from_int_vector(bad, {2, 3, 4}), 2),
+              op, "assignment value 2 at (1, 1, 1)", "[-1, C = 2)");
+  bad[17] = -2;
+  CHECK_ERROR(clustered_attention_forward(Q, K, V, {}, Tensor::from_int_vector(bad, {2, 3, 4}), 2),
+              op, "assignment value -2");
+  CHECK_ERROR(clustered_attention_forward(Q, K, V, Tensor::from_int_vector({6, 7}, {2}), a, 2),
+              op, "lengths[1] = 7", "[0, S = 6]");
+  CHECK_ERROR(clustered_attention_forward(Q, K, V, Tensor::from_int_vector({6}, {1}), a, 2), op,
+              "lengths of shape (2,)");
+  CHECK_ERROR(clustered_attention_forward(Q, K, V, {}, a, 2, NAN), op, "finite temperature");
+  const ClusteredAttentionOutput f = clustered_attention_forward(Q, K, V, {}, a, 2);
+  CHECK_ERROR(clustered_attention_backward(random_tensor({2, 3, 4, 5}, 4), K, V, {}, a, f),
+              "clustered_attention_backward", "dout", "(2, 3, 4, 7)");
+  ClusteredAttentionOutput wrong = f;
+  wrong.centroids = random_tensor({2, 3, 2, 4}, 5);
+  CHECK_ERROR(clustered_attention_backward(f.out, K, V, {}, a, wrong),
+              "clustered_attention_backward", "centroids", "(2, 3, 2, 5)");
+}
