@@ -1,6 +1,6 @@
-// Full-attention benchmark (the paper's supplementary C.1 measure): the fused full attention
-// alone, forward + backward through autograd, batch 1, H heads of E dims (6 x 64 by default),
-// for each sequence length N. Prints the time and the peak extra memory per sequence element
+// Attention benchmark (the paper's supplementary C.1 measure): one attention type alone (full
+// by default; --attention clustered), forward + backward through autograd, batch 1, H heads of
+// E dims (6 x 64 by default), for each sequence length N. Prints the time and the peak extra memory per sequence element
 // (time / N, bytes / N) and writes a CSV. apps/bench_attention_torch.py runs it beside PyTorch.
 //
 // Time: one untimed run (it also gives the memory figures), then --reps timed runs; the median
@@ -25,7 +25,7 @@
 #include "core/parallel.h"
 #include "core/random.h"
 #include "core/tensor.h"
-#include "layers/attention/full.h"
+#include "layers/attention/attention.h"
 
 namespace {
 
@@ -60,9 +60,10 @@ struct Sample {
   long long tensor_bytes, rss_bytes;
 };
 
-// One forward + backward of full attention, as a training step would run it.
+// One forward + backward of the configured attention, as a training step would run it (the
+// clustered types include hashing and clustering).
 Sample run_once(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout,
-                const clustr::FullAttentionOptions& options) {
+                const clustr::AttentionConfig& config, clustr::Generator& gen) {
   Variable Q(q, true), K(k, true), V(v, true);
   const long long live = clustr::memory_stats(clustr::Device::cpu).live_bytes;
   clustr::reset_peak_memory(clustr::Device::cpu);
@@ -70,7 +71,7 @@ Sample run_once(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor&
   const bool rss_ok = reset_peak_rss() && rss0 >= 0;
   const auto t0 = std::chrono::steady_clock::now();
   {
-    Variable out = clustr::full_attention(Q, K, V, Tensor(), options);
+    Variable out = clustr::attention(config, Q, K, V, Tensor(), gen, /*training=*/true);
     out.backward(dout);
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -87,7 +88,8 @@ int main(int argc, char** argv) try {
   int64_t heads = 6, dim = 64, batch = 1;
   int reps = 3, threads = 0;
   bool causal = false;
-  std::string csv_path = "bench_attention.csv";
+  std::string type = "full", csv_path = "bench_attention.csv";
+  clustr::AttentionConfig config;
   app.add_option("--n", lengths, "sequence lengths N")->capture_default_str();
   app.add_option("--heads", heads, "attention heads H")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--dim", dim, "dims per head E (= M)")->capture_default_str()->check(CLI::PositiveNumber);
@@ -95,14 +97,22 @@ int main(int argc, char** argv) try {
   app.add_option("--reps", reps, "timed runs per N (after one untimed)")->capture_default_str()
       ->check(CLI::Range(1, 1000));
   app.add_option("--threads", threads, "OpenMP threads (0: the default)")->capture_default_str();
-  app.add_flag("--causal", causal, "causal mask");
+  app.add_flag("--causal", causal, "causal mask (full attention)");
+  app.add_option("--attention", type, "full, clustered or improved-clustered")
+      ->capture_default_str();
+  app.add_option("--clusters", config.clusters, "clusters C")->capture_default_str();
+  app.add_option("--bits", config.bits, "hash bits B")->capture_default_str();
+  app.add_option("--iterations", config.iterations, "Lloyd iterations L")->capture_default_str();
   app.add_option("--csv", csv_path, "CSV output file")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   if (threads > 0) clustr::set_num_threads(threads);
+  config.type = clustr::parse_attention_type(type);
+  config.causal = causal;
+  config.validate();
 
-  std::printf("full attention, forward + backward: B=%ld, H=%ld, E=M=%ld%s, %d threads, "
+  std::printf("%s attention, forward + backward: B=%ld, H=%ld, E=M=%ld, %d threads, "
               "median of %d runs\n",
-              long(batch), long(heads), long(dim), causal ? ", causal" : "",
+              config.describe().c_str(), long(batch), long(heads), long(dim),
               clustr::num_threads(), reps);
   std::printf("%7s | %10s %10s | %12s %10s %10s | %12s\n", "N", "ms", "us/elem", "tensor MB",
               "KB/elem", "B/N^2", "rss MB");
@@ -111,17 +121,15 @@ int main(int argc, char** argv) try {
   csv << "N,B,H,E,threads,causal,seconds_median,seconds_min,us_per_element,"
          "tensor_peak_bytes,rss_peak_bytes,bytes_per_element\n";
 
-  clustr::FullAttentionOptions options;
-  options.causal = causal;
   clustr::Generator gen(1);
   for (int64_t N : lengths) {
     CLUSTR_CHECK(N >= 1, "bench_attention: --n values must be >= 1, got ", N);
     Tensor q = Tensor::empty({batch, heads, N, dim}), k = Tensor::empty({batch, heads, N, dim});
     Tensor v = Tensor::empty({batch, heads, N, dim}), dout = Tensor::empty({batch, heads, N, dim});
     for (Tensor* t : {&q, &k, &v, &dout}) clustr::normal_(*t, gen);
-    const Sample first = run_once(q, k, v, dout, options);
+    const Sample first = run_once(q, k, v, dout, config, gen);
     std::vector<double> times;
-    for (int r = 0; r < reps; ++r) times.push_back(run_once(q, k, v, dout, options).seconds);
+    for (int r = 0; r < reps; ++r) times.push_back(run_once(q, k, v, dout, config, gen).seconds);
     std::sort(times.begin(), times.end());
     const double median = times[times.size() / 2];
     const double us_per_elem = median / double(N) * 1e6;
