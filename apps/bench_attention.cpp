@@ -1,7 +1,8 @@
 // Attention benchmark (the paper's supplementary C.1 measure): one attention type alone (full
 // by default; --attention clustered), forward + backward through autograd, batch 1, H heads of
-// E dims (6 x 64 by default), for each sequence length N. Prints the time and the peak extra memory per sequence element
-// (time / N, bytes / N) and writes a CSV. apps/bench_attention_torch.py runs it beside PyTorch.
+// E dims (6 x 64 by default), for each sequence length N. Prints the time and the peak extra
+// memory per sequence element (time / N, bytes / N) and writes a CSV.
+// apps/bench_attention_torch.py runs it beside PyTorch.
 //
 // Time: one untimed run (it also gives the memory figures), then --reps timed runs; the median
 // and the minimum are reported. Memory, two ways:
