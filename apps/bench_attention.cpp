@@ -26,6 +26,7 @@
 #include "core/parallel.h"
 #include "core/random.h"
 #include "core/tensor.h"
+#include "apps/common/plot.h"
 #include "layers/attention/attention.h"
 
 namespace {
@@ -84,12 +85,13 @@ Sample run_once(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor&
 }  // namespace
 
 int main(int argc, char** argv) try {
-  CLI::App app{"clustr full-attention benchmark: forward + backward time and peak memory per element"};
+  CLI::App app{"clustr attention benchmark: forward + backward time and peak memory per element"};
   std::vector<int64_t> lengths = {512, 1024, 2048, 4096, 8192, 16384};
-  int64_t heads = 6, dim = 64, batch = 1;
+  int64_t heads = 6, dim = 64, batch = 1, max_full_n = 16384;
   int reps = 3, threads = 0;
   bool causal = false;
-  std::string type = "full", csv_path = "bench_attention.csv";
+  std::vector<std::string> types = {"full"};
+  std::string csv_path = "bench_attention.csv", png_path;
   clustr::AttentionConfig config;
   app.add_option("--n", lengths, "sequence lengths N")->capture_default_str();
   app.add_option("--heads", heads, "attention heads H")->capture_default_str()->check(CLI::PositiveNumber);
@@ -99,50 +101,74 @@ int main(int argc, char** argv) try {
       ->check(CLI::Range(1, 1000));
   app.add_option("--threads", threads, "OpenMP threads (0: the default)")->capture_default_str();
   app.add_flag("--causal", causal, "causal mask (full attention)");
-  app.add_option("--attention", type, "full, clustered or improved-clustered")
+  app.add_option("--attention", types, "one or more of full, clustered, improved-clustered")
+      ->capture_default_str();
+  app.add_option("--max-full-n", max_full_n, "longest N run with full attention")
       ->capture_default_str();
   app.add_option("--clusters", config.clusters, "clusters C")->capture_default_str();
   app.add_option("--bits", config.bits, "hash bits B")->capture_default_str();
   app.add_option("--iterations", config.iterations, "Lloyd iterations L")->capture_default_str();
+  app.add_option("--topk", config.topk, "top-k keys per cluster (improved-clustered)")
+      ->capture_default_str();
   app.add_option("--csv", csv_path, "CSV output file")->capture_default_str();
+  app.add_option("--png", png_path, "also plot time per element against N (log-log) here");
   CLI11_PARSE(app, argc, argv);
   if (threads > 0) clustr::set_num_threads(threads);
-  config.type = clustr::parse_attention_type(type);
-  config.causal = causal;
-  config.validate();
+  for (int64_t N : lengths)
+    CLUSTR_CHECK(N >= 1, "bench_attention: --n values must be >= 1, got ", N);
 
-  std::printf("%s attention, forward + backward: B=%ld, H=%ld, E=M=%ld, %d threads, "
-              "median of %d runs\n",
-              config.describe().c_str(), long(batch), long(heads), long(dim),
-              clustr::num_threads(), reps);
-  std::printf("%7s | %10s %10s | %12s %10s %10s | %12s\n", "N", "ms", "us/elem", "tensor MB",
-              "KB/elem", "B/N^2", "rss MB");
   std::ofstream csv(csv_path);
   CLUSTR_CHECK(csv.good(), "bench_attention: cannot write ", csv_path);
-  csv << "N,B,H,E,threads,causal,seconds_median,seconds_min,us_per_element,"
+  csv << "attention,N,B,H,E,threads,causal,seconds_median,seconds_min,us_per_element,"
          "tensor_peak_bytes,rss_peak_bytes,bytes_per_element\n";
+  std::vector<clustr::plot::Series> time_series;
 
   clustr::Generator gen(1);
-  for (int64_t N : lengths) {
-    CLUSTR_CHECK(N >= 1, "bench_attention: --n values must be >= 1, got ", N);
-    Tensor q = Tensor::empty({batch, heads, N, dim}), k = Tensor::empty({batch, heads, N, dim});
-    Tensor v = Tensor::empty({batch, heads, N, dim}), dout = Tensor::empty({batch, heads, N, dim});
-    for (Tensor* t : {&q, &k, &v, &dout}) clustr::normal_(*t, gen);
-    const Sample first = run_once(q, k, v, dout, config, gen);
-    std::vector<double> times;
-    for (int r = 0; r < reps; ++r) times.push_back(run_once(q, k, v, dout, config, gen).seconds);
-    std::sort(times.begin(), times.end());
-    const double median = times[times.size() / 2];
-    const double us_per_elem = median / double(N) * 1e6;
-    const double bytes_per_elem = double(first.tensor_bytes) / double(N);
-    std::printf("%7ld | %10.1f %10.2f | %12.1f %10.1f %10.2f | %12.1f\n", long(N), median * 1e3,
-                us_per_elem, first.tensor_bytes / 1048576.0, bytes_per_elem / 1024.0,
-                double(first.tensor_bytes) / (double(N) * double(N)),
-                first.rss_bytes < 0 ? -1.0 : first.rss_bytes / 1048576.0);
-    std::fflush(stdout);
-    csv << N << ',' << batch << ',' << heads << ',' << dim << ',' << clustr::num_threads() << ','
-        << int(causal) << ',' << median << ',' << times.front() << ',' << us_per_elem << ','
-        << first.tensor_bytes << ',' << first.rss_bytes << ',' << bytes_per_elem << '\n';
+  for (const std::string& type : types) {
+    config.type = clustr::parse_attention_type(type);
+    config.causal = causal;
+    config.validate();
+    std::printf("%s attention, forward + backward: B=%ld, H=%ld, E=M=%ld, %d threads, "
+                "median of %d runs\n",
+                config.describe().c_str(), long(batch), long(heads), long(dim),
+                clustr::num_threads(), reps);
+    std::printf("%7s | %10s %10s | %12s %10s %10s | %12s\n", "N", "ms", "us/elem", "tensor MB",
+                "KB/elem", "B/N^2", "rss MB");
+    clustr::plot::Series series{type, {}, {}};
+    for (int64_t N : lengths) {
+      if (config.type == clustr::AttentionType::full && N > max_full_n) continue;
+      Tensor q = Tensor::empty({batch, heads, N, dim}), k = Tensor::empty({batch, heads, N, dim});
+      Tensor v = Tensor::empty({batch, heads, N, dim}), dout = Tensor::empty({batch, heads, N, dim});
+      for (Tensor* t : {&q, &k, &v, &dout}) clustr::normal_(*t, gen);
+      const Sample first = run_once(q, k, v, dout, config, gen);
+      std::vector<double> times;
+      for (int r = 0; r < reps; ++r) times.push_back(run_once(q, k, v, dout, config, gen).seconds);
+      std::sort(times.begin(), times.end());
+      const double median = times[times.size() / 2];
+      const double us_per_elem = median / double(N) * 1e6;
+      const double bytes_per_elem = double(first.tensor_bytes) / double(N);
+      std::printf("%7ld | %10.1f %10.2f | %12.1f %10.1f %10.2f | %12.1f\n", long(N),
+                  median * 1e3, us_per_elem, first.tensor_bytes / 1048576.0,
+                  bytes_per_elem / 1024.0, double(first.tensor_bytes) / (double(N) * double(N)),
+                  first.rss_bytes < 0 ? -1.0 : first.rss_bytes / 1048576.0);
+      std::fflush(stdout);
+      csv << type << ',' << N << ',' << batch << ',' << heads << ',' << dim << ','
+          << clustr::num_threads() << ',' << int(causal) << ',' << median << ','
+          << times.front() << ',' << us_per_elem << ',' << first.tensor_bytes << ','
+          << first.rss_bytes << ',' << bytes_per_elem << '\n';
+      series.x.push_back(double(N));
+      series.y.push_back(us_per_elem);
+    }
+    time_series.push_back(series);
+  }
+  if (!png_path.empty()) {
+    clustr::plot::Options o;
+    o.title = "attention, forward + backward";
+    o.x_label = "sequence length N";
+    o.y_label = "time per element (us)";
+    o.log_x = o.log_y = true;
+    clustr::plot::write_line_plot(png_path, time_series, o);
+    std::printf("wrote %s\n", png_path.c_str());
   }
   std::printf("wrote %s\n", csv_path.c_str());
   return 0;

@@ -1,0 +1,196 @@
+#include "apps/common/plot.h"
+
+// stb_easy_font is a header of static functions written for C; quiet its warnings here only.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunused-function"
+#pragma GCC diagnostic ignored "-Wsign-compare"
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
+#include <stb/stb_easy_font.h>
+#pragma GCC diagnostic pop
+#include <stb/stb_image_write.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "core/error.h"
+
+namespace clustr::plot {
+
+namespace {
+
+struct Rgb {
+  unsigned char r, g, b;
+};
+
+constexpr Rgb kWhite{255, 255, 255}, kBlack{20, 20, 20}, kGrid{225, 225, 225};
+// Colour-blind-safe palette (Okabe-Ito).
+constexpr Rgb kPalette[] = {{0, 114, 178},  {213, 94, 0},   {0, 158, 115}, {204, 121, 167},
+                            {230, 159, 0},  {86, 180, 233}, {240, 228, 66}, {0, 0, 0}};
+
+class Canvas {
+ public:
+  Canvas(int w, int h) : w_(w), h_(h), px_(static_cast<size_t>(w) * h * 3, 255) {}
+
+  void set(int x, int y, Rgb c) {
+    if (x < 0 || y < 0 || x >= w_ || y >= h_) return;
+    unsigned char* p = &px_[(static_cast<size_t>(y) * w_ + x) * 3];
+    p[0] = c.r, p[1] = c.g, p[2] = c.b;
+  }
+  void rect(int x0, int y0, int x1, int y1, Rgb c) {  // filled, inclusive
+    for (int y = std::max(0, y0); y <= std::min(h_ - 1, y1); ++y)
+      for (int x = std::max(0, x0); x <= std::min(w_ - 1, x1); ++x) set(x, y, c);
+  }
+  // A line `thick` pixels wide (Bresenham with a square pen).
+  void line(int x0, int y0, int x1, int y1, Rgb c, int thick = 1) {
+    int dx = std::abs(x1 - x0), dy = -std::abs(y1 - y0);
+    int sx = x0 < x1 ? 1 : -1, sy = y0 < y1 ? 1 : -1, err = dx + dy;
+    for (;;) {
+      rect(x0 - thick / 2, y0 - thick / 2, x0 + (thick - 1) / 2, y0 + (thick - 1) / 2, c);
+      if (x0 == x1 && y0 == y1) break;
+      int e2 = 2 * err;
+      if (e2 >= dy) err += dy, x0 += sx;
+      if (e2 <= dx) err += dx, y0 += sy;
+    }
+  }
+  // Text at (x, y) top-left, `scale` pixels per font unit.
+  void text(int x, int y, const std::string& s, Rgb c, int scale = 2) {
+    std::vector<float> quads(s.size() * 270 + 64);  // stb's bound: about 270 bytes a character
+    std::string copy = s;
+    for (char& ch : copy)  // the font covers printable ASCII only
+      if (ch != '\n' && (ch < 32 || ch > 126)) ch = '?';
+    int n = stb_easy_font_print(0, 0, copy.data(), nullptr, quads.data(),
+                                static_cast<int>(quads.size() * sizeof(float)));
+    for (int q = 0; q < n; ++q) {
+      const float* v = quads.data() + q * 16;  // 4 vertices of (x, y, z, rgba) = 16 floats
+      float qx0 = v[0], qy0 = v[1], qx1 = v[8], qy1 = v[9];
+      rect(x + int(qx0 * scale), y + int(qy0 * scale), x + int(qx1 * scale) - 1,
+           y + int(qy1 * scale) - 1, c);
+    }
+  }
+  static int text_width(const std::string& s, int scale = 2) {
+    std::string copy = s;
+    return stb_easy_font_width(copy.data()) * scale;
+  }
+  const unsigned char* data() const { return px_.data(); }
+
+ private:
+  int w_, h_;
+  std::vector<unsigned char> px_;
+};
+
+// Maps data values to pixels along one axis, linear or log10.
+struct Axis {
+  double lo, hi;
+  bool log;
+  int p0, p1;  // pixel of lo and of hi
+  double t(double v) const { return log ? std::log10(v) : v; }
+  int pixel(double v) const {
+    double a = t(lo), b = t(hi);
+    return p0 + static_cast<int>(std::lround((t(v) - a) / (b - a) * (p1 - p0)));
+  }
+  // Tick values: powers of ten on a log axis, 1/2/5 steps on a linear one.
+  std::vector<double> ticks() const {
+    std::vector<double> out;
+    if (log) {  // 1, 2, 5 times powers of ten; only the powers when that is too many
+      for (int pass = 0; pass < 2 && (out.empty() || out.size() > 10); ++pass) {
+        out.clear();
+        for (int e = int(std::floor(std::log10(lo))); e <= int(std::ceil(std::log10(hi))); ++e)
+          for (double m : pass == 0 ? std::vector<double>{1, 2, 5} : std::vector<double>{1}) {
+            double v = m * std::pow(10.0, e);
+            if (v >= lo * 0.999 && v <= hi * 1.001) out.push_back(v);
+          }
+      }
+      return out;
+    }
+    double raw = (hi - lo) / 6, mag = std::pow(10.0, std::floor(std::log10(raw)));
+    double step = raw / mag < 1.5 ? mag : raw / mag < 3.5 ? 2 * mag : raw / mag < 7.5 ? 5 * mag : 10 * mag;
+    for (double v = std::ceil(lo / step) * step; v <= hi + step * 1e-9; v += step) out.push_back(v);
+    return out;
+  }
+};
+
+std::string label_of(double v) {
+  char buf[32];
+  if (v != 0 && (std::fabs(v) >= 1e5 || std::fabs(v) < 1e-3))
+    std::snprintf(buf, sizeof buf, "%.0e", v);
+  else
+    std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+bool usable(double v, bool log) { return std::isfinite(v) && (!log || v > 0); }
+
+}  // namespace
+
+void write_line_plot(const std::string& path, const std::vector<Series>& series,
+                     const Options& o) {
+  double xlo = INFINITY, xhi = -INFINITY, ylo = INFINITY, yhi = -INFINITY;
+  for (const Series& s : series)
+    for (size_t i = 0; i < std::min(s.x.size(), s.y.size()); ++i)
+      if (usable(s.x[i], o.log_x) && usable(s.y[i], o.log_y)) {
+        xlo = std::min(xlo, s.x[i]), xhi = std::max(xhi, s.x[i]);
+        ylo = std::min(ylo, s.y[i]), yhi = std::max(yhi, s.y[i]);
+      }
+  CLUSTR_CHECK(std::isfinite(xlo), "plot: no drawable point for ", path);
+  if (xhi == xlo) xhi = o.log_x ? xlo * 10 : xlo + 1;
+  if (yhi == ylo) yhi = o.log_y ? ylo * 10 : ylo + 1;
+  if (o.log_y) ylo /= 1.5, yhi *= 1.5;
+  else {
+    double pad = (yhi - ylo) * 0.05;
+    ylo -= pad, yhi += pad;
+  }
+
+  Canvas c(o.width, o.height);
+  const int left = 90, right = o.width - 30, top = 70, bottom = o.height - 70;
+  Axis ax{xlo, xhi, o.log_x, left, right}, ay{ylo, yhi, o.log_y, bottom, top};
+  for (double v : ax.ticks()) {
+    int x = ax.pixel(v);
+    c.line(x, top, x, bottom, kGrid);
+    c.line(x, bottom, x, bottom + 5, kBlack);
+    std::string l = label_of(v);
+    c.text(x - Canvas::text_width(l) / 2, bottom + 10, l, kBlack);
+  }
+  for (double v : ay.ticks()) {
+    int y = ay.pixel(v);
+    c.line(left, y, right, y, kGrid);
+    c.line(left - 5, y, left, y, kBlack);
+    std::string l = label_of(v);
+    c.text(left - 10 - Canvas::text_width(l), y - 6, l, kBlack);
+  }
+  c.line(left, bottom, right, bottom, kBlack, 2);
+  c.line(left, top, left, bottom, kBlack, 2);
+  c.text((left + right - Canvas::text_width(o.title)) / 2, 12, o.title, kBlack);
+  c.text((left + right - Canvas::text_width(o.x_label)) / 2, bottom + 38, o.x_label, kBlack);
+  c.text(left - 40, top - 30, o.y_label, kBlack);
+
+  for (size_t k = 0; k < series.size(); ++k) {
+    const Series& s = series[k];
+    Rgb col = kPalette[k % (sizeof kPalette / sizeof kPalette[0])];
+    int px = -1, py = -1;
+    for (size_t i = 0; i < std::min(s.x.size(), s.y.size()); ++i) {
+      if (!usable(s.x[i], o.log_x) || !usable(s.y[i], o.log_y)) continue;
+      int x = ax.pixel(s.x[i]), y = ay.pixel(s.y[i]);
+      if (px >= 0) c.line(px, py, x, y, col, 3);
+      c.rect(x - 3, y - 3, x + 3, y + 3, col);
+      px = x, py = y;
+    }
+    int ly = top + 10 + static_cast<int>(k) * 24;
+    c.line(right - 200, ly + 6, right - 170, ly + 6, col, 3);
+    c.text(right - 160, ly, s.label, kBlack);
+  }
+
+  std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  CLUSTR_CHECK(stbi_write_png(tmp.c_str(), o.width, o.height, 3, c.data(), o.width * 3) != 0,
+               "plot: cannot write ", tmp);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    throw Error(detail::cat("plot: cannot rename ", tmp, " to ", path, ": ",
+                            std::strerror(errno)));
+  }
+}
+
+}  // namespace clustr::plot
