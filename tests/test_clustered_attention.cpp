@@ -301,7 +301,7 @@ TEST_CASE("attention(): clustered = cluster_queries then clustered_attention") {
   CHECK(Q.grad().shape() == in.Q.shape());
   CHECK(V.grad().shape() == in.V.shape());
 
-  // Refusals: causal, dropout in training, and improved-clustered (not implemented yet).
+  // Refusals: causal and dropout in training.
   AttentionConfig causal = config;
   causal.causal = true;
   CHECK_ERROR(attention(causal, Q, K, V, in.lengths, gen, false), "causal", "clustered");
@@ -309,10 +309,6 @@ TEST_CASE("attention(): clustered = cluster_queries then clustered_attention") {
   dropout.dropout = 0.1f;
   CHECK_ERROR(attention(dropout, Q, K, V, in.lengths, gen, true), "dropout", "clustered");
   attention(dropout, Q, K, V, in.lengths, gen, false);  // evaluation: no dropout, runs
-  AttentionConfig improved = config;
-  improved.type = AttentionType::improved_clustered;
-  CHECK_ERROR(attention(improved, Q, K, V, in.lengths, gen, false),
-              "improved-clustered attention is not implemented yet");
 }
 
 TEST_CASE("MultiHeadAttention with clustered attention runs forward and backward") {

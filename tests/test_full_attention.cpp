@@ -425,7 +425,7 @@ TEST_CASE("AttentionConfig: names, parsing, validation and description") {
   CHECK(causal_full.describe() == "full, causal");
 }
 
-TEST_CASE("attention(): full runs full_attention, dropout only in training; improved refused") {
+TEST_CASE("attention(): full runs full_attention, dropout only in training") {
   const Case c = make_case(2, 2, 6, 6, 4, 3, {6, 4});
   const Inputs in = make_inputs(c, 111);
   const Variable Q(in.Q), K(in.K), V(in.V);
@@ -446,9 +446,4 @@ TEST_CASE("attention(): full runs full_attention, dropout only in training; impr
   CHECK(trained.to_vector() ==
         full_attention_forward(in.Q, in.K, in.V, in.lengths, same).out.to_vector());
   CHECK(trained.to_vector() != plain.to_vector());
-
-  AttentionConfig improved;
-  improved.type = AttentionType::improved_clustered;
-  CHECK_ERROR(attention(improved, Q, K, V, in.lengths, gen, false),
-              "improved-clustered attention is not implemented yet");
 }

@@ -5,6 +5,7 @@
 #include "layers/attention/clustered.h"
 #include "layers/attention/clustering.h"
 #include "layers/attention/full.h"
+#include "layers/attention/improved_clustered.h"
 
 namespace clustr {
 
@@ -24,27 +25,31 @@ Variable attention(const AttentionConfig& config, const Variable& Q, const Varia
       }
       return full_attention(Q, K, V, lengths, options);
     }
-    case AttentionType::clustered: {
+    case AttentionType::clustered:
+    case AttentionType::improved_clustered: {
+      const bool improved = config.type == AttentionType::improved_clustered;
       // The dropout mask would fall on the C x S centroid weights, shared by a whole cluster;
       // nothing defines that yet, so refuse rather than silently train without dropout.
       CLUSTR_CHECK(!(training && config.dropout > 0.0f), "attention: dropout on the attention ",
-                   "weights (", config.dropout, ") is not implemented for clustered attention; ",
-                   "use dropout 0 with --attention clustered, or --attention full");
+                   "weights (", config.dropout, ") is not implemented for ",
+                   attention_type_name(config.type), " attention; use dropout 0 with ",
+                   "--attention ", attention_type_name(config.type), ", or --attention full");
       const Tensor& q = Q.data();
       // lengths mark padded queries only in self-attention (N == S), see attention.h.
       const bool self = q.rank() == 4 && K.data().rank() == 4 && q.size(2) == K.data().size(2);
-      // sec. 3.2.2: hash + Hamming K-means, then eq. 3-6 for that clustering.
+      // sec. 3.2.2: hash + Hamming K-means, then eq. 3-6 (clustered) or eq. 9-11 (improved)
+      // for that clustering.
       const Clustering c =
           cluster_queries(q, self ? lengths : Tensor(),
                           ClusteringOptions{config.clusters, config.bits, config.iterations}, gen);
+      if (improved)
+        return improved_clustered_attention(Q, K, V, lengths, c.assignment, config.clusters,
+                                            config.topk, temperature);
       return clustered_attention(Q, K, V, lengths, c.assignment, config.clusters, temperature);
     }
-    case AttentionType::improved_clustered:
-      break;
   }
-  throw Error(detail::cat("attention: ", attention_type_name(config.type),
-                          " attention is not implemented yet (it comes with the improved ",
-                          "clustered attention issue); use --attention full or clustered"));
+  throw Error(detail::cat("attention: unknown AttentionType value ",
+                          static_cast<int>(config.type)));
 }
 
 }  // namespace clustr

@@ -19,69 +19,14 @@
 #include <utility>
 
 #include "autograd/node.h"
-#include "core/cpu/gemm.h"
-#include "core/error.h"
-#include "core/math.h"
-#include "core/ops_check.h"
 #include "core/parallel.h"
-
-#ifdef _OPENMP
-#include <omp.h>
-#endif
+#include "layers/attention/clustered_common.h"
 
 namespace clustr {
 
 namespace {
 
-struct Dims {
-  int64_t B = 0, H = 0, N = 0, S = 0, E = 0, M = 0, C = 0;
-};
-
-// What the kernels read besides the tensors; pointers into (b, h)-major buffers.
-struct Params {
-  const int32_t* lengths = nullptr;  // (B) or null
-  const int32_t* assignment = nullptr;  // (B, H, N), values in [-1, C)
-  float temperature = 1.0f;          // > 0
-};
-
-int thread_id() {
-#ifdef _OPENMP
-  return omp_get_thread_num();
-#else
-  return 0;
-#endif
-}
-
-void fill(float* x, int64_t n, float value) {
-  for (int64_t i = 0; i < n; ++i) x[i] = value;
-}
-
-// C(rows, cols) = alpha op(A) op(B) with inner size `inner` (overwritten), skipping the empty
-// cases cpu::gemm's leading-dimension checks would refuse (M = 0 gives ld = 0).
-void product(bool ta, bool tb, int64_t rows, int64_t cols, int64_t inner, float alpha,
-             const float* A, int64_t lda, const float* Bm, int64_t ldb, float* Cm, int64_t ldc) {
-  if (rows == 0 || cols == 0) return;
-  if (inner == 0) {
-    for (int64_t r = 0; r < rows; ++r) fill(Cm + r * ldc, cols, 0.0f);
-    return;
-  }
-  cpu::gemm(ta, tb, rows, cols, inner, alpha, A, lda, Bm, ldb, 0.0f, Cm, ldc);
-}
-
-// Row softmax over the first n of x[0..S) (n >= 1), the rest set to 0; numerically stable (the
-// max is subtracted, so every exp is <= 1 and the sum is >= 1).
-void softmax_row(float* x, int64_t n, int64_t S) {
-  float mx = x[0];
-  for (int64_t c = 1; c < n; ++c) mx = math::Maximum{}(mx, x[c]);
-  float sum = 0.0f;
-  for (int64_t c = 0; c < n; ++c) {
-    x[c] = math::exp(x[c] - mx);
-    sum += x[c];
-  }
-  const float inv = 1.0f / sum;
-  for (int64_t c = 0; c < n; ++c) x[c] *= inv;
-  fill(x + n, S - n, 0.0f);
-}
+using namespace clustered_detail;
 
 // One (b, h) pair of the forward (eq. 3-6). Writes out (N, M), ac (C, S), qc (C, E), count (C)
 // of the pair; vc is C x M scratch.
@@ -92,29 +37,8 @@ void forward_pair(const Dims& d, const Params& p, int64_t bh, const float* Q, co
   const float* q = Q + bh * d.N * d.E;
   const float* k = K + bh * d.S * d.E;
   const float* v = V + bh * d.S * d.M;
-  // eq. 4-5: Qc_j = (1 / |j|) sum_{i in j} Q_i, summed in query order.
-  for (int64_t j = 0; j < d.C; ++j) count[j] = 0;
-  fill(qc, d.C * d.E, 0.0f);
-  for (int64_t i = 0; i < d.N; ++i) {
-    if (a[i] < 0) continue;
-    ++count[a[i]];
-    float* c = qc + a[i] * d.E;
-    for (int64_t e = 0; e < d.E; ++e) c[e] += q[i * d.E + e];
-  }
-  for (int64_t j = 0; j < d.C; ++j)
-    if (count[j] > 1) {
-      const float n = static_cast<float>(count[j]);
-      for (int64_t e = 0; e < d.E; ++e) qc[j * d.E + e] /= n;
-    }
-  // eq. 3: Ac = softmax(t Qc K^T) over the valid keys; an empty cluster's row stays 0.
-  product(false, true, d.C, L, d.E, p.temperature, qc, d.E, k, d.E, ac, d.S);
-  for (int64_t j = 0; j < d.C; ++j) {
-    float* row = ac + j * d.S;
-    if (count[j] == 0 || L == 0)
-      fill(row, d.S, 0.0f);
-    else
-      softmax_row(row, L, d.S);
-  }
+  centroids(d, a, q, qc, count);                // eq. 4-5
+  centroid_weights(d, p, L, qc, count, k, ac);  // eq. 3
   // Vc = Ac V, then eq. 6: each query takes its cluster's row.
   product(false, false, d.C, d.M, L, 1.0f, ac, d.S, v, d.M, vc, d.M);
   for (int64_t i = 0; i < d.N; ++i) {
@@ -175,75 +99,6 @@ void backward_pair(const Dims& d, const Params& p, int64_t bh, const float* K, c
     const float* src = dqc + a[i] * d.E;
     for (int64_t e = 0; e < d.E; ++e) g[e] = src[e] / n;
   }
-}
-
-using detail::check_f32;
-
-// Checks dtypes, devices, shapes, lengths (values in [0, S]), the assignment (values in
-// [-1, C)), C and the temperature against Q's shape (B, H, N, E); returns the sizes.
-Dims check_inputs(const char* op, const Shape& q_shape, const Tensor& K, const Tensor& V,
-                  const Tensor& lengths, const Tensor& assignment, int64_t clusters,
-                  float temperature) {
-  check_f32(op, "K", K);
-  check_f32(op, "V", V);
-  detail::check_dtype(op, "assignment", assignment, DType::i32);
-  detail::check_same_device(op, K, V);
-  detail::check_same_device(op, K, assignment);
-  detail::require_cpu(op, K);
-  const std::string Q = "Q " + to_string(q_shape);
-  CLUSTR_CHECK(q_shape.size() == 4, op, ": expected Q of shape (B, H, N, E), got ", Q);
-  Dims d;
-  d.B = q_shape[0], d.H = q_shape[1], d.N = q_shape[2], d.E = q_shape[3], d.C = clusters;
-  CLUSTR_CHECK(d.E >= 1, op, ": expected Q with E >= 1 (the last axis), got ", Q);
-  CLUSTR_CHECK(K.rank() == 4 && K.size(0) == d.B && K.size(1) == d.H && K.size(3) == d.E, op,
-               ": expected K of shape (B, H, S, E) = (", d.B, ", ", d.H, ", S, ", d.E,
-               ") to match ", Q, ", got ", describe(K));
-  d.S = K.size(2);
-  CLUSTR_CHECK(V.rank() == 4 && V.size(0) == d.B && V.size(1) == d.H && V.size(2) == d.S, op,
-               ": expected V of shape (B, H, S, M) = (", d.B, ", ", d.H, ", ", d.S,
-               ", M) to match K ", describe(K), ", got ", describe(V));
-  d.M = V.size(3);
-  CLUSTR_CHECK(clusters >= 1, op, ": expected clusters >= 1, got ", clusters);
-  CLUSTR_CHECK(std::isfinite(temperature), op,
-               ": expected a finite temperature (<= 0 for 1/sqrt(E)), got ", temperature);
-  CLUSTR_CHECK(assignment.shape() == (Shape{d.B, d.H, d.N}), op,
-               ": expected assignment of shape (B, H, N) = (", d.B, ", ", d.H, ", ", d.N,
-               ") to match ", Q, ", got ", describe(assignment));
-  const int32_t* a = assignment.i32();
-  for (int64_t i = 0; i < d.B * d.H * d.N; ++i)
-    CLUSTR_CHECK(a[i] >= -1 && a[i] < clusters, op, ": assignment value ", a[i], " at (",
-                 i / (d.H * d.N), ", ", i / d.N % d.H, ", ", i % d.N,
-                 ") is outside [-1, C = ", clusters, ") (-1 marks a padded query)");
-  if (lengths.defined()) {
-    detail::check_dtype(op, "lengths", lengths, DType::i32);
-    detail::check_same_device(op, K, lengths);
-    CLUSTR_CHECK(lengths.shape() == Shape{d.B}, op, ": expected lengths of shape (", d.B,
-                 ",) (one per sequence of ", Q, "), got ", describe(lengths));
-    const int32_t* len = lengths.i32();
-    for (int64_t b = 0; b < d.B; ++b)
-      CLUSTR_CHECK(len[b] >= 0 && len[b] <= d.S, op, ": lengths[", b, "] = ", len[b],
-                   " is outside [0, S = ", d.S, "] (K ", describe(K), ")");
-  }
-  return d;
-}
-
-Params params_of(const Dims& d, const Tensor& lengths, const Tensor& assignment,
-                 float temperature) {
-  Params p;
-  p.lengths = lengths.defined() ? lengths.i32() : nullptr;
-  p.assignment = assignment.i32();
-  p.temperature = temperature > 0.0f
-                      ? temperature
-                      : static_cast<float>(1.0 / std::sqrt(static_cast<double>(d.E)));
-  return p;
-}
-
-void check_saved(const char* op, const char* what, const Tensor& t, const Tensor& like,
-                 DType dtype, const Shape& shape) {
-  detail::check_dtype(op, what, t, dtype);
-  detail::check_same_device(op, like, t);
-  CLUSTR_CHECK(t.shape() == shape, op, ": expected ", what, " of shape ", to_string(shape),
-               ", got ", describe(t));
 }
 
 // Saves K, V, the assignment, lengths and the forward's Ac, Qc and counts (not Q: it enters

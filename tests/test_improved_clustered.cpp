@@ -1,0 +1,448 @@
+// Improved clustered attention for a fixed clustering (layers/attention/improved_clustered.h,
+// the paper's eq. 9-11): topk >= S is full attention (values and gradients); an explicit
+// double-precision reference over sizes 1, 3, 17, 129 with N != S, E != M, empty clusters,
+// padded queries and k > valid keys; gradcheck (with the gradient through m_j and the
+// non-top-k Ac_j) where the top-k sets are stable; Proposition 2 through the analysis matrix;
+// identical results at 1 and 2 threads; the attention() dispatcher; argument errors.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "autograd/ops.h"
+#include "check.h"
+#include "core/random.h"
+#include "layers/attention/attention.h"
+#include "layers/attention/clustering.h"
+#include "layers/attention/full.h"
+#include "layers/attention/improved_clustered.h"
+
+using namespace clustr;
+using namespace clustr::test;
+
+namespace {
+
+struct Case {
+  int64_t B = 1, H = 1, N = 1, S = 1, E = 1, M = 1, C = 1, k = 1;
+  std::vector<int32_t> lengths;  // empty: no key mask
+  float temperature = 0.0f;
+};
+
+Case make_case(int64_t B, int64_t H, int64_t N, int64_t S, int64_t E, int64_t M, int64_t C,
+               int64_t k, std::vector<int32_t> lengths = {}) {
+  Case c;
+  c.B = B, c.H = H, c.N = N, c.S = S, c.E = E, c.M = M, c.C = C, c.k = k;
+  c.lengths = std::move(lengths);
+  return c;
+}
+
+std::string name_of(const Case& c) {
+  return "B=" + std::to_string(c.B) + " H=" + std::to_string(c.H) + " N=" + std::to_string(c.N) +
+         " S=" + std::to_string(c.S) + " E=" + std::to_string(c.E) + " M=" + std::to_string(c.M) +
+         " C=" + std::to_string(c.C) + " k=" + std::to_string(c.k) +
+         (c.lengths.empty() ? "" : " with lengths");
+}
+
+struct Inputs {
+  Tensor Q, K, V, dO, lengths, assignment;
+};
+
+// Random inputs; assignment uniform in [-1, C - 1) when C > 1 (cluster C - 1 always empty,
+// about 1 in C queries padded), all 0 when C == 1.
+Inputs make_inputs(const Case& c, uint32_t seed) {
+  Inputs in;
+  in.Q = random_tensor({c.B, c.H, c.N, c.E}, seed);
+  in.K = random_tensor({c.B, c.H, c.S, c.E}, seed + 1);
+  in.V = random_tensor({c.B, c.H, c.S, c.M}, seed + 2);
+  in.dO = random_tensor({c.B, c.H, c.N, c.M}, seed + 3);
+  if (!c.lengths.empty()) in.lengths = Tensor::from_int_vector(c.lengths, {c.B});
+  std::mt19937 rng(seed + 4);
+  std::uniform_int_distribution<int32_t> pick(c.C > 1 ? -1 : 0, c.C > 1 ? int32_t(c.C) - 2 : 0);
+  std::vector<int32_t> a(static_cast<size_t>(c.B * c.H * c.N));
+  for (int32_t& x : a) x = pick(rng);
+  in.assignment = Tensor::from_int_vector(a, {c.B, c.H, c.N});
+  return in;
+}
+
+struct Result {
+  std::vector<float> out, dQ, dK, dV;
+};
+
+Result run(const Case& c, const Inputs& in, ImprovedClusteredAttentionOutput* saved = nullptr) {
+  ImprovedClusteredAttentionOutput f = improved_clustered_attention_forward(
+      in.Q, in.K, in.V, in.lengths, in.assignment, c.C, c.k, c.temperature);
+  const ImprovedClusteredAttentionGrads g = improved_clustered_attention_backward(
+      in.dO, in.Q, in.K, in.V, in.lengths, in.assignment, f, c.temperature);
+  Result r{f.out.to_vector(), g.dQ.to_vector(), g.dK.to_vector(), g.dV.to_vector()};
+  if (saved) *saved = std::move(f);
+  return r;
+}
+
+// The explicit reference in double with dense rows A_i (eq. 9-11), for the top-k sets T the
+// op chose (tk, (B, H, C, kw)); it checks that each T is a top-k set of its own double Ac.
+// Backward by the chain rule on the dense rows: g_i[l] = dO_i . V_l, dV_l = sum_i A_i[l] dO_i;
+// on T: dm_j += sum_l P_i[l] g_i[l], dZ_i = m P_i (g_i - P_i . g_i), dq_i = t dZ_i K_T,
+// dk_l += t dZ_i[l] q_i; dAc_j = sum_{i in j} g_i off T and dm_j on T; dz = Ac (dAc - Ac . dAc),
+// dQc = t dz K, dk += t dz^T Qc, dq_i += dQc_j / |j|.
+Result reference(const Case& c, const Inputs& in, const std::vector<int32_t>& tk, int64_t kw) {
+  const int64_t N = c.N, S = c.S, E = c.E, M = c.M, C = c.C;
+  const double t = c.temperature > 0 ? c.temperature : 1.0 / std::sqrt(double(E));
+  const std::vector<float> Q = in.Q.to_vector(), K = in.K.to_vector(), V = in.V.to_vector(),
+                           dO = in.dO.to_vector();
+  const std::vector<int32_t> a = in.assignment.to_int_vector();
+  Result r;
+  r.out.assign(c.B * c.H * N * M, 0.0f);
+  r.dQ.assign(c.B * c.H * N * E, 0.0f);
+  r.dK.assign(c.B * c.H * S * E, 0.0f);
+  r.dV.assign(c.B * c.H * S * M, 0.0f);
+  auto dot = [&](const float* x, const float* y, int64_t n) {
+    double s = 0;
+    for (int64_t e = 0; e < n; ++e) s += double(x[e]) * y[e];
+    return s;
+  };
+  for (int64_t bh = 0; bh < c.B * c.H; ++bh) {
+    const int64_t L = c.lengths.empty() ? S : c.lengths[bh / c.H];
+    if (L == 0) continue;
+    const float* q = &Q[bh * N * E];
+    const float* k = &K[bh * S * E];
+    const float* v = &V[bh * S * M];
+    std::vector<double> count(C, 0), Qc(C * E, 0), Ac(C * S, 0), dAc(C * S, 0), dm(C, 0),
+        mass(C, 0), dq(N * E, 0), dk(S * E, 0), dv(S * M, 0);
+    std::vector<std::vector<int64_t>> T(C);
+    for (int64_t i = 0; i < N; ++i)
+      if (a[bh * N + i] >= 0) {
+        count[a[bh * N + i]] += 1;
+        for (int64_t e = 0; e < E; ++e) Qc[a[bh * N + i] * E + e] += q[i * E + e];
+      }
+    for (int64_t j = 0; j < C; ++j) {
+      if (count[j] == 0) continue;
+      double mx = -INFINITY, sum = 0;
+      for (int64_t e = 0; e < E; ++e) Qc[j * E + e] /= count[j];
+      for (int64_t l = 0; l < L; ++l) {
+        double s = 0;
+        for (int64_t e = 0; e < E; ++e) s += Qc[j * E + e] * k[l * E + e];
+        mx = std::max(mx, Ac[j * S + l] = t * s);
+      }
+      for (int64_t l = 0; l < L; ++l) sum += (Ac[j * S + l] = std::exp(Ac[j * S + l] - mx));
+      for (int64_t l = 0; l < L; ++l) Ac[j * S + l] /= sum;
+      std::vector<bool> in_t(L, false);
+      for (int64_t x = 0; x < kw; ++x) {
+        const int32_t l = tk[(bh * C + j) * kw + x];
+        if (l < 0) break;
+        T[j].push_back(l), in_t[l] = true, mass[j] += Ac[j * S + l];
+      }
+      REQUIRE(int64_t(T[j].size()) == std::min(c.k, L));
+      double lowest_in = INFINITY, highest_out = -INFINITY;
+      for (int64_t l = 0; l < L; ++l)
+        (in_t[l] ? lowest_in = std::min(lowest_in, Ac[j * S + l])
+                 : highest_out = std::max(highest_out, Ac[j * S + l]));
+      CHECK(lowest_in >= highest_out - 1e-7);  // T is a top-k set (eq. 9)
+    }
+    for (int64_t i = 0; i < N; ++i) {
+      const int32_t j = a[bh * N + i];
+      if (j < 0) continue;
+      const std::vector<int64_t>& Tj = T[j];
+      std::vector<double> A(Ac.begin() + j * S, Ac.begin() + j * S + S), P(Tj.size()),
+          g(L);
+      double mx = -INFINITY, sum = 0, pg = 0;
+      for (size_t x = 0; x < Tj.size(); ++x) mx = std::max(mx, P[x] = t * dot(q + i * E, k + Tj[x] * E, E));
+      for (double& p : P) sum += (p = std::exp(p - mx));
+      for (size_t x = 0; x < Tj.size(); ++x) A[Tj[x]] = mass[j] * (P[x] /= sum);
+      for (int64_t l = 0; l < L; ++l) {
+        g[l] = dot(&dO[(bh * N + i) * M], v + l * M, M);
+        for (int64_t m = 0; m < M; ++m) {
+          r.out[(bh * N + i) * M + m] += static_cast<float>(A[l] * v[l * M + m]);
+          dv[l * M + m] += A[l] * dO[(bh * N + i) * M + m];
+        }
+        dAc[j * S + l] += g[l];
+      }
+      for (size_t x = 0; x < Tj.size(); ++x) pg += P[x] * g[Tj[x]];
+      dm[j] += pg;
+      for (size_t x = 0; x < Tj.size(); ++x) {
+        const double dz = mass[j] * P[x] * (g[Tj[x]] - pg);
+        for (int64_t e = 0; e < E; ++e) {
+          dq[i * E + e] += t * dz * k[Tj[x] * E + e];
+          dk[Tj[x] * E + e] += t * dz * q[i * E + e];
+        }
+      }
+    }
+    for (int64_t j = 0; j < C; ++j) {
+      if (count[j] == 0) continue;
+      for (int64_t l : T[j]) dAc[j * S + l] = dm[j];
+      double s = 0;
+      for (int64_t l = 0; l < L; ++l) s += Ac[j * S + l] * dAc[j * S + l];
+      for (int64_t l = 0; l < L; ++l) {
+        const double dz = Ac[j * S + l] * (dAc[j * S + l] - s);
+        for (int64_t e = 0; e < E; ++e) {
+          dk[l * E + e] += t * dz * Qc[j * E + e];
+          for (int64_t i = 0; i < N; ++i)
+            if (a[bh * N + i] == j) dq[i * E + e] += t * dz * k[l * E + e] / count[j];
+        }
+      }
+    }
+    for (int64_t x = 0; x < N * E; ++x) r.dQ[bh * N * E + x] = static_cast<float>(dq[x]);
+    for (int64_t x = 0; x < S * E; ++x) r.dK[bh * S * E + x] = static_cast<float>(dk[x]);
+    for (int64_t x = 0; x < S * M; ++x) r.dV[bh * S * M + x] = static_cast<float>(dv[x]);
+  }
+  return r;
+}
+
+// Every query of every (b, h) in cluster i % C, padded queries (i >= lengths[b], N == S) -1.
+Tensor round_robin(const Case& c) {
+  std::vector<int32_t> a(static_cast<size_t>(c.B * c.H * c.N));
+  for (int64_t bh = 0; bh < c.B * c.H; ++bh)
+    for (int64_t i = 0; i < c.N; ++i)
+      a[bh * c.N + i] = c.lengths.empty() || i < c.lengths[bh / c.H] ? int32_t(i % c.C) : -1;
+  return Tensor::from_int_vector(a, {c.B, c.H, c.N});
+}
+
+}  // namespace
+
+TEST_CASE("improved clustered attention: topk >= S is full attention, values and gradients") {
+  // With T_j = every valid key, m_j = 1 and eq. 11 is the exact softmax whatever the clusters;
+  // the centroid path carries dAc = dm_j on every key, which the softmax backward cancels.
+  for (const Case& c : {make_case(2, 2, 17, 17, 5, 3, 4, 17, {17, 9}),
+                        make_case(1, 3, 3, 3, 4, 7, 2, 50),
+                        make_case(2, 1, 129, 129, 8, 16, 7, 129, {129, 40})}) {
+    INFO(name_of(c));
+    Inputs in = make_inputs(c, 7);
+    in.assignment = round_robin(c);
+    const Result r = run(c, in);
+    const FullAttentionOutput f = full_attention_forward(in.Q, in.K, in.V, in.lengths, {});
+    const FullAttentionGrads g =
+        full_attention_backward(in.dO, in.Q, in.K, in.V, f.out, f.logsumexp, in.lengths, {});
+    CHECK_CLOSE(r.out, f.out.to_vector(), 2e-6, 2e-5);
+    CHECK_CLOSE(r.dQ, g.dQ.to_vector(), 1e-5, 1e-4);
+    CHECK_CLOSE(r.dK, g.dK.to_vector(), 1e-5, 1e-4);
+    CHECK_CLOSE(r.dV, g.dV.to_vector(), 1e-5, 1e-4);
+  }
+}
+
+TEST_CASE("improved clustered attention: matches the double reference (padding, empty clusters)") {
+  uint32_t seed = 100;
+  for (const Case& c :
+       {make_case(1, 1, 1, 1, 1, 1, 1, 1), make_case(2, 3, 3, 17, 5, 3, 4, 2, {17, 1}),
+        make_case(1, 2, 17, 3, 4, 7, 3, 5), make_case(2, 1, 129, 129, 8, 16, 10, 32, {129, 0}),
+        make_case(1, 1, 3, 129, 17, 1, 5, 3), make_case(2, 2, 129, 17, 3, 5, 129, 4, {17, 6}),
+        make_case(1, 2, 17, 129, 16, 8, 1, 100, {70}), make_case(1, 1, 17, 17, 4, 4, 3, 1)}) {
+    INFO(name_of(c));
+    const Inputs in = make_inputs(c, seed += 10);
+    ImprovedClusteredAttentionOutput f;
+    const Result r = run(c, in, &f);
+    CHECK(f.topk.shape() == (Shape{c.B, c.H, c.C, std::min(c.k, c.S)}));
+    const Result e = reference(c, in, f.topk.to_int_vector(), f.topk.size(3));
+    CHECK_CLOSE(r.out, e.out, 2e-6, 2e-5);
+    CHECK_CLOSE(r.dQ, e.dQ, 1e-5, 1e-4);
+    CHECK_CLOSE(r.dK, e.dK, 1e-5, 1e-4);
+    CHECK_CLOSE(r.dV, e.dV, 1e-5, 1e-4);
+  }
+  Case c = make_case(1, 2, 17, 19, 4, 3, 4, 3, {11});  // a temperature other than 1/sqrt(E)
+  c.temperature = 0.7f;
+  const Inputs in = make_inputs(c, 5);
+  ImprovedClusteredAttentionOutput f;
+  const Result r = run(c, in, &f), e = reference(c, in, f.topk.to_int_vector(), f.topk.size(3));
+  CHECK_CLOSE(r.out, e.out, 2e-6, 2e-5);
+  CHECK_CLOSE(r.dQ, e.dQ, 1e-5, 1e-4);
+  CHECK_CLOSE(r.dK, e.dK, 1e-5, 1e-4);
+}
+
+TEST_CASE("improved clustered attention: top-k sets, mass and ties") {
+  // One cluster, two identical keys: the tie goes to the lower index; masked keys never enter.
+  Inputs in;
+  in.Q = Tensor::from_vector({1.0f, 0.0f}, {1, 1, 1, 2});
+  in.K = Tensor::from_vector({0.0f, 0.0f, 2.0f, 0.0f, 2.0f, 0.0f, 9.0f, 0.0f}, {1, 1, 4, 2});
+  in.V = random_tensor({1, 1, 4, 2}, 3);
+  in.assignment = Tensor::zeros({1, 1, 1}, DType::i32);
+  in.lengths = Tensor::from_int_vector({3}, {1});
+  const auto f =
+      improved_clustered_attention_forward(in.Q, in.K, in.V, in.lengths, in.assignment, 1, 1);
+  CHECK(f.topk.to_int_vector() == std::vector<int32_t>{1});
+  const std::vector<float> w = f.weights.to_vector();
+  CHECK(f.mass.to_vector()[0] == w[1]);
+  const auto g =
+      improved_clustered_attention_forward(in.Q, in.K, in.V, in.lengths, in.assignment, 1, 5);
+  CHECK(g.topk.to_int_vector() == std::vector<int32_t>{0, 1, 2, -1});  // k > L valid keys
+  CHECK(g.mass.to_vector()[0] == doctest::Approx(1.0f));
+}
+
+TEST_CASE("improved clustered attention: gradcheck of Q, K and V with stable top-k sets") {
+  // Central differences move one element by +-eps = 1e-2; the gradient is that of the fixed
+  // T_j only if no such move changes a T_j. The first seed whose sets are stable under every
+  // such move (checked below, element by element) is used; k < L so that m_j < 1 and the
+  // gradient through m_j and the non-top-k Ac_j is exercised.
+  const Case c = make_case(2, 2, 6, 5, 3, 2, 4, 2, {5, 3});
+  const Tensor assignment = Tensor::from_int_vector(
+      {0, 1, 0, 2, -1, 1, 2, 2, 2, 0, -1, -1, 0, 0, 1, 1, 2, 0, 1, -1, 0, 0, 0, 2}, {2, 2, 6});
+  auto topk_of = [&](const Tensor& Q, const Tensor& K, const Tensor& lengths) {
+    return improved_clustered_attention_forward(Q, K, K.clone(), lengths, assignment, 4, c.k)
+        .topk.to_int_vector();
+  };
+  auto stable = [&](const Inputs& in, const Tensor& lengths) {
+    const std::vector<int32_t> base = topk_of(in.Q, in.K, lengths);
+    for (int which = 0; which < 2; ++which)
+      for (int64_t x = 0; x < (which ? in.K : in.Q).numel(); ++x)
+        for (float eps : {-1e-2f, 1e-2f}) {
+          Tensor Q = in.Q.clone(), K = in.K.clone();
+          (which ? K : Q).f32()[x] += eps;
+          if (topk_of(Q, K, lengths) != base) return false;
+        }
+    return true;
+  };
+  for (const bool with_lengths : {true, false}) {
+    Inputs in;
+    uint32_t seed = 31;
+    const Tensor lengths = with_lengths ? Tensor::from_int_vector(c.lengths, {2}) : Tensor();
+    for (;; seed += 10) {
+      REQUIRE(seed < 31 + 10 * 50);
+      in = make_inputs(c, seed);
+      if (stable(in, lengths)) break;
+    }
+    INFO("seed ", seed, std::string(with_lengths ? " with lengths" : " without lengths"));
+    check_grad(
+        "fixed assignment, stable top-k sets",
+        [&](const std::vector<Variable>& x) {
+          return improved_clustered_attention(x[0], x[1], x[2], lengths, assignment, 4, c.k,
+                                              with_lengths ? 0.0f : 0.8f);
+        },
+        {in.Q, in.K, in.V});
+  }
+}
+
+TEST_CASE("improved clustered attention: Proposition 2, L1 error never above clustered's") {
+  auto check_prop2 = [](const Case& c, const Inputs& in) {
+    const Tensor full = attention_matrix(AttentionType::full, in.Q, in.K, in.lengths,
+                                         in.assignment, c.C, c.k);
+    const Tensor cl = attention_matrix(AttentionType::clustered, in.Q, in.K, in.lengths,
+                                       in.assignment, c.C, c.k);
+    const Tensor im = attention_matrix(AttentionType::improved_clustered, in.Q, in.K,
+                                       in.lengths, in.assignment, c.C, c.k);
+    const std::vector<float> f = full.to_vector(), a = cl.to_vector(), b = im.to_vector();
+    const std::vector<int32_t> asg = in.assignment.to_int_vector();
+    int64_t strict = 0;
+    for (int64_t row = 0; row < c.B * c.H * c.N; ++row) {
+      if (asg[row] < 0) continue;
+      double ec = 0, ei = 0;
+      for (int64_t l = 0; l < c.S; ++l) {
+        ec += std::fabs(double(a[row * c.S + l]) - f[row * c.S + l]);
+        ei += std::fabs(double(b[row * c.S + l]) - f[row * c.S + l]);
+      }
+      CHECK_MESSAGE(ei <= ec + 1e-6, "row ", row, ": improved ", ei, " > clustered ", ec);
+      strict += ei < ec - 1e-3;
+    }
+    // The improvement is real, not only "not worse"; with k = 1 the exact softmax over one key
+    // is 1, so both rows coincide and the errors are equal.
+    if (c.k > 1) CHECK(strict > 0);
+    // The analysis matrix is what the op applies: out = A V.
+    const std::vector<float> out = improved_clustered_attention_forward(
+        in.Q, in.K, in.V, in.lengths, in.assignment, c.C, c.k).out.to_vector();
+    const std::vector<float> V = in.V.to_vector();
+    std::vector<float> av(out.size(), 0.0f);
+    for (int64_t row = 0; row < c.B * c.H * c.N; ++row)
+      for (int64_t m = 0; m < c.M; ++m) {
+        double s = 0;
+        for (int64_t l = 0; l < c.S; ++l)
+          s += double(b[row * c.S + l]) * V[(row / c.N * c.S + l) * c.M + m];
+        av[row * c.M + m] = static_cast<float>(s);
+      }
+    CHECK_CLOSE(out, av, 2e-6, 2e-5);
+  };
+  uint32_t seed = 300;
+  for (const Case& c : {make_case(2, 2, 40, 33, 6, 3, 5, 4, {33, 20}),
+                        make_case(1, 3, 17, 17, 4, 2, 3, 1), make_case(1, 1, 64, 50, 8, 2, 8, 10)}) {
+    INFO(name_of(c));
+    check_prop2(c, make_inputs(c, seed += 10));
+  }
+  // Structured: 4 groups of similar queries around far-apart directions and a few dominant
+  // keys, the regime clustering is made for; round-robin clusters mix the groups on purpose.
+  const Case c = make_case(1, 2, 32, 24, 4, 2, 4, 3);
+  Inputs in = make_inputs(c, 77);
+  std::vector<float> q = random_values(c.B * c.H * c.N * c.E, 78, -0.2f, 0.2f);
+  for (int64_t row = 0; row < c.B * c.H * c.N; ++row) q[row * c.E + row % 4] += 3.0f;
+  in.Q = Tensor::from_vector(q, in.Q.shape());
+  std::vector<float> k = random_values(c.B * c.H * c.S * c.E, 79, -0.5f, 0.5f);
+  for (int64_t s = 0; s < c.B * c.H * c.S; s += 5) k[s * c.E + s % 4] += 4.0f;
+  in.K = Tensor::from_vector(k, in.K.shape());
+  for (const Tensor& a : {round_robin(c), in.assignment}) {
+    in.assignment = a;
+    check_prop2(c, in);
+  }
+}
+
+TEST_CASE("improved clustered attention: identical results at 1 and 2 threads") {
+  const Case c = make_case(3, 2, 65, 40, 8, 6, 5, 7, {40, 17, 33});
+  const Inputs in = make_inputs(c, 51);
+  Result one, two;
+  {
+    ThreadCount t(1);
+    one = run(c, in);
+  }
+  {
+    ThreadCount t(2);
+    two = run(c, in);
+  }
+  CHECK(one.out == two.out);
+  CHECK(one.dQ == two.dQ);
+  CHECK(one.dK == two.dK);
+  CHECK(one.dV == two.dV);
+}
+
+TEST_CASE("attention(): improved-clustered = cluster_queries then improved_clustered_attention") {
+  const Case c = make_case(2, 2, 24, 24, 6, 4, 1, 1, {24, 15});
+  const Inputs in = make_inputs(c, 61);
+  AttentionConfig config;
+  config.type = AttentionType::improved_clustered;
+  config.clusters = 5;
+  config.topk = 6;
+  config.bits = 16;
+  config.iterations = 4;
+  Generator gen(9), same(9);
+  const Variable Q(in.Q, true), K(in.K, true), V(in.V, true);
+  const Variable out = attention(config, Q, K, V, in.lengths, gen, false);
+  const Clustering cl = cluster_queries(in.Q, in.lengths, {5, 16, 4}, same);
+  CHECK(gen.offset() == same.offset());
+  CHECK(out.data().to_vector() == improved_clustered_attention_forward(
+                                      in.Q, in.K, in.V, in.lengths, cl.assignment, 5, 6)
+                                      .out.to_vector());
+  sum_all(out * Variable(in.dO)).backward();
+  CHECK(Q.grad().shape() == in.Q.shape());
+  CHECK(K.grad().shape() == in.K.shape());
+  CHECK(V.grad().shape() == in.V.shape());
+  // Refusals as for clustered: causal (AttentionConfig) and dropout in training.
+  AttentionConfig causal = config;
+  causal.causal = true;
+  CHECK_ERROR(attention(causal, Q, K, V, in.lengths, gen, false), "causal", "improved-clustered");
+  AttentionConfig dropout = config;
+  dropout.dropout = 0.1f;
+  CHECK_ERROR(attention(dropout, Q, K, V, in.lengths, gen, true), "dropout",
+              "improved-clustered");
+  attention(dropout, Q, K, V, in.lengths, gen, false);  // evaluation: no dropout, runs
+}
+
+TEST_CASE("improved clustered attention: argument errors name the op, the argument and values") {
+  const Tensor Q = random_tensor({2, 3, 4, 5}, 1), K = random_tensor({2, 3, 6, 5}, 2),
+               V = random_tensor({2, 3, 6, 7}, 3);
+  const Tensor a = Tensor::zeros({2, 3, 4}, DType::i32);
+  const char* op = "improved_clustered_attention";
+  CHECK_ERROR(improved_clustered_attention_forward(Q, K, V, {}, a, 2, 0), op, "topk >= 1", "0");
+  CHECK_ERROR(improved_clustered_attention_forward(Q, K, V, {}, a, 2, -3), op, "topk >= 1");
+  CHECK_ERROR(improved_clustered_attention_forward(Q, K, V, {}, a, 0, 2), op, "clusters >= 1");
+  std::vector<int32_t> bad(24, 0);
+  bad[17] = 2;
+  CHECK_ERROR(improved_clustered_attention_forward(Q, K, V, {}, Tensor::from_int_vector(bad, {2, 3, 4}), 2, 2),
+              op, "assignment value 2 at (1, 1, 1)", "[-1, C = 2)");
+  CHECK_ERROR(improved_clustered_attention_forward(Q, random_tensor({2, 3, 6, 4}, 2), V, {}, a, 2, 2),
+              op, "K of shape (B, H, S, E) = (2, 3, S, 5)");
+  CHECK_ERROR(improved_clustered_attention_forward(Q, K, V, Tensor::from_int_vector({6, 7}, {2}), a, 2, 2),
+              op, "lengths[1] = 7");
+  CHECK_ERROR(improved_clustered_attention_forward(Q, K, V, {}, Tensor::zeros({2, 3, 4}), 2, 2),
+              op, "assignment", "i32");
+  const ImprovedClusteredAttentionOutput f = improved_clustered_attention_forward(Q, K, V, {}, a, 2, 2);
+  CHECK_ERROR(improved_clustered_attention_backward(random_tensor({2, 3, 4, 5}, 4), Q, K, V, {}, a, f),
+              "improved_clustered_attention_backward", "dout", "(2, 3, 4, 7)");
+  ImprovedClusteredAttentionOutput wrong = f;
+  wrong.mass = random_tensor({2, 3, 3}, 5);
+  CHECK_ERROR(improved_clustered_attention_backward(f.out, Q, K, V, {}, a, wrong),
+              "improved_clustered_attention_backward", "mass", "(2, 3, 2)");
+}
