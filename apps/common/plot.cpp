@@ -167,6 +167,9 @@ void write_line_plot(const std::string& path, const std::vector<Series>& series,
   c.text((left + right - Canvas::text_width(o.x_label)) / 2, bottom + 38, o.x_label, kBlack);
   c.text(left - 40, top - 30, o.y_label, kBlack);
 
+  int legend_width = 0;
+  for (const Series& s : series) legend_width = std::max(legend_width, Canvas::text_width(s.label));
+  const int legend_x = right - 50 - legend_width;
   for (size_t k = 0; k < series.size(); ++k) {
     const Series& s = series[k];
     Rgb col = kPalette[k % (sizeof kPalette / sizeof kPalette[0])];
@@ -179,8 +182,8 @@ void write_line_plot(const std::string& path, const std::vector<Series>& series,
       px = x, py = y;
     }
     int ly = top + 10 + static_cast<int>(k) * 24;
-    c.line(right - 200, ly + 6, right - 170, ly + 6, col, 3);
-    c.text(right - 160, ly, s.label, kBlack);
+    c.line(legend_x, ly + 6, legend_x + 30, ly + 6, col, 3);
+    c.text(legend_x + 40, ly, s.label, kBlack);
   }
 
   std::string tmp = path + ".tmp." + std::to_string(::getpid());
