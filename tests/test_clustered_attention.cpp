@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "autograd/ops.h"
+#include "attention_cases.h"
 #include "check.h"
 #include "core/random.h"
 #include "layers/attention/attention.h"
@@ -24,36 +25,9 @@ using namespace clustr::test;
 
 namespace {
 
-struct Case {
-  int64_t B = 1, H = 1, N = 1, S = 1, E = 1, M = 1, C = 1;
-  std::vector<int32_t> lengths;  // empty: no key mask
-  float temperature = 0.0f;
-};
-
-struct Inputs {
-  Tensor Q, K, V, dO, lengths, assignment;
-};
-
-// Random Q, K, V, dO; assignment uniform in [-1, C - 1) when C > 1, so cluster C - 1 is always
-// empty and about 1 in C queries is padding (-1); with C == 1 every query is in cluster 0.
-Inputs make_inputs(const Case& c, uint32_t seed) {
-  Inputs in;
-  in.Q = random_tensor({c.B, c.H, c.N, c.E}, seed);
-  in.K = random_tensor({c.B, c.H, c.S, c.E}, seed + 1);
-  in.V = random_tensor({c.B, c.H, c.S, c.M}, seed + 2);
-  in.dO = random_tensor({c.B, c.H, c.N, c.M}, seed + 3);
-  if (!c.lengths.empty()) in.lengths = Tensor::from_int_vector(c.lengths, {c.B});
-  std::mt19937 rng(seed + 4);
-  std::uniform_int_distribution<int32_t> pick(c.C > 1 ? -1 : 0, c.C > 1 ? int32_t(c.C) - 2 : 0);
-  std::vector<int32_t> a(static_cast<size_t>(c.B * c.H * c.N));
-  for (int32_t& x : a) x = pick(rng);
-  in.assignment = Tensor::from_int_vector(a, {c.B, c.H, c.N});
-  return in;
-}
-
-struct Result {
-  std::vector<float> out, dQ, dK, dV;
-};
+using Case = AttentionCase;
+using Inputs = AttentionInputs;
+using Result = AttentionResult;
 
 // The explicit reference in double, straight from eq. 3-6 and the chain rule for a fixed
 // assignment: Qc = member mean, Ac = softmax(t Qc K^T) over keys < L, out_i = (Ac V)_{j(i)};
@@ -141,12 +115,6 @@ Case make_case(int64_t B, int64_t H, int64_t N, int64_t S, int64_t E, int64_t M,
   return c;
 }
 
-std::string name_of(const Case& c) {
-  return "B=" + std::to_string(c.B) + " H=" + std::to_string(c.H) + " N=" + std::to_string(c.N) +
-         " S=" + std::to_string(c.S) + " E=" + std::to_string(c.E) + " M=" + std::to_string(c.M) +
-         " C=" + std::to_string(c.C) + (c.lengths.empty() ? "" : " with lengths");
-}
-
 }  // namespace
 
 TEST_CASE("clustered attention: one query per cluster is full attention, values and gradients") {
@@ -154,7 +122,7 @@ TEST_CASE("clustered attention: one query per cluster is full attention, values 
   for (const Case& c : {make_case(2, 2, 17, 17, 5, 3, 17, {17, 9}), make_case(1, 3, 3, 3, 4, 7, 3),
                         make_case(2, 1, 129, 129, 8, 16, 129, {129, 40})}) {
     INFO(name_of(c));
-    Inputs in = make_inputs(c, 7);
+    Inputs in = make_attention_inputs(c, 7);
     std::vector<int32_t> a(static_cast<size_t>(c.B * c.H * c.N));
     for (int64_t bh = 0; bh < c.B * c.H; ++bh)
       for (int64_t i = 0; i < c.N; ++i)  // padded queries (self-attention) have no cluster
@@ -179,7 +147,7 @@ TEST_CASE("clustered attention: matches the double reference (padding, empty clu
         make_case(1, 1, 3, 129, 17, 1, 5), make_case(2, 2, 129, 17, 3, 5, 129, {17, 6}),
         make_case(1, 2, 17, 129, 16, 8, 1, {70})}) {
     INFO(name_of(c));
-    const Inputs in = make_inputs(c, seed += 10);
+    const Inputs in = make_attention_inputs(c, seed += 10);
     const Result r = run(c, in), e = reference(c, in);
     CHECK_CLOSE(r.out, e.out, 2e-6, 2e-5);
     CHECK_CLOSE(r.dQ, e.dQ, 1e-5, 1e-4);
@@ -189,7 +157,7 @@ TEST_CASE("clustered attention: matches the double reference (padding, empty clu
   // A temperature other than 1/sqrt(E).
   Case c = make_case(1, 2, 17, 19, 4, 3, 4, {11});
   c.temperature = 0.7f;
-  const Inputs in = make_inputs(c, 5);
+  const Inputs in = make_attention_inputs(c, 5);
   const Result r = run(c, in), e = reference(c, in);
   CHECK_CLOSE(r.out, e.out, 2e-6, 2e-5);
   CHECK_CLOSE(r.dQ, e.dQ, 1e-5, 1e-4);
@@ -198,7 +166,7 @@ TEST_CASE("clustered attention: matches the double reference (padding, empty clu
 
 TEST_CASE("clustered attention: forward outputs hold the centroids, weights and counts") {
   const Case c = make_case(1, 1, 4, 3, 2, 2, 3, {2});
-  Inputs in = make_inputs(c, 9);
+  Inputs in = make_attention_inputs(c, 9);
   in.assignment = Tensor::from_int_vector({1, -1, 1, 0}, {1, 1, 4});
   const ClusteredAttentionOutput f =
       clustered_attention_forward(in.Q, in.K, in.V, in.lengths, in.assignment, 3);
@@ -219,7 +187,7 @@ TEST_CASE("clustered attention: forward outputs hold the centroids, weights and 
 
 TEST_CASE("clustered attention: gradcheck of Q, K and V for a fixed assignment") {
   const Case c = make_case(2, 2, 6, 5, 3, 2, 4, {5, 3});
-  Inputs in = make_inputs(c, 31);
+  Inputs in = make_attention_inputs(c, 31);
   // Every case at once: cluster 3 empty, padded queries (-1), singleton and shared clusters.
   in.assignment = Tensor::from_int_vector(
       {0, 1, 0, 2, -1, 1, 2, 2, 2, 0, -1, -1, 0, 0, 1, 1, 2, 0, 1, -1, 0, 0, 0, 2}, {2, 2, 6});
@@ -240,7 +208,7 @@ TEST_CASE("clustered attention: gradcheck of Q, K and V for a fixed assignment")
 
 TEST_CASE("clustered attention: padded keys and values change nothing, even NaN") {
   const Case c = make_case(2, 2, 9, 7, 4, 3, 3, {5, 2});
-  const Inputs in = make_inputs(c, 41);
+  const Inputs in = make_attention_inputs(c, 41);
   Inputs nan = in;
   nan.K = in.K.clone();
   nan.V = in.V.clone();
@@ -263,7 +231,7 @@ TEST_CASE("clustered attention: padded keys and values change nothing, even NaN"
 
 TEST_CASE("clustered attention: identical results at 1 and 2 threads") {
   const Case c = make_case(3, 2, 65, 40, 8, 6, 5, {40, 17, 33});
-  const Inputs in = make_inputs(c, 51);
+  const Inputs in = make_attention_inputs(c, 51);
   Result one, two;
   {
     ThreadCount t(1);
@@ -281,7 +249,7 @@ TEST_CASE("clustered attention: identical results at 1 and 2 threads") {
 
 TEST_CASE("attention(): clustered = cluster_queries then clustered_attention") {
   const Case c = make_case(2, 2, 24, 24, 6, 4, 1, {24, 15});
-  const Inputs in = make_inputs(c, 61);
+  const Inputs in = make_attention_inputs(c, 61);
   AttentionConfig config;
   config.type = AttentionType::clustered;
   config.clusters = 5;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "autograd/ops.h"
+#include "attention_cases.h"
 #include "check.h"
 #include "core/random.h"
 #include "layers/attention/attention.h"
@@ -24,11 +25,9 @@ using namespace clustr::test;
 
 namespace {
 
-struct Case {
-  int64_t B = 1, H = 1, N = 1, S = 1, E = 1, M = 1, C = 1, k = 1;
-  std::vector<int32_t> lengths;  // empty: no key mask
-  float temperature = 0.0f;
-};
+using Case = AttentionCase;
+using Inputs = AttentionInputs;
+using Result = AttentionResult;
 
 Case make_case(int64_t B, int64_t H, int64_t N, int64_t S, int64_t E, int64_t M, int64_t C,
                int64_t k, std::vector<int32_t> lengths = {}) {
@@ -37,38 +36,6 @@ Case make_case(int64_t B, int64_t H, int64_t N, int64_t S, int64_t E, int64_t M,
   c.lengths = std::move(lengths);
   return c;
 }
-
-std::string name_of(const Case& c) {
-  return "B=" + std::to_string(c.B) + " H=" + std::to_string(c.H) + " N=" + std::to_string(c.N) +
-         " S=" + std::to_string(c.S) + " E=" + std::to_string(c.E) + " M=" + std::to_string(c.M) +
-         " C=" + std::to_string(c.C) + " k=" + std::to_string(c.k) +
-         (c.lengths.empty() ? "" : " with lengths");
-}
-
-struct Inputs {
-  Tensor Q, K, V, dO, lengths, assignment;
-};
-
-// Random inputs; assignment uniform in [-1, C - 1) when C > 1 (cluster C - 1 always empty,
-// about 1 in C queries padded), all 0 when C == 1.
-Inputs make_inputs(const Case& c, uint32_t seed) {
-  Inputs in;
-  in.Q = random_tensor({c.B, c.H, c.N, c.E}, seed);
-  in.K = random_tensor({c.B, c.H, c.S, c.E}, seed + 1);
-  in.V = random_tensor({c.B, c.H, c.S, c.M}, seed + 2);
-  in.dO = random_tensor({c.B, c.H, c.N, c.M}, seed + 3);
-  if (!c.lengths.empty()) in.lengths = Tensor::from_int_vector(c.lengths, {c.B});
-  std::mt19937 rng(seed + 4);
-  std::uniform_int_distribution<int32_t> pick(c.C > 1 ? -1 : 0, c.C > 1 ? int32_t(c.C) - 2 : 0);
-  std::vector<int32_t> a(static_cast<size_t>(c.B * c.H * c.N));
-  for (int32_t& x : a) x = pick(rng);
-  in.assignment = Tensor::from_int_vector(a, {c.B, c.H, c.N});
-  return in;
-}
-
-struct Result {
-  std::vector<float> out, dQ, dK, dV;
-};
 
 Result run(const Case& c, const Inputs& in, ImprovedClusteredAttentionOutput* saved = nullptr) {
   ImprovedClusteredAttentionOutput f = improved_clustered_attention_forward(
@@ -207,7 +174,7 @@ TEST_CASE("improved clustered attention: topk >= S is full attention, values and
                         make_case(1, 3, 3, 3, 4, 7, 2, 50),
                         make_case(2, 1, 129, 129, 8, 16, 7, 129, {129, 40})}) {
     INFO(name_of(c));
-    Inputs in = make_inputs(c, 7);
+    Inputs in = make_attention_inputs(c, 7);
     in.assignment = round_robin(c);
     const Result r = run(c, in);
     const FullAttentionOutput f = full_attention_forward(in.Q, in.K, in.V, in.lengths, {});
@@ -228,7 +195,7 @@ TEST_CASE("improved clustered attention: matches the double reference (padding, 
         make_case(1, 1, 3, 129, 17, 1, 5, 3), make_case(2, 2, 129, 17, 3, 5, 129, 4, {17, 6}),
         make_case(1, 2, 17, 129, 16, 8, 1, 100, {70}), make_case(1, 1, 17, 17, 4, 4, 3, 1)}) {
     INFO(name_of(c));
-    const Inputs in = make_inputs(c, seed += 10);
+    const Inputs in = make_attention_inputs(c, seed += 10);
     ImprovedClusteredAttentionOutput f;
     const Result r = run(c, in, &f);
     CHECK(f.topk.shape() == (Shape{c.B, c.H, c.C, std::min(c.k, c.S)}));
@@ -240,7 +207,7 @@ TEST_CASE("improved clustered attention: matches the double reference (padding, 
   }
   Case c = make_case(1, 2, 17, 19, 4, 3, 4, 3, {11});  // a temperature other than 1/sqrt(E)
   c.temperature = 0.7f;
-  const Inputs in = make_inputs(c, 5);
+  const Inputs in = make_attention_inputs(c, 5);
   ImprovedClusteredAttentionOutput f;
   const Result r = run(c, in, &f), e = reference(c, in, f.topk.to_int_vector(), f.topk.size(3));
   CHECK_CLOSE(r.out, e.out, 2e-6, 2e-5);
@@ -296,7 +263,7 @@ TEST_CASE("improved clustered attention: gradcheck of Q, K and V with stable top
     const Tensor lengths = with_lengths ? Tensor::from_int_vector(c.lengths, {2}) : Tensor();
     for (;; seed += 10) {
       REQUIRE(seed < 31 + 10 * 50);
-      in = make_inputs(c, seed);
+      in = make_attention_inputs(c, seed);
       if (stable(in, lengths)) break;
     }
     INFO("seed ", seed, std::string(with_lengths ? " with lengths" : " without lengths"));
@@ -352,12 +319,12 @@ TEST_CASE("improved clustered attention: Proposition 2, L1 error never above clu
   for (const Case& c : {make_case(2, 2, 40, 33, 6, 3, 5, 4, {33, 20}),
                         make_case(1, 3, 17, 17, 4, 2, 3, 1), make_case(1, 1, 64, 50, 8, 2, 8, 10)}) {
     INFO(name_of(c));
-    check_prop2(c, make_inputs(c, seed += 10));
+    check_prop2(c, make_attention_inputs(c, seed += 10));
   }
   // Structured: 4 groups of similar queries around far-apart directions and a few dominant
   // keys, the regime clustering is made for; round-robin clusters mix the groups on purpose.
   const Case c = make_case(1, 2, 32, 24, 4, 2, 4, 3);
-  Inputs in = make_inputs(c, 77);
+  Inputs in = make_attention_inputs(c, 77);
   std::vector<float> q = random_values(c.B * c.H * c.N * c.E, 78, -0.2f, 0.2f);
   for (int64_t row = 0; row < c.B * c.H * c.N; ++row) q[row * c.E + row % 4] += 3.0f;
   in.Q = Tensor::from_vector(q, in.Q.shape());
@@ -372,7 +339,7 @@ TEST_CASE("improved clustered attention: Proposition 2, L1 error never above clu
 
 TEST_CASE("improved clustered attention: identical results at 1 and 2 threads") {
   const Case c = make_case(3, 2, 65, 40, 8, 6, 5, 7, {40, 17, 33});
-  const Inputs in = make_inputs(c, 51);
+  const Inputs in = make_attention_inputs(c, 51);
   Result one, two;
   {
     ThreadCount t(1);
@@ -390,7 +357,7 @@ TEST_CASE("improved clustered attention: identical results at 1 and 2 threads") 
 
 TEST_CASE("attention(): improved-clustered = cluster_queries then improved_clustered_attention") {
   const Case c = make_case(2, 2, 24, 24, 6, 4, 1, 1, {24, 15});
-  const Inputs in = make_inputs(c, 61);
+  const Inputs in = make_attention_inputs(c, 61);
   AttentionConfig config;
   config.type = AttentionType::improved_clustered;
   config.clusters = 5;

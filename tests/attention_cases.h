@@ -1,0 +1,51 @@
+// Shapes and random inputs shared by the clustered and improved-clustered attention tests.
+#pragma once
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "check.h"
+#include "core/tensor.h"
+
+namespace clustr::test {
+
+struct AttentionCase {
+  int64_t B = 1, H = 1, N = 1, S = 1, E = 1, M = 1, C = 1, k = 1;  // k: improved-clustered only
+  std::vector<int32_t> lengths;  // empty: no key mask
+  float temperature = 0.0f;
+};
+
+struct AttentionInputs {
+  Tensor Q, K, V, dO, lengths, assignment;
+};
+
+struct AttentionResult {
+  std::vector<float> out, dQ, dK, dV;
+};
+
+// Random Q, K, V, dO; assignment uniform in [-1, C - 1) when C > 1, so cluster C - 1 is always
+// empty and about 1 in C queries is padding (-1); with C == 1 every query is in cluster 0.
+inline AttentionInputs make_attention_inputs(const AttentionCase& c, uint32_t seed) {
+  AttentionInputs in;
+  in.Q = random_tensor({c.B, c.H, c.N, c.E}, seed);
+  in.K = random_tensor({c.B, c.H, c.S, c.E}, seed + 1);
+  in.V = random_tensor({c.B, c.H, c.S, c.M}, seed + 2);
+  in.dO = random_tensor({c.B, c.H, c.N, c.M}, seed + 3);
+  if (!c.lengths.empty()) in.lengths = Tensor::from_int_vector(c.lengths, {c.B});
+  std::mt19937 rng(seed + 4);
+  std::uniform_int_distribution<int32_t> pick(c.C > 1 ? -1 : 0, c.C > 1 ? int32_t(c.C) - 2 : 0);
+  std::vector<int32_t> a(static_cast<size_t>(c.B * c.H * c.N));
+  for (int32_t& x : a) x = pick(rng);
+  in.assignment = Tensor::from_int_vector(a, {c.B, c.H, c.N});
+  return in;
+}
+
+inline std::string name_of(const AttentionCase& c) {
+  return "B=" + std::to_string(c.B) + " H=" + std::to_string(c.H) + " N=" + std::to_string(c.N) +
+         " S=" + std::to_string(c.S) + " E=" + std::to_string(c.E) + " M=" + std::to_string(c.M) +
+         " C=" + std::to_string(c.C) + " k=" + std::to_string(c.k) +
+         (c.lengths.empty() ? "" : " with lengths");
+}
+
+}  // namespace clustr::test
