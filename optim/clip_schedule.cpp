@@ -1,0 +1,92 @@
+// Gradient clipping by global norm and the learning-rate schedules (optim/optimizer.h).
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "core/error.h"
+#include "core/ops_check.h"
+#include "optim/optimizer.h"
+
+namespace clustr::optim {
+
+double clip_grad_norm(const std::vector<Variable>& params, double max_norm) {
+  CLUSTR_CHECK(std::isfinite(max_norm) && max_norm > 0.0,
+               "clip_grad_norm: max_norm must be a finite number > 0, got ", max_norm);
+  // One sequential double sum: the norm is the same whatever the thread count.
+  double sum_sq = 0.0;
+  for (const Variable& p : params) {
+    if (!p.defined() || !p.grad().defined()) continue;
+    const Tensor& g = p.grad();
+    detail::require_cpu("clip_grad_norm", g);
+    detail::check_f32("clip_grad_norm", "gradient", g);
+    const float* x = g.f32();
+    for (int64_t i = 0; i < g.numel(); ++i) sum_sq += double(x[i]) * double(x[i]);
+  }
+  const double norm = std::sqrt(sum_sq);
+  // As torch.nn.utils.clip_grad_norm_: the 1e-6 keeps the factor finite for a zero norm and
+  // makes the clipped norm land just below max_norm.
+  const double coef = max_norm / (norm + 1e-6);
+  if (coef < 1.0) {  // also false for a NaN norm, which is returned for the caller to see
+    const float c = static_cast<float>(coef);
+    for (const Variable& p : params) {
+      if (!p.defined() || !p.grad().defined()) continue;
+      float* x = p.grad().f32();
+      for (int64_t i = 0; i < p.grad().numel(); ++i) x[i] *= c;
+    }
+  }
+  return norm;
+}
+
+double clip_grad_norm(const NamedParameters& params, double max_norm) {
+  std::vector<Variable> plain;
+  for (const auto& np : params) plain.push_back(np.second);
+  return clip_grad_norm(plain, max_norm);
+}
+
+LinearWarmupLr::LinearWarmupLr(float lr_, int64_t warmup_steps_)
+    : lr(lr_), warmup_steps(warmup_steps_) {
+  CLUSTR_CHECK(std::isfinite(lr) && lr >= 0.0f, "LinearWarmupLr: lr must be >= 0, got ", lr);
+  CLUSTR_CHECK(warmup_steps >= 1, "LinearWarmupLr: warmup_steps must be >= 1, got ",
+               warmup_steps);
+}
+
+float LinearWarmupLr::lr_at(int64_t steps_done) const {
+  CLUSTR_CHECK(steps_done >= 0, "LinearWarmupLr: steps_done must be >= 0, got ", steps_done);
+  if (steps_done + 1 >= warmup_steps) return lr;
+  return static_cast<float>(double(lr) * double(steps_done + 1) / double(warmup_steps));
+}
+
+ReduceLrOnPlateau::ReduceLrOnPlateau(const PlateauOptions& o)
+    : options_(o), best_(std::numeric_limits<double>::infinity()) {
+  CLUSTR_CHECK(o.factor > 0.0 && o.factor < 1.0,
+               "ReduceLrOnPlateau: factor must be in (0, 1), got ", o.factor);
+  CLUSTR_CHECK(o.patience >= 0, "ReduceLrOnPlateau: patience must be >= 0, got ", o.patience);
+  CLUSTR_CHECK(o.threshold >= 0.0 && o.threshold < 1.0,
+               "ReduceLrOnPlateau: threshold must be in [0, 1), got ", o.threshold);
+  CLUSTR_CHECK(o.cooldown >= 0, "ReduceLrOnPlateau: cooldown must be >= 0, got ", o.cooldown);
+  CLUSTR_CHECK(o.min_lr >= 0.0, "ReduceLrOnPlateau: min_lr must be >= 0, got ", o.min_lr);
+}
+
+bool ReduceLrOnPlateau::step(double metric, Optimizer& opt) {
+  // The order of PyTorch's ReduceLROnPlateau.step: count, then cooldown, then reduce.
+  if (metric < best_ * (1.0 - options_.threshold)) {
+    best_ = metric;
+    num_bad_epochs_ = 0;
+  } else {
+    ++num_bad_epochs_;
+  }
+  if (cooldown_counter_ > 0) {
+    --cooldown_counter_;
+    num_bad_epochs_ = 0;
+  }
+  if (num_bad_epochs_ <= options_.patience) return false;
+  cooldown_counter_ = options_.cooldown;
+  num_bad_epochs_ = 0;
+  const double old_lr = opt.lr();
+  const double new_lr = std::max(old_lr * options_.factor, options_.min_lr);
+  if (old_lr - new_lr <= 1e-8) return false;
+  opt.set_lr(static_cast<float>(new_lr));
+  return true;
+}
+
+}  // namespace clustr::optim

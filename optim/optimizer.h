@@ -1,0 +1,207 @@
+// Optimizers over a list of parameters (leaf Variables): SGD (momentum, Nesterov, L2 weight
+// decay), Adam, AdamW and R-Adam, each matching PyTorch 1.13's torch.optim single-group update;
+// gradient clipping by global norm; learning-rate schedules (constant, linear warm-up,
+// reduce-on-plateau).
+//
+// Usage:
+//   optim::Adam opt(model.named_parameters(), {.lr = 1e-3f});
+//   loss.backward();
+//   optim::clip_grad_norm(model.parameters(), 1.0);
+//   opt.step();          // parameters without a gradient are skipped
+//   opt.zero_grad();
+//
+// State (moments, momentum buffers, step counts) is created on a parameter's first step, on its
+// device, and can be saved and restored as named tensors for checkpoints (layers/checkpoint.h):
+//   optimizer.step                  i32 (), step() calls so far
+//   optimizer.lr                    f32 (), the current learning rate
+//   optimizer.<param>.step          i32 (), steps this parameter has taken
+//   optimizer.<param>.<slot>        f32, the parameter's shape: exp_avg, exp_avg_sq (Adam family),
+//                                   momentum_buffer (SGD with momentum)
+// Parameters on a CUDA device throw (no CUDA kernel yet).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "autograd/variable.h"
+#include "core/tensor.h"
+
+namespace clustr::optim {
+
+using NamedParameters = std::vector<std::pair<std::string, Variable>>;
+
+// Names parameters "0", "1", ... (for optimizers built from Module::parameters()).
+NamedParameters number_parameters(const std::vector<Variable>& params);
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  // One update of every parameter that has a gradient.
+  void step();
+  // Forgets every parameter's gradient.
+  void zero_grad();
+
+  float lr() const { return lr_; }
+  void set_lr(float lr);
+  int64_t step_count() const { return step_count_; }
+  const char* name() const { return name_; }
+  const NamedParameters& parameters() const { return params_; }
+
+  // The state as named cpu tensors (copies), names as in the header comment.
+  std::vector<std::pair<std::string, Tensor>> state_dict() const;
+  // Restores a state_dict() (e.g. Checkpoint extras). Every name must belong to this optimizer
+  // and every shape must match; parameters absent from `state` start afresh.
+  void load_state_dict(const std::map<std::string, Tensor>& state);
+
+ protected:
+  Optimizer(const char* name, NamedParameters params, float lr, std::vector<std::string> slots);
+  // Updates one parameter: p, g and slots[i] (slot_names()[i]) hold n floats on the cpu; t is
+  // this parameter's step number, counted from 1.
+  virtual void update(int64_t t, float* p, const float* g, const std::vector<float*>& slots,
+                      int64_t n) = 0;
+
+ private:
+  struct ParamState {
+    int64_t step = 0;           // 0: no state yet
+    std::vector<Tensor> slots;  // one per slot name, shaped like the parameter
+  };
+  const char* name_;
+  NamedParameters params_;
+  float lr_;
+  std::vector<std::string> slot_names_;
+  std::vector<ParamState> state_;
+  int64_t step_count_ = 0;
+};
+
+// ---- SGD --------------------------------------------------------------------------------------
+struct SgdOptions {
+  float lr = 0.01f;
+  float momentum = 0.0f;      // in [0, 1)
+  bool nesterov = false;      // needs momentum > 0
+  float weight_decay = 0.0f;  // L2: added to the gradient as weight_decay * p
+};
+class Sgd : public Optimizer {
+ public:
+  Sgd(NamedParameters params, const SgdOptions& options);
+  Sgd(const std::vector<Variable>& params, const SgdOptions& options)
+      : Sgd(number_parameters(params), options) {}
+
+ protected:
+  void update(int64_t t, float* p, const float* g, const std::vector<float*>& slots,
+              int64_t n) override;
+
+ private:
+  SgdOptions options_;
+};
+
+// ---- Adam family ------------------------------------------------------------------------------
+// How weight decay acts: l2 adds weight_decay * p to the gradient (Adam, PyTorch 1.13's RAdam);
+// decoupled shrinks p by (1 - lr * weight_decay) before the update (AdamW, Loshchilov & Hutter).
+enum class WeightDecay { l2, decoupled };
+
+struct AdamOptions {
+  float lr = 1e-3f;
+  float beta1 = 0.9f, beta2 = 0.999f;  // each in [0, 1)
+  float eps = 1e-8f;                   // > 0
+  float weight_decay = 0.0f;           // >= 0
+  WeightDecay decay = WeightDecay::l2;
+};
+
+enum class AdamVariant { adam, radam };
+
+class AdamBase : public Optimizer {
+ protected:
+  AdamBase(const char* name, AdamVariant variant, NamedParameters params,
+           const AdamOptions& options);
+  void update(int64_t t, float* p, const float* g, const std::vector<float*>& slots,
+              int64_t n) override;
+
+ private:
+  AdamVariant variant_;
+  AdamOptions options_;
+};
+
+// Adam (Kingma & Ba), weight decay as set in the options (default L2, as torch.optim.Adam).
+class Adam : public AdamBase {
+ public:
+  Adam(NamedParameters params, const AdamOptions& options)
+      : AdamBase("Adam", AdamVariant::adam, std::move(params), options) {}
+};
+
+// AdamW: Adam with decoupled weight decay whatever options.decay says (default 0.01 as PyTorch).
+AdamOptions adamw_defaults();
+class AdamW : public AdamBase {
+ public:
+  AdamW(NamedParameters params, AdamOptions options);
+};
+
+// R-Adam (Liu et al. 2020, "On the variance of the adaptive learning rate", Algorithm 2) as
+// PyTorch 1.13: rho_inf = 2 / (1 - beta2) - 1, rho_t = rho_inf - 2 t beta2^t / (1 - beta2^t);
+// when rho_t > 5 the step is rectified by
+//   r_t = sqrt((rho_t - 4)(rho_t - 2) rho_inf / ((rho_inf - 4)(rho_inf - 2) rho_t)),
+// otherwise it is the bias-corrected momentum step lr * m / (1 - beta1^t).
+class RAdam : public AdamBase {
+ public:
+  RAdam(NamedParameters params, const AdamOptions& options)
+      : AdamBase("RAdam", AdamVariant::radam, std::move(params), options) {}
+};
+
+// rho_t of R-Adam for step t (>= 1), and whether that step is rectified (rho_t > 5).
+double radam_rho(double beta2, int64_t t);
+
+// ---- gradient clipping ------------------------------------------------------------------------
+// The global 2-norm of all gradients (parameters without one are skipped), computed in double
+// in a fixed order; when max_norm / (norm + 1e-6) < 1 every gradient is scaled by that factor in
+// place (as torch.nn.utils.clip_grad_norm_). Returns the norm before clipping.
+double clip_grad_norm(const std::vector<Variable>& params, double max_norm);
+double clip_grad_norm(const NamedParameters& params, double max_norm);
+
+// ---- learning-rate schedules ------------------------------------------------------------------
+// The learning rate for the step after `steps_done` steps: set it with
+//   opt.set_lr(schedule.lr_at(opt.step_count()));
+struct ConstantLr {
+  float lr;
+  float lr_at(int64_t /*steps_done*/) const { return lr; }
+};
+// Rises linearly from lr / warmup_steps (first step) to lr (step warmup_steps), then stays.
+struct LinearWarmupLr {
+  LinearWarmupLr(float lr, int64_t warmup_steps);
+  float lr_at(int64_t steps_done) const;
+  float lr;
+  int64_t warmup_steps;
+};
+
+// torch.optim.lr_scheduler.ReduceLROnPlateau, mode "min", threshold_mode "rel": a metric is an
+// improvement when metric < best * (1 - threshold); after more than `patience` epochs without
+// one, lr = max(lr * factor, min_lr) (skipped when the change is <= 1e-8), then `cooldown`
+// epochs in which bad epochs are not counted.
+struct PlateauOptions {
+  double factor = 0.1;      // in (0, 1)
+  int64_t patience = 10;    // >= 0
+  double threshold = 1e-4;  // >= 0
+  int64_t cooldown = 0;     // >= 0
+  double min_lr = 0.0;      // >= 0
+};
+class ReduceLrOnPlateau {
+ public:
+  explicit ReduceLrOnPlateau(const PlateauOptions& options = {});
+  // Records one epoch's metric (e.g. validation loss) and lowers opt's lr when due. Returns
+  // true when it lowered it.
+  bool step(double metric, Optimizer& opt);
+  double best() const { return best_; }
+  int64_t bad_epochs() const { return num_bad_epochs_; }
+
+ private:
+  PlateauOptions options_;
+  double best_;
+  int64_t num_bad_epochs_ = 0;
+  int64_t cooldown_counter_ = 0;
+};
+
+}  // namespace clustr::optim
