@@ -68,9 +68,13 @@ float select_topk(const float* row, int64_t L, int64_t k, int64_t kw, bool empty
                   std::vector<int32_t>& sel, int32_t* tk) {
   const int64_t kk = empty ? 0 : std::min(k, L);
   std::iota(sel.begin(), sel.begin() + L, 0);
-  std::partial_sort(sel.begin(), sel.begin() + kk, sel.begin() + L, [row](int32_t x, int32_t y) {
-    return row[x] > row[y] || (row[x] == row[y] && x < y);
-  });
+  // The order (weight descending, then index ascending) is total, so the selected set is
+  // unique; nth_element finds it in linear time, then the set is put in key order.
+  if (kk > 0 && kk < L)
+    std::nth_element(sel.begin(), sel.begin() + (kk - 1), sel.begin() + L,
+                     [row](int32_t x, int32_t y) {
+                       return row[x] > row[y] || (row[x] == row[y] && x < y);
+                     });
   std::sort(sel.begin(), sel.begin() + kk);
   float m = 0.0f;
   for (int64_t c = 0; c < kw; ++c) {
