@@ -3,6 +3,8 @@
 // `what` names the argument in the message ("a", "table").
 #pragma once
 
+#include <vector>
+
 #include "core/error.h"
 #include "core/tensor.h"
 
@@ -31,6 +33,22 @@ inline void check_same_device(const char* op, const Tensor& a, const Tensor& b) 
 inline void require_cpu(const char* op, const Tensor& t) {
   CLUSTR_CHECK(t.device() == Device::cpu, op, ": no CUDA kernel for this op yet; tensor ",
                describe(t), " (copy it to the cpu with .to(Device::cpu))");
+}
+
+// Sequence lengths: i32 (batch) on `like`'s device, every value in [0, limit]. The messages
+// name the bound ("S", "N") and the tensor whose axis it bounds (`like_name` and `like`).
+inline void check_lengths(const char* op, const Tensor& lengths, int64_t batch, int64_t limit,
+                          const char* limit_name, const char* like_name, const Tensor& like) {
+  check_dtype(op, "lengths", lengths, DType::i32);
+  check_same_device(op, like, lengths);
+  CLUSTR_CHECK(lengths.shape() == Shape{batch}, op, ": expected lengths of shape (", batch,
+               ",) (one per sequence of ", like_name, " ", describe(like), "), got ",
+               describe(lengths));
+  const std::vector<int32_t> len = lengths.to_int_vector();  // host copy: any device
+  for (int64_t b = 0; b < batch; ++b)
+    CLUSTR_CHECK(len[b] >= 0 && len[b] <= limit, op, ": lengths[", b, "] = ", len[b],
+                 " is outside [0, ", limit_name, " = ", limit, "] (", like_name, " ",
+                 describe(like), ")");
 }
 
 }  // namespace clustr::detail

@@ -48,4 +48,23 @@ inline std::string name_of(const AttentionCase& c) {
          (c.lengths.empty() ? "" : " with lengths");
 }
 
+// Runs `run()` (returning an AttentionResult) at 1 and at 2 threads; the results must be
+// bit-identical.
+template <typename Run>
+void check_thread_independent(Run run) {
+  AttentionResult one, two;
+  {
+    ThreadCount t(1);
+    one = run();
+  }
+  {
+    ThreadCount t(2);
+    two = run();
+  }
+  CHECK(one.out == two.out);
+  CHECK(one.dQ == two.dQ);
+  CHECK(one.dK == two.dK);
+  CHECK(one.dV == two.dV);
+}
+
 }  // namespace clustr::test

@@ -340,19 +340,7 @@ TEST_CASE("improved clustered attention: Proposition 2, L1 error never above clu
 TEST_CASE("improved clustered attention: identical results at 1 and 2 threads") {
   const Case c = make_case(3, 2, 65, 40, 8, 6, 5, 7, {40, 17, 33});
   const Inputs in = make_attention_inputs(c, 51);
-  Result one, two;
-  {
-    ThreadCount t(1);
-    one = run(c, in);
-  }
-  {
-    ThreadCount t(2);
-    two = run(c, in);
-  }
-  CHECK(one.out == two.out);
-  CHECK(one.dQ == two.dQ);
-  CHECK(one.dK == two.dK);
-  CHECK(one.dV == two.dV);
+  check_thread_independent([&] { return run(c, in); });
 }
 
 TEST_CASE("attention(): improved-clustered = cluster_queries then improved_clustered_attention") {

@@ -144,16 +144,7 @@ inline Dims check_inputs(const char* op, const Shape& q_shape, const Tensor& K, 
     CLUSTR_CHECK(a[i] >= -1 && a[i] < clusters, op, ": assignment value ", a[i], " at (",
                  i / (d.H * d.N), ", ", i / d.N % d.H, ", ", i % d.N,
                  ") is outside [-1, C = ", clusters, ") (-1 marks a padded query)");
-  if (lengths.defined()) {
-    detail::check_dtype(op, "lengths", lengths, DType::i32);
-    detail::check_same_device(op, K, lengths);
-    CLUSTR_CHECK(lengths.shape() == Shape{d.B}, op, ": expected lengths of shape (", d.B,
-                 ",) (one per sequence of ", Q, "), got ", describe(lengths));
-    const int32_t* len = lengths.i32();
-    for (int64_t b = 0; b < d.B; ++b)
-      CLUSTR_CHECK(len[b] >= 0 && len[b] <= d.S, op, ": lengths[", b, "] = ", len[b],
-                   " is outside [0, S = ", d.S, "] (K ", describe(K), ")");
-  }
+  if (lengths.defined()) detail::check_lengths(op, lengths, d.B, d.S, "S", "K", K);
   return d;
 }
 

@@ -209,14 +209,8 @@ Sizes check_inputs(const char* op, const Tensor& Q, const Tensor& lengths,
                o.bits);
   CLUSTR_CHECK(o.iterations >= 0, op, ": expected iterations >= 0, got ", o.iterations);
   if (lengths.defined()) {
-    detail::check_dtype(op, "lengths", lengths, DType::i32);
     detail::require_cpu(op, lengths);
-    CLUSTR_CHECK(lengths.shape() == Shape{s.B}, op, ": expected lengths of shape (", s.B,
-                 ",) (one per sequence of Q ", describe(Q), "), got ", describe(lengths));
-    const int32_t* len = lengths.i32();
-    for (int64_t b = 0; b < s.B; ++b)
-      CLUSTR_CHECK(len[b] >= 0 && len[b] <= s.N, op, ": lengths[", b, "] = ", len[b],
-                   " is outside [0, N = ", s.N, "] (Q ", describe(Q), ")");
+    detail::check_lengths(op, lengths, s.B, s.N, "N", "Q", Q);
   }
   return s;
 }

@@ -53,16 +53,7 @@ cpu::FullAttentionDims check_inputs(const char* op, const Tensor& Q, const Tenso
   CLUSTR_CHECK(std::isfinite(options.temperature), op,
                ": expected a finite temperature (<= 0 for 1/sqrt(E)), got ",
                options.temperature);
-  if (lengths.defined()) {
-    detail::check_dtype(op, "lengths", lengths, DType::i32);
-    detail::check_same_device(op, Q, lengths);
-    CLUSTR_CHECK(lengths.shape() == Shape{d.B}, op, ": expected lengths of shape (", d.B,
-                 ",) (one per sequence of Q ", describe(Q), "), got ", describe(lengths));
-    const int32_t* len = lengths.i32();
-    for (int64_t b = 0; b < d.B; ++b)
-      CLUSTR_CHECK(len[b] >= 0 && len[b] <= d.S, op, ": lengths[", b, "] = ", len[b],
-                   " is outside [0, S = ", d.S, "] (K ", describe(K), ")");
-  }
+  if (lengths.defined()) detail::check_lengths(op, lengths, d.B, d.S, "S", "K", K);
   return d;
 }
 
