@@ -241,4 +241,74 @@ CLUSTR_HD float dropout_value(float x, uint32_t bits, float p, float scale) {
   return select(uint_to_unit(bits) >= p, x * scale, 0.0f);
 }
 
+// ---- logarithm and log-add-exp (CTC recursions, decoding) ------------------------------------
+// ln(2^k x) for a positive normal float x and an integer k (as a float), branch-free so that
+// loops over it vectorise, as exp above does. x = 2^e m with m in [sqrt(1/2), sqrt(2)); ln(m)
+// from Cephes' logf polynomial in f = m - 1, and (e + k) ln2 added in two parts (kLn2Hi times
+// an integer below 2^15 is exact). No special values: log() below handles those, and
+// log_add_exp calls this directly on its sum in [1, 3].
+CLUSTR_HD float log_scaled(float x, float k) {
+  constexpr float kSqrtHalf = 0.707106781186547524f;
+  constexpr float kLn2Hi = 0.693359375f;
+  constexpr float kLn2Lo = -2.12194440e-4f;
+  const uint32_t b = bits_of(x);
+  const float m = float_from_bits((b & 0x007fffffu) | 0x3f000000u);  // in [0.5, 1)
+  const bool low = m < kSqrtHalf;
+  const float e =
+      static_cast<float>(static_cast<int32_t>(b >> 23) - 126) + k - select(low, 1.0f, 0.0f);
+  const float f = select(low, m + m, m) - 1.0f;  // in [sqrt(1/2) - 1, sqrt(2) - 1)
+  const float z = f * f;
+  float p = 7.0376836292e-2f;
+  p = p * f - 1.1514610310e-1f;
+  p = p * f + 1.1676998740e-1f;
+  p = p * f - 1.2420140846e-1f;
+  p = p * f + 1.4249322787e-1f;
+  p = p * f - 1.6668057665e-1f;
+  p = p * f + 2.0000714765e-1f;
+  p = p * f - 2.4999993993e-1f;
+  p = p * f + 3.3333331174e-1f;
+  const float y = p * f * z + e * kLn2Lo - 0.5f * z;
+  return (f + y) + e * kLn2Hi;
+}
+
+// ln(x) for every float x, within 2 ulp of the exact value (checked against double log in
+// tests/test_ctc.cpp). Subnormal x is scaled by 2^23 first; the special values are selected
+// at the end: 0 gives -inf, +inf gives +inf, negative x and NaN give NaN.
+CLUSTR_HD float log(float x) {
+  constexpr float kMinNormal = 1.17549435e-38f;  // 2^-126
+  const bool tiny = x < kMinNormal;
+  const float r = log_scaled(select(tiny, x * 8388608.0f, x), select(tiny, -23.0f, 0.0f));
+  return select(!(x >= 0.0f), NAN, select(x == 0.0f, -INFINITY, select(x == INFINITY, x, r)));
+}
+
+// e^d for the terms of a log-add-exp, d <= 0: d is raised to at least -80 first, which
+// changes no result (1 + e^-80 rounds to 1 as 1 + e^d does) but keeps every intermediate of
+// exp a normal float: on x86 an operation that produces or reads a subnormal float can take
+// a hundred cycles, and -inf terms (impossible CTC positions) would produce them all the time.
+CLUSTR_HD float exp_term(float d) { return exp(select(d < -80.0f, -80.0f, d)); }
+
+// ln(e^a + e^b) = max + ln(1 + e^(min - max)), which never overflows. Both -inf gives -inf
+// (min - max would be NaN there); a NaN argument gives NaN (through sum - sum, which is 0
+// otherwise: log_scaled works on the bits and would turn a NaN sum into a number).
+CLUSTR_HD float log_add_exp(float a, float b) {
+  const bool a_hi = a > b;
+  const float hi = select(a_hi, a, b), lo = select(a_hi, b, a);
+  const float sum = 1.0f + exp_term(lo - hi);
+  const float r = hi + log_scaled(sum, 0.0f) + (sum - sum);
+  return select(hi == -INFINITY, hi, r);
+}
+
+// ln(e^a + e^b + e^c): the largest m of the three is found with compares (no sorting
+// branch), so only the other two need an exp: m + ln(1 + e^(o1 - m) + e^(o2 - m)). All -inf
+// gives -inf, a NaN argument NaN. The CTC alpha/beta recursions spend their time here.
+CLUSTR_HD float log_add_exp(float a, float b, float c) {
+  const bool a_hi = a > b;
+  const float hi_ab = select(a_hi, a, b), lo_ab = select(a_hi, b, a);
+  const bool ab_hi = hi_ab > c;
+  const float m = select(ab_hi, hi_ab, c), mid = select(ab_hi, c, hi_ab);
+  const float sum = 1.0f + exp_term(lo_ab - m) + exp_term(mid - m);
+  const float r = m + log_scaled(sum, 0.0f) + (sum - sum);
+  return select(m == -INFINITY, m, r);
+}
+
 }  // namespace clustr::math

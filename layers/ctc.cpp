@@ -1,0 +1,521 @@
+// CTC loss: validation, the fused per-utterance kernel, and the autograd op.
+//
+// Per utterance (Tb = input length frames, S labels, L = 2S + 1 extended positions, s even a
+// blank, s odd the label l_{(s-1)/2}):
+//   lp (Tb, C)     log-softmax of the frames
+//   emit_t(s)      lp[t, ext(s)], gathered per frame
+//   alpha_t(s)     = emit_t(s) + lse(alpha_{t-1}(s), alpha_{t-1}(s-1), alpha_{t-1}(s-2) if s is
+//                    a label different from the one two positions back)
+//   beta_t(s)      = emit_t(s) + lse(beta_{t+1}(s), beta_{t+1}(s+1), beta_{t+1}(s+2) if allowed)
+//   ln p           = lse(alpha_{Tb-1}(L-1), alpha_{Tb-1}(L-2))
+//   gamma_t(c)     = sum over s with ext(s) = c of exp(alpha_t(s) + beta_t(s) - emit_t(s)) / p
+//   d(-ln p)/dx_t(c) = softmax_t(c) - gamma_t(c)
+//
+// Numerics. Every alpha row is shifted by its maximum after it is computed, and the shifts
+// are summed in double: the stored values stay near 0, where float keeps ~7 digits, instead of
+// growing like -4 t (about -3000 at t = 800, where a float step is 2.4e-4 and the rounding of
+// 800 steps would reach the posteriors as a relative error of ~1e-3; PyTorch's float32 kernel
+// has that error). Beta rows are shifted the same way, and a posterior is
+// exp(alpha + beta - emit + k_t) with k_t = (both rows' shifts) - ln p formed in double, then
+// normalised over the frame.
+// Positions that cannot lie on a complete path at frame t (s >= 2t + 2: not reachable yet;
+// s < L - 2(Tb - t): the rest of the target no longer fits) are set to -inf and skipped.
+//
+// Speed. The recursions are branch-free loops over s (math::log_add_exp of three terms: two
+// exps and one log, all polynomial) that the compiler vectorises; the gathers of emit_t and
+// the scatter of the posteriors into classes are scalar loops over the labels. The kernel is
+// compiled once per instruction set (generic x86-64, AVX2, AVX-512) and the CPU's best is
+// chosen at run time. Utterances are independent and run in parallel (OpenMP, dynamic
+// schedule); each is computed by one thread with a fixed order of operations, so results do
+// not depend on the thread count.
+#include "layers/ctc.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "autograd/node.h"
+#include "core/error.h"
+#include "core/math.h"
+
+namespace clustr {
+
+const char* to_string(CtcReduction r) {
+  switch (r) {
+    case CtcReduction::none: return "none";
+    case CtcReduction::sum: return "sum";
+    case CtcReduction::mean: return "mean";
+  }
+  return "?";
+}
+
+namespace {
+
+constexpr float kNegInf = -INFINITY;
+constexpr int64_t kParallelMin = 32768;  // cells; below this a parallel region costs more
+
+// The helpers of the kernel are inlined into each instruction-set version of it (see
+// utterance_generic and the others below), so that their loops are compiled, and vectorised,
+// for that set.
+#define CLUSTR_CTC_INLINE [[gnu::always_inline]] inline
+
+// Scratch of one thread, grown as needed and reused for the utterances it computes.
+struct Scratch {
+  std::vector<float> lp;        // (Tb, C)
+  std::vector<float> alpha;     // (Tb or 2, L + 2): two -inf pads in front of position 0
+  std::vector<double> shift;    // (Tb) what was taken out of alpha rows 0..t, in all
+  std::vector<float> beta;      // (2, L + 2): two -inf pads after position L - 1
+  std::vector<float> emit;      // (L)
+  std::vector<float> post;      // (L)
+  std::vector<float> skip_a;    // (L) 0 where alpha may come from s - 2, else -inf
+  std::vector<float> skip_b;    // (L) 0 where beta may come from s + 2, else -inf
+  std::vector<int32_t> ext;     // (L) the extended target
+  std::vector<float> ones;      // (L) 1
+  std::vector<float> is_blank;  // (L) 1 at even s, 0 at odd s
+};
+
+// max(x[0, n)), -inf for n = 0; NaN-propagating.
+CLUSTR_CTC_INLINE float row_max(const float* x, int64_t n) {
+  constexpr int kLanes = 16;
+  float m[kLanes];
+  for (float& v : m) v = kNegInf;
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int k = 0; k < kLanes; ++k) m[k] = math::Maximum{}(m[k], x[i + k]);
+  for (; i < n; ++i) m[0] = math::Maximum{}(m[0], x[i]);
+  for (int k = 1; k < kLanes; ++k) m[0] = math::Maximum{}(m[0], m[k]);
+  return m[0];
+}
+
+// lp (rows, C) = log_softmax(x (rows, C)) row by row; the sum of exps in double.
+CLUSTR_CTC_INLINE void log_softmax_rows(const float* __restrict x, int64_t rows, int64_t C,
+                                        float* __restrict lp) {
+  for (int64_t t = 0; t < rows; ++t) {
+    const float* xr = x + t * C;
+    float* yr = lp + t * C;
+    const float m = row_max(xr, C);
+    for (int64_t c = 0; c < C; ++c) yr[c] = math::exp_term(xr[c] - m);
+    double s = 0;
+    for (int64_t c = 0; c < C; ++c) s += yr[c];
+    const float shift = m + static_cast<float>(std::log(s));
+    for (int64_t c = 0; c < C; ++c) yr[c] = xr[c] - shift;
+  }
+}
+
+// cur[s] = emit[s] + lse(prev[s], prev[s-1], prev[s-2] + skip[s]) for s in [lo, hi). prev and
+// cur point at position 0 of rows with two readable entries in front.
+CLUSTR_CTC_INLINE void alpha_row(const float* __restrict prev, const float* __restrict emit,
+                                 const float* __restrict skip, float* __restrict cur, int64_t lo,
+                                 int64_t hi) {
+  for (int64_t s = lo; s < hi; ++s)
+    cur[s] = emit[s] + math::log_add_exp(prev[s], prev[s - 1], prev[s - 2] + skip[s]);
+}
+
+// cur[s] = emit[s] + lse(next[s], next[s+1], next[s+2] + skip[s]) for s in [lo, hi); next has
+// two readable entries after position L - 1.
+CLUSTR_CTC_INLINE void beta_row(const float* __restrict next, const float* __restrict emit,
+                                const float* __restrict skip, float* __restrict cur, int64_t lo,
+                                int64_t hi) {
+  for (int64_t s = lo; s < hi; ++s)
+    cur[s] = emit[s] + math::log_add_exp(next[s], next[s + 1], next[s + 2] + skip[s]);
+}
+
+// x[s] -= m for s in [0, n).
+CLUSTR_CTC_INLINE void shift_row(float* x, int64_t n, float m) {
+  for (int64_t s = 0; s < n; ++s) x[s] -= m;
+}
+
+// The positions of frame t (of Tb) that can lie on a complete path: [lo, hi).
+struct Range {
+  int64_t lo, hi;
+};
+CLUSTR_CTC_INLINE Range positions(int64_t t, int64_t Tb, int64_t L) {
+  return {std::max<int64_t>(0, L - 2 * (Tb - t)), std::min<int64_t>(L, 2 * t + 2)};
+}
+
+// emit[s] = lp_t[ext(s)] for s in [lo, hi) (a vector gather where the CPU has one).
+CLUSTR_CTC_INLINE void gather(const float* __restrict lpt, const int32_t* __restrict ext, Range r,
+                              float* __restrict emit) {
+  for (int64_t s = r.lo; s < r.hi; ++s) emit[s] = lpt[ext[s]];
+}
+
+// sum(x[0, n) * w[0, n)) in a fixed order (16 lanes, then the lanes in order).
+CLUSTR_CTC_INLINE float row_dot(const float* __restrict x, const float* __restrict w, int64_t n) {
+  constexpr int kLanes = 16;
+  float a[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int k = 0; k < kLanes; ++k) a[k] += x[i + k] * w[i + k];
+  for (; i < n; ++i) a[0] += x[i] * w[i];
+  for (int k = 1; k < kLanes; ++k) a[0] += a[k];
+  return a[0];
+}
+
+// d(-ln p)/dx for frame t into g (C): softmax_t - gamma_t. The posterior of position s is
+// exp(alpha[s] + beta[s] - emit[s] + k) with k = (the shifts taken out of both rows) - ln p,
+// divided by the frame's sum of them (1 up to rounding): that sum takes out the rounding the
+// rows have in common, which makes the gradient of a 300-frame utterance 10x more accurate.
+// Posteriors below e^-80 are 0 (and exp never sees a subnormal).
+// ones and is_blank: (L) 1 everywhere, and 1 at even s (blanks) and 0 at odd s.
+CLUSTR_CTC_INLINE void frame_grad(const float* __restrict lp, const float* __restrict alpha,
+                                  const float* __restrict beta, const float* __restrict emit,
+                                  float k, const int32_t* __restrict ext,
+                                  const float* __restrict ones, const float* __restrict is_blank,
+                                  int64_t C, int blank, Range r, float* __restrict post,
+                                  float* __restrict g) {
+  for (int64_t s = r.lo; s < r.hi; ++s) {
+    const float v = alpha[s] + beta[s] - emit[s] + k;
+    post[s] = math::select(v < -80.0f, 0.0f, math::exp_term(v));
+  }
+  const int64_t n = r.hi - r.lo;
+  const float total = row_dot(post + r.lo, ones + r.lo, n);
+  const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+  for (int64_t c = 0; c < C; ++c) g[c] = math::exp(lp[c]);
+  g[blank] -= row_dot(post + r.lo, is_blank + r.lo, n) * inv;
+  for (int64_t s = r.lo | 1; s < r.hi; s += 2) g[ext[s]] -= post[s] * inv;
+}
+
+// The frames an alignment of `labels` needs: one per label, plus a blank between repeats.
+int64_t frames_needed(const int32_t* labels, int64_t S) {
+  int64_t n = S;
+  for (int64_t k = 1; k < S; ++k) n += labels[k] == labels[k - 1];
+  return n;
+}
+
+// ln p(labels | x) for one utterance: x (Tb, C) logits, labels (S). -inf when no alignment has
+// a nonzero probability. With grad (Tb, C) non-null, it also writes d(-ln p)/dx there (left
+// incomplete when the result is not finite; the caller zeroes it).
+CLUSTR_CTC_INLINE double utterance_impl(const float* x, int64_t Tb, int64_t C,
+                                        const int32_t* labels, int64_t S, int blank, float* grad,
+                                        Scratch& w) {
+  if (Tb == 0) return S == 0 ? 0.0 : -INFINITY;
+  if (Tb < frames_needed(labels, S)) return -INFINITY;
+  const int64_t L = 2 * S + 1, W = L + 2;
+  w.lp.resize(static_cast<size_t>(Tb * C));
+  log_softmax_rows(x, Tb, C, w.lp.data());
+
+  w.ext.resize(L);
+  w.skip_a.resize(L);
+  w.skip_b.resize(L);
+  w.emit.resize(L);
+  w.post.resize(L);
+  for (int64_t s = 0; s < L; ++s) w.ext[s] = (s & 1) ? labels[s / 2] : blank;
+  for (int64_t s = 0; s < L; ++s)
+    w.skip_a[s] = ((s & 1) && s >= 2 && w.ext[s] != w.ext[s - 2]) ? 0.0f : kNegInf;
+  for (int64_t s = 0; s < L; ++s) w.skip_b[s] = s + 2 < L ? w.skip_a[s + 2] : kNegInf;
+  w.ones.assign(L, 1.0f);
+  w.is_blank.resize(L);
+  for (int64_t s = 0; s < L; ++s) w.is_blank[s] = (s & 1) ? 0.0f : 1.0f;
+  const float* lp = w.lp.data();
+  const int32_t* ext = w.ext.data();
+  float* emit = w.emit.data();
+
+  // Forward. Without a gradient only two alpha rows are kept.
+  const int64_t alpha_rows = grad ? Tb : 2;
+  w.alpha.resize(static_cast<size_t>(alpha_rows * W));
+  w.shift.resize(static_cast<size_t>(Tb));
+  float* alpha = w.alpha.data() + 2;  // row t at alpha + (grad ? t : t & 1) * W
+  auto row = [grad, W](int64_t t) { return (grad ? t : (t & 1)) * W; };
+  double shift = 0;  // the sum of the row maxima taken out so far
+  for (int64_t t = 0; t < Tb; ++t) {
+    const Range r = positions(t, Tb, L);
+    float* cur = alpha + row(t);
+    std::fill(cur - 2, cur + r.lo, kNegInf);
+    std::fill(cur + r.hi, cur + L, kNegInf);
+    gather(lp + t * C, ext, r, emit);
+    if (t == 0)
+      for (int64_t s = r.lo; s < r.hi; ++s) cur[s] = emit[s];
+    else
+      alpha_row(alpha + row(t - 1), emit, w.skip_a.data(), cur, r.lo, r.hi);
+    const float m = row_max(cur + r.lo, r.hi - r.lo);
+    if (!(m > kNegInf)) return m == kNegInf ? -INFINITY : NAN;  // every path has p = 0 (or NaN)
+    shift_row(cur + r.lo, r.hi - r.lo, m);
+    shift += m;
+    w.shift[t] = shift;
+  }
+  const float* last = alpha + row(Tb - 1);
+  const double log_p =
+      shift + static_cast<double>(math::log_add_exp(last[L - 1], L >= 2 ? last[L - 2] : kNegInf));
+  if (!grad || !std::isfinite(log_p)) return log_p;
+
+  // Backward, with the gradient of each frame as soon as its beta row is known.
+  w.beta.resize(static_cast<size_t>(2 * W));
+  double beta_shift = 0;
+  for (int64_t t = Tb - 1; t >= 0; --t) {
+    const Range r = positions(t, Tb, L);
+    float* cur = w.beta.data() + (t & 1) * W;
+    std::fill(cur, cur + r.lo, kNegInf);
+    std::fill(cur + r.hi, cur + W, kNegInf);
+    gather(lp + t * C, ext, r, emit);
+    if (t == Tb - 1)
+      for (int64_t s = r.lo; s < r.hi; ++s) cur[s] = s >= L - 2 ? emit[s] : kNegInf;
+    else
+      beta_row(w.beta.data() + ((t + 1) & 1) * W, emit, w.skip_b.data(), cur, r.lo, r.hi);
+    const float m = row_max(cur + r.lo, r.hi - r.lo);
+    if (!(m > kNegInf)) return m == kNegInf ? -INFINITY : NAN;
+    shift_row(cur + r.lo, r.hi - r.lo, m);
+    beta_shift += m;
+    const float k = static_cast<float>(w.shift[t] + beta_shift - log_p);
+    frame_grad(lp + t * C, alpha + row(t), cur, emit, k, ext, w.ones.data(), w.is_blank.data(), C,
+               blank, r, w.post.data(), grad + t * C);
+  }
+  return log_p;
+}
+
+#undef CLUSTR_CTC_INLINE
+
+// One version of the kernel per instruction set; the CPU's best is chosen at run time, or the
+// one that CLUSTR_CTC_KERNEL (avx512, avx2, generic) names. The versions run the same code,
+// vectorised for their set; they differ in the last bits where the compiler contracts a * b + c
+// into one FMA (AVX2, AVX-512) and where a lane count fixes a summation order.
+using UtteranceFn = double (*)(const float*, int64_t, int64_t, const int32_t*, int64_t, int, float*,
+                               Scratch&);
+
+double utterance_generic(const float* x, int64_t Tb, int64_t C, const int32_t* labels, int64_t S,
+                         int blank, float* grad, Scratch& w) {
+  return utterance_impl(x, Tb, C, labels, S, blank, grad, w);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define CLUSTR_CTC_X86 1
+[[gnu::target("avx2,fma")]] double utterance_avx2(const float* x, int64_t Tb, int64_t C,
+                                                  const int32_t* labels, int64_t S, int blank,
+                                                  float* grad, Scratch& w) {
+  return utterance_impl(x, Tb, C, labels, S, blank, grad, w);
+}
+[[gnu::target("avx512f,avx512vl,avx512dq,avx512bw,avx2")]] double utterance_avx512(
+    const float* x, int64_t Tb, int64_t C, const int32_t* labels, int64_t S, int blank, float* grad,
+    Scratch& w) {
+  return utterance_impl(x, Tb, C, labels, S, blank, grad, w);
+}
+#endif
+
+struct Kernel {
+  UtteranceFn fn;
+  const char* name;
+};
+
+bool cpu_has(const std::string& isa) {
+#ifdef CLUSTR_CTC_X86
+  if (isa == "avx512")
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw");
+  if (isa == "avx2") return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#endif
+  return isa == "generic";
+}
+
+Kernel choose_kernel() {
+  static const Kernel table[] = {
+#ifdef CLUSTR_CTC_X86
+      {utterance_avx512, "avx512"},
+      {utterance_avx2, "avx2"},
+#endif
+      {utterance_generic, "generic"}};
+  const char* forced = std::getenv("CLUSTR_CTC_KERNEL");
+  if (forced && *forced) {
+    for (const Kernel& k : table)
+      if (forced == std::string(k.name)) {
+        CLUSTR_CHECK(cpu_has(k.name), "ctc_loss: CLUSTR_CTC_KERNEL=", forced,
+                     " but this CPU does not support it");
+        return k;
+      }
+    throw Error(detail::cat("ctc_loss: CLUSTR_CTC_KERNEL=", forced,
+                            " is not one of avx512, avx2, generic"));
+  }
+  for (const Kernel& k : table)
+    if (cpu_has(k.name)) return k;
+  return {utterance_generic, "generic"};
+}
+
+const Kernel& kernel() {
+  static const Kernel k = choose_kernel();
+  return k;
+}
+
+// Where each utterance's labels start in `targets` (padded or concatenated), after checking
+// the lengths and every label.
+std::vector<int64_t> target_offsets(const Tensor& targets, const int32_t* tl, int64_t B, int64_t C,
+                                    int blank) {
+  std::vector<int64_t> offset(static_cast<size_t>(B));
+  const int32_t* tg = targets.i32();
+  if (targets.rank() == 2) {
+    const int64_t smax = targets.size(1);
+    for (int64_t b = 0; b < B; ++b) {
+      CLUSTR_CHECK(tl[b] <= smax, "ctc_loss: target_lengths[", b, "] = ", tl[b],
+                   " exceeds the padded target length ", smax, " of targets ", describe(targets));
+      offset[b] = b * smax;
+    }
+  } else {
+    int64_t total = 0;
+    for (int64_t b = 0; b < B; ++b) offset[b] = total, total += tl[b];
+    CLUSTR_CHECK(total == targets.numel(), "ctc_loss: concatenated targets ", describe(targets),
+                 " should hold sum(target_lengths) = ", total, " labels");
+  }
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t k = 0; k < tl[b]; ++k) {
+      const int32_t label = tg[offset[b] + k];
+      CLUSTR_CHECK(label >= 0 && label < C, "ctc_loss: label ", label, " of utterance ", b,
+                   " (position ", k, ") is outside the ", C, " classes [0, ", C, ")");
+      CLUSTR_CHECK(label != blank, "ctc_loss: label ", label, " of utterance ", b, " (position ", k,
+                   ") is the blank; targets must not contain the blank");
+    }
+  return offset;
+}
+
+// Checks an i32 (B) lengths tensor; returns its host pointer.
+const int32_t* lengths_of(const Tensor& t, const char* what, int64_t B) {
+  CLUSTR_CHECK(t.defined(), "ctc_loss: ", what, " is an undefined tensor");
+  CLUSTR_CHECK(
+      t.dtype() == DType::i32 && t.device() == Device::cpu && t.rank() == 1 && t.size(0) == B,
+      "ctc_loss: expected ", what, " i32 (", B, ") on cpu (one per utterance), got ", describe(t));
+  return t.i32();
+}
+
+}  // namespace
+
+const char* ctc_kernel_name() { return kernel().name; }
+
+CtcOutput ctc_loss_forward(const Tensor& logits, const Tensor& input_lengths, const Tensor& targets,
+                           const Tensor& target_lengths, int blank, bool want_grad) {
+  CLUSTR_CHECK(logits.defined(), "ctc_loss: logits is an undefined tensor");
+  CLUSTR_CHECK(logits.dtype() == DType::f32 && logits.rank() == 3,
+               "ctc_loss: expected logits f32 (B, T, C), got ", describe(logits));
+  CLUSTR_CHECK(logits.device() == Device::cpu, "ctc_loss: only cpu tensors are supported (no ",
+               "CUDA kernel yet), got logits ", describe(logits));
+  const int64_t B = logits.size(0), T = logits.size(1), C = logits.size(2);
+  CLUSTR_CHECK(B >= 1 && C >= 1, "ctc_loss: expected at least one utterance and one class, got ",
+               "logits ", describe(logits));
+  CLUSTR_CHECK(blank >= 0 && blank < C, "ctc_loss: blank = ", blank, " is outside the ", C,
+               " classes [0, ", C, ")");
+  const int32_t* il = lengths_of(input_lengths, "input_lengths", B);
+  const int32_t* tl = lengths_of(target_lengths, "target_lengths", B);
+  for (int64_t b = 0; b < B; ++b) {
+    CLUSTR_CHECK(il[b] >= 0 && il[b] <= T, "ctc_loss: input_lengths[", b, "] = ", il[b],
+                 " is outside [0, T = ", T, "] (logits ", describe(logits), ")");
+    CLUSTR_CHECK(tl[b] >= 0, "ctc_loss: target_lengths[", b, "] = ", tl[b], " is negative");
+  }
+  CLUSTR_CHECK(targets.defined(), "ctc_loss: targets is an undefined tensor");
+  CLUSTR_CHECK(targets.dtype() == DType::i32 && targets.device() == Device::cpu &&
+                   (targets.rank() == 1 || (targets.rank() == 2 && targets.size(0) == B)),
+               "ctc_loss: expected targets i32 (B = ", B, ", Smax) padded or (sum of ",
+               "target_lengths) concatenated, on cpu, got ", describe(targets));
+  const std::vector<int64_t> offset = target_offsets(targets, tl, B, C, blank);
+
+  CtcOutput out;
+  out.loss = Tensor::empty({B});
+  if (want_grad) out.grad = Tensor::empty({B, T, C});
+  const float* x = logits.f32();
+  const int32_t* tg = targets.i32();
+  float* loss = out.loss.f32();
+  float* grad = want_grad ? out.grad.f32() : nullptr;
+  int64_t impossible = 0;
+  // Cells of the recursions and the softmax; a parallel region costs more than a small batch.
+  int64_t work = 0;
+  for (int64_t b = 0; b < B; ++b) work += int64_t(il[b]) * (2 * int64_t(tl[b]) + 1 + C);
+#pragma omp parallel reduction(+ : impossible) if (B > 1 && work >= kParallelMin)
+  {
+    Scratch w;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t b = 0; b < B; ++b) {
+      float* gb = grad ? grad + b * T * C : nullptr;
+      const double log_p =
+          kernel().fn(x + b * T * C, il[b], C, tg + offset[b], tl[b], blank, gb, w);
+      loss[b] = static_cast<float>(-log_p);
+      impossible += log_p == -INFINITY;
+      if (gb) {
+        // Frames past the input get 0; an impossible utterance 0 throughout; NaN logits NaN on
+        // the utterance's frames.
+        int64_t kept = il[b];
+        if (std::isnan(log_p))
+          std::fill(gb, gb + kept * C, NAN);
+        else if (!std::isfinite(log_p))
+          kept = 0;
+        std::fill(gb + kept * C, gb + T * C, 0.0f);
+      }
+    }
+  }
+  out.impossible = impossible;
+  return out;
+}
+
+namespace {
+
+// Holds d loss_b / d logits (B, T, C) from the forward and each utterance's reduction factor;
+// backward scales them by the incoming gradient.
+class CtcNode : public Node {
+ public:
+  const char* name() const override { return "ctc_loss"; }
+  std::vector<Tensor> backward(const Tensor& g) override {
+    const int64_t B = grad_.size(0), TC = grad_.size(1) * grad_.size(2);
+    Tensor d = Tensor::empty(grad_.shape());
+    const float* src = grad_.f32();
+    const float* gy = g.f32();
+    float* dst = d.f32();
+    const bool per_utterance = reduction_ == CtcReduction::none;
+#pragma omp parallel for schedule(static) if (B * TC >= kParallelMin)
+    for (int64_t b = 0; b < B; ++b) {
+      const float s = weight_[b] * (per_utterance ? gy[b] : gy[0]);
+      for (int64_t i = 0; i < TC; ++i) dst[b * TC + i] = s * src[b * TC + i];
+    }
+    return {std::move(d)};
+  }
+  void release() override { grad_ = Tensor(); }
+
+  Tensor grad_;                // f32 (B, T, C)
+  std::vector<float> weight_;  // (B) the reduction's factor of each utterance's loss
+  CtcReduction reduction_ = CtcReduction::mean;
+};
+
+}  // namespace
+
+CtcLoss ctc_loss(const Variable& logits, const Tensor& input_lengths, const Tensor& targets,
+                 const Tensor& target_lengths, const CtcOptions& options) {
+  CLUSTR_CHECK(logits.defined(), "ctc_loss: logits is an undefined variable");
+  const bool record = record_needed({&logits});
+  CtcOutput out = ctc_loss_forward(logits.data(), input_lengths, targets, target_lengths,
+                                   options.blank, record);
+  const int64_t B = out.loss.numel();
+  const float* per = out.loss.f32();
+  const int32_t* tl = target_lengths.i32();
+
+  // Each utterance's loss after zero_infinity, and its factor in the reduced loss.
+  std::vector<float> kept(static_cast<size_t>(B)), weight(static_cast<size_t>(B), 1.0f);
+  for (int64_t b = 0; b < B; ++b) {
+    kept[b] = options.zero_infinity && per[b] == INFINITY ? 0.0f : per[b];
+    if (options.reduction == CtcReduction::mean)
+      weight[b] = static_cast<float>(1.0 / (static_cast<double>(B) * std::max(tl[b], 1)));
+  }
+  Tensor loss;
+  if (options.reduction == CtcReduction::none) {
+    loss = Tensor::from_vector(kept, {B});
+  } else {
+    double total = 0;
+    for (int64_t b = 0; b < B; ++b)
+      total += options.reduction == CtcReduction::mean
+                   ? static_cast<double>(kept[b]) / std::max(tl[b], 1)
+                   : static_cast<double>(kept[b]);
+    if (options.reduction == CtcReduction::mean) total /= static_cast<double>(B);
+    loss = Tensor::scalar(static_cast<float>(total));
+  }
+
+  CtcLoss result;
+  result.per_utterance = std::move(out.loss);
+  result.impossible = out.impossible;
+  if (!record) {
+    result.loss = Variable(std::move(loss));
+    return result;
+  }
+  auto node = std::make_shared<CtcNode>();
+  node->grad_ = std::move(out.grad);
+  node->weight_ = std::move(weight);
+  node->reduction_ = options.reduction;
+  result.loss = attach(std::move(loss), std::move(node), {&logits});
+  return result;
+}
+
+}  // namespace clustr

@@ -1,0 +1,62 @@
+// Decoding CTC outputs into label sequences, and the error rate of the result.
+//
+// Legend: B utterances, T frames (padded), C classes (blank included).
+// The decoders take logits f32 (B, T, C), batch-first as layers/ctc.h does, and input_lengths
+// i32 (B); frames t >= input_lengths[b] are ignored. Log-probabilities work as well: the
+// log-softmax applied inside leaves them unchanged.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace clustr {
+
+using LabelSequence = std::vector<int32_t>;
+
+// Best path: the most probable class of each frame (the lowest index on a tie), repeats
+// merged, then blanks dropped. One sequence per utterance.
+std::vector<LabelSequence> ctc_greedy_decode(const Tensor& logits, const Tensor& input_lengths,
+                                             int blank = 0);
+
+struct CtcHypothesis {
+  LabelSequence labels;
+  double log_prob = 0;  // ln p(labels | logits) summed over the alignments the beam kept
+};
+
+// Prefix beam search (Hannun et al. 2014, without a language model): after each frame, keep
+// the beam_width label prefixes of highest probability, where the probability of a prefix sums
+// every alignment that collapses to it, split into alignments ending in a blank and in a label
+// (both in log space) so that a repeated label is told apart from a held one. With a beam wide
+// enough to keep every prefix the result is the exact most probable labelling; beam_width 1 is
+// greedy decoding when every frame's best class has probability above 1/2. Equal scores keep
+// the prefix found first. Utterances run in parallel.
+std::vector<CtcHypothesis> ctc_beam_search(const Tensor& logits, const Tensor& input_lengths,
+                                           int beam_width, int blank = 0);
+
+// The label sequences of a CTC target batch: targets i32 (B, Smax) padded or (sum of
+// target_lengths) concatenated, target_lengths i32 (B), as layers/ctc.h takes them.
+std::vector<LabelSequence> target_sequences(const Tensor& targets, const Tensor& target_lengths);
+
+// Levenshtein distance: the fewest substitutions, insertions and deletions that turn
+// `hypothesis` into `reference`.
+int64_t edit_distance(const LabelSequence& reference, const LabelSequence& hypothesis);
+
+// Corpus error rate (phone error rate for phone targets): total edits / total reference
+// length, summed over the corpus, not averaged per utterance. Accumulate batch by batch.
+struct ErrorRate {
+  int64_t edits = 0;
+  int64_t reference_length = 0;
+
+  void add(const LabelSequence& reference, const LabelSequence& hypothesis);
+  void add(const std::vector<LabelSequence>& references,
+           const std::vector<LabelSequence>& hypotheses);
+  // edits / reference_length; 0 for an empty corpus with no edits, +inf when there are edits
+  // against empty references only.
+  double rate() const;
+};
+double error_rate(const std::vector<LabelSequence>& references,
+                  const std::vector<LabelSequence>& hypotheses);
+
+}  // namespace clustr
