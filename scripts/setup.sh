@@ -2,9 +2,22 @@
 # Installs what clustr needs to build, from Debian's packages, when it is missing. Idempotent:
 # runs apt-get only if a package is not installed yet. Needs root (or sudo) for apt-get.
 # The CUDA toolkit is optional and is not installed here; CMake finds it in /usr/local/cuda.
+#
+#   bash scripts/setup.sh          what the build and the tests need
+#   bash scripts/setup.sh speech   that, plus what data/make_speech_corpus.py runs: the speech
+#                                  synthesizers (espeak-ng, flite), sox, and the sentence sources
+#                                  (WordNet's usage examples, the fortune files)
 set -euo pipefail
 
 packages=(g++ cmake make doctest-dev libcli11-dev libstb-dev nlohmann-json3-dev libopenblas0)
+speech_packages=(espeak-ng sox flite wordnet-base fortunes)
+
+for group in "$@"; do
+  case "$group" in
+    speech) packages+=("${speech_packages[@]}") ;;
+    *) echo "setup: unknown group '$group' (known: speech)" >&2; exit 2 ;;
+  esac
+done
 
 missing=()
 for p in "${packages[@]}"; do
