@@ -67,6 +67,18 @@ ReduceLrOnPlateau::ReduceLrOnPlateau(const PlateauOptions& o)
   CLUSTR_CHECK(o.min_lr >= 0.0, "ReduceLrOnPlateau: min_lr must be >= 0, got ", o.min_lr);
 }
 
+void ReduceLrOnPlateau::restore(double best, int64_t bad_epochs, int64_t cooldown_counter) {
+  CLUSTR_CHECK(!std::isnan(best), "ReduceLrOnPlateau::restore: best must not be NaN");
+  CLUSTR_CHECK(bad_epochs >= 0, "ReduceLrOnPlateau::restore: bad_epochs must be >= 0, got ",
+               bad_epochs);
+  CLUSTR_CHECK(cooldown_counter >= 0,
+               "ReduceLrOnPlateau::restore: cooldown_counter must be >= 0, got ",
+               cooldown_counter);
+  best_ = best;
+  num_bad_epochs_ = bad_epochs;
+  cooldown_counter_ = cooldown_counter;
+}
+
 bool ReduceLrOnPlateau::step(double metric, Optimizer& opt) {
   // The order of PyTorch's ReduceLROnPlateau.step: count, then cooldown, then reduce.
   if (metric < best_ * (1.0 - options_.threshold)) {

@@ -196,6 +196,11 @@ class ReduceLrOnPlateau {
   bool step(double metric, Optimizer& opt);
   double best() const { return best_; }
   int64_t bad_epochs() const { return num_bad_epochs_; }
+  int64_t cooldown_counter() const { return cooldown_counter_; }
+  // Puts back best(), bad_epochs() and cooldown_counter() saved by an earlier run (e.g. in a
+  // checkpoint), so a resumed run lowers the lr at the same epochs. The current lr lives in the
+  // optimizer's state. Throws on negative counts or a NaN best.
+  void restore(double best, int64_t bad_epochs, int64_t cooldown_counter);
 
  private:
   PlateauOptions options_;

@@ -1,0 +1,237 @@
+// Speech recognition with CTC (the paper's sec. 4.2): a transformer encoder with full, clustered
+// or improved-clustered attention maps 40-dim filterbank frames to phone posteriors.
+//
+//   speech train --corpus DIR [--preset cpu|paper] [--attention TYPE] [--out DIR] [--resume DIR]
+//   speech evaluate --checkpoint DIR --manifest FILE [--attention TYPE] [--beam N]
+//   speech decode --checkpoint DIR --manifest FILE [--beam N]
+//   speech matrix --checkpoints DIR_FULL DIR_CLUSTERED DIR_IMPROVED --manifest FILE
+//                 [--attention-map FILE.png]
+//
+// A corpus is what data/make_speech_corpus.py writes (train.tsv, dev.tsv, test.tsv,
+// tokens.txt). The pieces live in apps/speech/.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "apps/speech/attention_map.h"
+#include "apps/speech/dataset.h"
+#include "apps/speech/options.h"
+#include "apps/speech/train.h"
+#include "core/error.h"
+#include "core/parallel.h"
+
+namespace {
+
+using namespace clustr;
+using namespace clustr::speech;
+
+// What evaluate, decode and matrix share: a manifest and how to read and decode it.
+struct EvalFlags {
+  std::string manifest, tokens, cache;
+  int beam = 1;
+  int64_t max_utts = 0;
+  int64_t max_frames = 4000;
+  int threads = 0;
+  uint64_t seed = 1;
+  AttentionConfig attention;  // the overriding attention (only the flags given count)
+};
+
+void add_eval_flags(CLI::App& app, EvalFlags& f) {
+  app.add_option("--manifest", f.manifest, "manifest to evaluate (e.g. <corpus>/test.tsv)")
+      ->required();
+  app.add_option("--tokens", f.tokens, "tokens file (default tokens.txt beside the manifest)");
+  app.add_option("--cache", f.cache, "feature cache (default fbank-cache beside the manifest)");
+  app.add_option("--beam", f.beam, "prefix beam search width (1: greedy only)")
+      ->capture_default_str();
+  app.add_option("--max-utterances", f.max_utts, "only the first N utterances (0: all)")
+      ->capture_default_str();
+  app.add_option("--max-frames", f.max_frames, "most padded positions per batch")
+      ->capture_default_str();
+  app.add_option("--threads", f.threads, "OpenMP threads (0: the default)")->capture_default_str();
+  app.add_option("--seed", f.seed, "seed of the clustered types' hashing")->capture_default_str();
+}
+
+void check_eval_flags(const EvalFlags& f) {
+  CLUSTR_CHECK(f.beam >= 1, "--beam must be >= 1, got ", f.beam);
+  CLUSTR_CHECK(f.max_utts >= 0, "--max-utterances must be >= 0, got ", f.max_utts);
+  CLUSTR_CHECK(f.max_frames >= 1, "--max-frames must be >= 1, got ", f.max_frames);
+  CLUSTR_CHECK(f.threads >= 0, "--threads must be >= 0, got ", f.threads);
+  if (f.threads > 0) set_num_threads(f.threads);
+}
+
+// The attention to evaluate with: the trained one, with the type and parameters given on the
+// command line replacing its own.
+AttentionConfig override_attention(const AttentionConfig& trained, const AttentionConfig& given,
+                                   const CLI::App& app) {
+  AttentionConfig a = trained;
+  if (app.count("--attention")) a.type = given.type;
+  if (app.count("--clusters")) a.clusters = given.clusters;
+  if (app.count("--topk")) a.topk = given.topk;
+  if (app.count("--bits")) a.bits = given.bits;
+  if (app.count("--iterations")) a.iterations = given.iterations;
+  a.validate();
+  return a;
+}
+
+SpeechSet load_set(const EvalFlags& f, const LoadedModel& m, TokenTable& tokens) {
+  tokens = read_tokens(f.tokens.empty() ? default_tokens(f.manifest) : f.tokens);
+  CLUSTR_CHECK(tokens.size() == m.model->classes(), "the tokens file has ", tokens.size(),
+               " tokens but ", m.file, " was trained with ", m.model->classes(), " classes");
+  FeatureCache cache(f.cache.empty() ? default_cache(f.manifest) : f.cache);
+  return load_speech_set(f.manifest, tokens, cache, m.options.stacking, f.max_utts, stdout);
+}
+
+int cmd_evaluate(const EvalFlags& f, const std::string& checkpoint, const CLI::App& app) {
+  check_eval_flags(f);
+  LoadedModel m = load_trained_model(checkpoint, "--checkpoint");
+  const AttentionConfig a = override_attention(m.options.attention, f.attention, app);
+  TokenTable tokens;
+  const SpeechSet set = load_set(f, m, tokens);
+  CLUSTR_CHECK(!set.examples.empty(), f.manifest, ": no usable utterances");
+  m.model->set_attention(a);
+  const Evaluation e = evaluate_set(*m.model, set, f.max_frames, f.beam, f.seed);
+  std::printf("checkpoint %s (step %lld), trained with %s\n", m.file.c_str(),
+              static_cast<long long>(m.step), m.options.attention.describe().c_str());
+  std::printf("evaluated with %s on %s: %lld utterances, %lld phones\n", a.describe().c_str(),
+              f.manifest.c_str(), static_cast<long long>(e.utterances),
+              static_cast<long long>(e.greedy.reference_length));
+  std::printf("loss %.4f  PER greedy %.4f", e.loss, e.greedy.rate());
+  if (f.beam > 1) std::printf("  PER beam %d %.4f", f.beam, e.beam.rate());
+  std::printf("  (impossible alignments %lld, %.1f s, %.0f frames/s)\n",
+              static_cast<long long>(e.impossible), e.seconds,
+              double(e.input_frames) / std::max(e.seconds, 1e-9));
+  return 0;
+}
+
+int cmd_decode(const EvalFlags& f, const std::string& checkpoint, const CLI::App& app) {
+  check_eval_flags(f);
+  LoadedModel m = load_trained_model(checkpoint, "--checkpoint");
+  m.model->set_attention(override_attention(m.options.attention, f.attention, app));
+  TokenTable tokens;
+  const SpeechSet set = load_set(f, m, tokens);
+  const Evaluation e = evaluate_set(*m.model, set, f.max_frames, f.beam, f.seed);
+  for (size_t i = 0; i < set.examples.size(); ++i)
+    std::printf("%s\t%s\n", set.examples[i].id.c_str(),
+                label_string(tokens, e.hypotheses[i]).c_str());
+  const ErrorRate& er = f.beam > 1 ? e.beam : e.greedy;
+  std::printf("PER %.4f (%lld edits / %lld phones)\n", er.rate(),
+              static_cast<long long>(er.edits), static_cast<long long>(er.reference_length));
+  return 0;
+}
+
+int cmd_matrix(const EvalFlags& f, const std::vector<std::string>& checkpoints,
+               const std::string& map_path, int map_layer, int map_head, int64_t map_utt) {
+  check_eval_flags(f);
+  const AttentionType types[] = {AttentionType::full, AttentionType::clustered,
+                                 AttentionType::improved_clustered};
+  std::vector<std::vector<double>> per;
+  std::vector<std::string> rows;
+  TokenTable tokens;
+  for (const std::string& c : checkpoints) {
+    LoadedModel m = load_trained_model(c, "--checkpoints");
+    const SpeechSet set = load_set(f, m, tokens);
+    CLUSTR_CHECK(!set.examples.empty(), f.manifest, ": no usable utterances");
+    rows.push_back(attention_type_name(m.options.attention.type));
+    per.emplace_back();
+    for (AttentionType t : types) {
+      AttentionConfig a = m.options.attention;
+      a.type = t;
+      m.model->set_attention(a);
+      const Evaluation e = evaluate_set(*m.model, set, f.max_frames, f.beam, f.seed);
+      per.back().push_back(f.beam > 1 ? e.beam.rate() : e.greedy.rate());
+      std::printf("trained with %s, evaluated with %s: PER %.4f (%.1f s)\n", rows.back().c_str(),
+                  a.describe().c_str(), per.back().back(), e.seconds);
+    }
+    if (!map_path.empty() && rows.size() == 1) {
+      m.model->set_attention(m.options.attention);
+      CLUSTR_CHECK(map_utt >= 0 && map_utt < int64_t(set.examples.size()),
+                   "--map-utterance must be in [0, ", set.examples.size(), "), got ", map_utt);
+      write_attention_maps(*m.model, m.options.attention, set.examples[size_t(map_utt)],
+                           map_layer, map_head, f.seed, map_path);
+      std::printf("attention maps of %s (layer %d, head %d; full | clustered | "
+                  "improved-clustered): %s\n",
+                  set.examples[size_t(map_utt)].id.c_str(), map_layer, map_head,
+                  map_path.c_str());
+    }
+  }
+  std::printf("\nPER (%s decoding) on %s\n", f.beam > 1 ? "beam" : "greedy", f.manifest.c_str());
+  std::printf("%-22s", "train \\ evaluate");
+  for (AttentionType t : types) std::printf("  %20s", attention_type_name(t));
+  std::printf("\n");
+  for (size_t r = 0; r < rows.size(); ++r) {
+    std::printf("%-22s", rows[r].c_str());
+    for (double v : per[r]) std::printf("  %20.4f", v);
+    std::printf("\n");
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  RunOptions o = preset_options(find_preset(argc, argv));
+  CLI::App app{"clustr speech recognition with CTC (Vyas et al. 2020, sec. 4.2): train a "
+               "transformer encoder with full, clustered or improved-clustered attention on "
+               "filterbank features and phone targets"};
+  app.require_subcommand(1);
+
+  CLI::App* train = app.add_subcommand("train", "train a model on a corpus");
+  add_train_flags(*train, o);
+  std::string resume;
+  train->add_option("--resume", resume,
+                    "continue from last.safetensors (a file or its folder; --out defaults to it)");
+
+  EvalFlags f;
+  std::string checkpoint;
+  CLI::App* evaluate = app.add_subcommand("evaluate", "loss and PER of a checkpoint on a manifest");
+  evaluate->add_option("--checkpoint", checkpoint, "checkpoint file, or a run folder")->required();
+  add_eval_flags(*evaluate, f);
+  add_attention_flags(*evaluate, f.attention);
+
+  CLI::App* decode = app.add_subcommand("decode", "print the decoded phones of each utterance");
+  decode->add_option("--checkpoint", checkpoint, "checkpoint file, or a run folder")->required();
+  add_eval_flags(*decode, f);
+  add_attention_flags(*decode, f.attention);
+
+  std::vector<std::string> checkpoints;
+  std::string map_path;
+  int map_layer = 0, map_head = 0;
+  int64_t map_utt = 0;
+  CLI::App* matrix = app.add_subcommand(
+      "matrix", "evaluate checkpoints trained with each attention type under every type (the "
+                "paper's Table 1)");
+  matrix->add_option("--checkpoints", checkpoints, "checkpoints (files or run folders)")
+      ->required();
+  add_eval_flags(*matrix, f);
+  matrix->add_option("--attention-map", map_path,
+                     "also write a PNG of the first checkpoint's attention weights for one "
+                     "utterance under the three types side by side (the paper's Figure 8)");
+  matrix->add_option("--map-layer", map_layer, "layer of the attention map")->capture_default_str();
+  matrix->add_option("--map-head", map_head, "head of the attention map")->capture_default_str();
+  matrix->add_option("--map-utterance", map_utt, "index of the utterance in the manifest's kept "
+                     "utterances")->capture_default_str();
+
+  CLI11_PARSE(app, argc, argv);
+
+  if (*evaluate) return cmd_evaluate(f, checkpoint, *evaluate);
+  if (*decode) return cmd_decode(f, checkpoint, *decode);
+  if (*matrix) return cmd_matrix(f, checkpoints, map_path, map_layer, map_head, map_utt);
+
+  if (!resume.empty() && train->count("--out") == 0) {
+    const std::filesystem::path p(resume);
+    o.output.out = std::filesystem::is_directory(p) ? p.string() : p.parent_path().string();
+    if (o.output.out.empty()) o.output.out = ".";
+  }
+  Trainer trainer(o, stdout);
+  trainer.print_config(stdout);
+  if (!resume.empty()) trainer.resume(resume);
+  trainer.run();
+  return 0;
+} catch (const std::exception& e) {
+  std::fflush(stdout);
+  std::fprintf(stderr, "speech: error: %s\n", e.what());
+  return 1;
+}

@@ -1,0 +1,49 @@
+// The speech model: stacked filterbank frames -> Linear to D -> sinusoidal positions -> dropout
+// -> transformer encoder (any attention type) -> Linear to the C output classes (blank 0),
+// trained with CTC (layers/ctc.h).
+//
+// Legend: B utterances, T stacked frames (padded), F = k x 40 features per stacked frame, D
+// model width, C classes (the tokens file: blank + 39 phones = 40).
+// Parameter names: input.weight (D, F), input.bias (D), encoder.layers.<i>.* (layers/encoder.h),
+// encoder.norm.* (pre-norm only), output.weight (C, D), output.bias (C).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "apps/speech/options.h"
+#include "autograd/variable.h"
+#include "core/random.h"
+#include "core/tensor.h"
+#include "layers/basic.h"
+#include "layers/encoder.h"
+#include "layers/module.h"
+
+namespace clustr::speech {
+
+class SpeechModel : public Module {
+ public:
+  // Parameters are initialised from gen (layers' PyTorch defaults).
+  SpeechModel(const ModelOptions& options, int64_t features, int64_t classes, Generator& gen);
+
+  // features f32 (B, T, F), lengths i32 (B) -> logits (B, T, C). gen draws dropout masks
+  // (training) and the clustered types' hashing.
+  Variable forward(const Tensor& features, const Tensor& lengths, Generator& gen) const;
+  // The encoder's input: features (B, T, F) -> (B, T, D) (projection, positions, dropout).
+  Variable embed(const Tensor& features, Generator& gen) const;
+
+  Encoder& encoder() const { return *encoder_; }
+  void set_attention(const AttentionConfig& attention) { encoder_->set_attention(attention); }
+  int64_t features() const { return features_; }
+  int64_t classes() const { return classes_; }
+
+ private:
+  int64_t features_, classes_;
+  std::shared_ptr<Linear> input_;
+  std::shared_ptr<PositionalEncoding> position_;
+  std::shared_ptr<Dropout> dropout_;
+  std::shared_ptr<Encoder> encoder_;
+  std::shared_ptr<Linear> output_;
+};
+
+}  // namespace clustr::speech

@@ -1,0 +1,110 @@
+// Settings of the speech app (CTC phone recognition): the model, the data, training and output;
+// the presets; the checks; the config map a checkpoint carries (so that evaluate, decode and
+// matrix rebuild a trained model from its checkpoint alone).
+//
+// Config keys are the flag names without the dashes ("head-dim", "max-frames").
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "layers/attention/config.h"
+
+namespace CLI {
+class App;
+}
+
+namespace clustr::speech {
+
+struct ModelOptions {
+  int layers = 4;
+  int heads = 4;
+  int head_dim = 32;      // E; the model width is D = heads * head_dim
+  int feedforward = 512;  // F
+  float dropout = 0.1f;   // after the input projection, residual branches and feed-forward
+  bool pre_norm = false;  // post-norm (the paper's form) unless set
+  int stacking = 4;       // frames concatenated per encoder position: 1, 2 or 4
+  AttentionConfig attention;
+
+  int64_t dim() const { return int64_t(heads) * head_dim; }
+};
+
+struct DataOptions {
+  std::string corpus;    // folder with train.tsv, dev.tsv, test.tsv and tokens.txt
+  std::string train;     // manifest paths (default: <corpus>/train.tsv, <corpus>/dev.tsv)
+  std::string dev;
+  std::string tokens;    // default: <corpus>/tokens.txt, else beside the manifest
+  std::string cache;     // feature cache folder (default: <corpus or manifest dir>/fbank-cache)
+  int64_t max_train = 0;  // use only the first N training utterances; 0 = all
+  int64_t max_dev = 0;    // the same for dev
+};
+
+struct TrainOptions {
+  int64_t epochs = 30;
+  int64_t max_steps = 0;      // stop after this many optimizer steps in all; 0 = no limit
+  double time_limit = 0.0;    // seconds of training before stopping; 0 = no limit
+  int64_t batch = 32;         // most utterances per batch; 0 = only the frame budget
+  int64_t max_frames = 4000;  // most padded encoder positions (B x Tmax) per batch; 0 = none
+  float lr = 1e-3f;
+  std::string optimizer = "adam";  // radam | adam | adamw
+  float weight_decay = 0.0f;
+  bool decoupled_weight_decay = false;
+  float clip = 5.0f;                   // max global gradient norm; 0 = no clipping
+  std::string lr_schedule = "plateau";  // constant | warmup | plateau (warm-up, then on plateau)
+  int64_t warmup = 300;                 // linear warm-up steps; 0 = none
+  double plateau_factor = 0.5;
+  int64_t plateau_patience = 1;  // epochs without a lower dev loss before lowering the lr
+  double min_lr = 1e-6;
+  uint64_t seed = 1;
+};
+
+struct OutputOptions {
+  std::string out = "runs/speech";  // metrics.csv, loss.png, per.png, best/last.safetensors
+  int64_t log_interval = 20;        // steps between progress lines
+  int64_t examples = 2;             // decoded dev utterances printed after each epoch
+  bool write_plots = true;
+};
+
+struct RunOptions {
+  std::string preset = "cpu";
+  ModelOptions model;
+  DataOptions data;
+  TrainOptions train;
+  OutputOptions output;
+  int threads = 0;  // 0: OpenMP's default
+};
+
+// "cpu" (the default: a small model that learns on two cores in minutes) or "paper" (the
+// paper's WSJ model, sec. 4.2 and supp. C.3: 9 layers, 6 heads x 32, ff 768, R-Adam lr 1e-4,
+// clip 10, decoupled weight decay 0.01, the lr dropped on plateaus of the dev loss, 100 clusters,
+// k = 32). Throws on another name.
+RunOptions preset_options(const std::string& name);
+// The value of --preset in argv ("cpu" when absent), read before the flags are defined so that
+// the preset supplies their defaults.
+std::string find_preset(int argc, const char* const* argv);
+
+// The attention flags (--attention --clusters --topk --bits --iterations) bound to `a`.
+void add_attention_flags(CLI::App& app, AttentionConfig& a);
+// Everything `train` takes.
+void add_train_flags(CLI::App& app, RunOptions& o);
+
+// Throws clustr::Error naming the flag and its allowed range.
+void validate(const RunOptions& o);
+
+// The settings as (flag name, value) in the order of --help, and as a map (checkpoint config).
+std::vector<std::pair<std::string, std::string>> config_entries(const RunOptions& o);
+std::map<std::string, std::string> to_config(const RunOptions& o);
+// The model options of a config map written by to_config; throws naming a missing or
+// malformed key.
+ModelOptions model_from_config(const std::map<std::string, std::string>& config);
+// Keys that must be equal to resume a run (the model's shape and the optimizer kind).
+const std::vector<std::string>& resume_locked_keys();
+// "--key: checkpoint <a>, now <b>" for each differing key among `keys`.
+std::vector<std::string> config_differences(const std::map<std::string, std::string>& saved,
+                                            const std::map<std::string, std::string>& now,
+                                            const std::vector<std::string>& keys);
+
+}  // namespace clustr::speech

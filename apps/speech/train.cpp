@@ -1,0 +1,441 @@
+// The speech training loop and evaluation (train.h).
+#include "apps/speech/train.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdarg>
+#include <cstdlib>
+#include <filesystem>
+#include <limits>
+
+#include "apps/speech/metrics.h"
+#include "autograd/ops.h"
+#include "core/error.h"
+#include "core/parallel.h"
+#include "core/safetensors.h"
+#include "layers/checkpoint.h"
+#include "layers/ctc.h"
+
+namespace clustr::speech {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// splitmix64: a stream key per purpose, derived from the run's seed.
+uint64_t derive_key(uint64_t seed, uint64_t purpose) {
+  uint64_t z = seed + purpose * 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+constexpr const char* kBest = "best.safetensors";
+constexpr const char* kLast = "last.safetensors";
+// Run state kept in the checkpoint's config beside the flags.
+constexpr const char* kEpoch = "state.epoch";
+constexpr const char* kBatch = "state.batch";
+constexpr const char* kBestPer = "state.best-per";
+constexpr const char* kPlateauBest = "state.plateau-best";
+constexpr const char* kPlateauBad = "state.plateau-bad-epochs";
+constexpr const char* kPlateauCooldown = "state.plateau-cooldown";
+constexpr const char* kTrainSeconds = "state.train-seconds";
+constexpr const char* kClasses = "classes";
+constexpr const char* kFeatures = "features";
+
+std::string num(double v) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+
+double parse_state(const std::map<std::string, std::string>& c, const char* key,
+                   const std::string& file) {
+  auto it = c.find(key);
+  CLUSTR_CHECK(it != c.end(), file, " lacks config entry '", key, "'");
+  char* end = nullptr;
+  const double v = std::strtod(it->second.c_str(), &end);
+  CLUSTR_CHECK(!it->second.empty() && *end == '\0', file, ": config entry '", key, "' is \"",
+               it->second, "\", not a number");
+  return v;
+}
+
+std::unique_ptr<optim::Optimizer> make_optimizer(const TrainOptions& t,
+                                                 optim::NamedParameters params) {
+  optim::AdamOptions a;
+  a.lr = t.lr;
+  a.weight_decay = t.weight_decay;
+  a.decay = t.decoupled_weight_decay ? optim::WeightDecay::decoupled : optim::WeightDecay::l2;
+  if (t.optimizer == "radam") return std::make_unique<optim::RAdam>(std::move(params), a);
+  if (t.optimizer == "adamw") return std::make_unique<optim::AdamW>(std::move(params), a);
+  return std::make_unique<optim::Adam>(std::move(params), a);
+}
+
+std::string manifest_dir(const std::string& manifest) {
+  const fs::path p = fs::path(manifest).parent_path();
+  return p.empty() ? std::string(".") : p.string();
+}
+
+}  // namespace
+
+std::string default_tokens(const std::string& manifest) {
+  return (fs::path(manifest_dir(manifest)) / "tokens.txt").string();
+}
+std::string default_cache(const std::string& manifest) {
+  return (fs::path(manifest_dir(manifest)) / "fbank-cache").string();
+}
+
+Evaluation evaluate_set(SpeechModel& model, const SpeechSet& set, int64_t max_frames, int beam,
+                        uint64_t hash_seed) {
+  const auto t0 = Clock::now();
+  NoGradGuard no_grad;
+  const bool was_training = model.training();
+  model.eval();
+  Generator gen(hash_seed);
+  Evaluation e;
+  e.hypotheses.resize(set.examples.size());
+  std::vector<int64_t> lengths;
+  for (const SpeechExample& x : set.examples) lengths.push_back(x.features.size(0));
+  BucketOptions bo;
+  bo.max_frames = max_frames > 0 ? max_frames : 4000;
+  double loss_sum = 0;
+  int64_t counted = 0;
+  for (const std::vector<size_t>& idx : make_length_buckets(lengths, bo)) {
+    const SpeechBatch b = collate_speech(set.examples, idx);
+    const Tensor logits = model.forward(b.features, b.lengths, gen).data();  // (B, T, C)
+    const CtcOutput ctc = ctc_loss_forward(logits, b.lengths, b.targets, b.target_lengths,
+                                           /*blank=*/0, /*want_grad=*/false);
+    e.impossible += ctc.impossible;
+    const float* l = ctc.loss.f32();
+    const int32_t* tl = b.target_lengths.i32();
+    for (size_t r = 0; r < idx.size(); ++r) {
+      if (!std::isfinite(l[r])) continue;
+      loss_sum += double(l[r]) / double(std::max<int32_t>(tl[r], 1));
+      ++counted;
+    }
+    const std::vector<LabelSequence> greedy = ctc_greedy_decode(logits, b.lengths);
+    std::vector<LabelSequence> beamed;
+    if (beam > 1)
+      for (CtcHypothesis& h : ctc_beam_search(logits, b.lengths, beam))
+        beamed.push_back(std::move(h.labels));
+    for (size_t r = 0; r < idx.size(); ++r) {
+      const LabelSequence& ref = set.examples[idx[r]].labels;
+      e.greedy.add(ref, greedy[r]);
+      if (beam > 1) e.beam.add(ref, beamed[r]);
+      e.hypotheses[idx[r]] = beam > 1 ? beamed[r] : greedy[r];
+    }
+    e.utterances += int64_t(idx.size());
+    e.input_frames += b.input_frames;
+  }
+  e.loss = counted ? loss_sum / double(counted) : std::numeric_limits<double>::quiet_NaN();
+  model.train(was_training);
+  e.seconds = seconds_since(t0);
+  return e;
+}
+
+std::string resolve_checkpoint(const std::string& path, const char* flag) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    for (const char* name : {kBest, kLast}) {
+      const std::string file = (fs::path(path) / name).string();
+      if (fs::is_regular_file(file, ec)) return file;
+    }
+    throw Error(detail::cat(flag, ": the folder ", path, " holds neither ", kBest, " nor ", kLast));
+  }
+  CLUSTR_CHECK(fs::is_regular_file(path, ec), flag, ": no such checkpoint file or folder: ", path);
+  return path;
+}
+
+std::map<std::string, std::string> read_checkpoint_config(const std::string& file) {
+  std::map<std::string, std::string> config;
+  for (const auto& [key, value] : load_safetensors(file).metadata)
+    if (key.rfind("config.", 0) == 0) config[key.substr(7)] = value;
+  return config;
+}
+
+LoadedModel load_trained_model(const std::string& path, const char* flag) {
+  LoadedModel m;
+  m.file = resolve_checkpoint(path, flag);
+  m.config = read_checkpoint_config(m.file);
+  m.options = model_from_config(m.config);
+  const auto classes = int64_t(parse_state(m.config, kClasses, m.file));
+  const auto features = int64_t(parse_state(m.config, kFeatures, m.file));
+  Generator gen(0);
+  m.model = std::make_unique<SpeechModel>(m.options, features, classes, gen);
+  CheckpointLoadOptions lo;
+  lo.strict = false;  // best.safetensors carries no optimizer state; last.safetensors does
+  m.step = load_checkpoint(m.file, *m.model, lo).step;
+  m.model->eval();
+  return m;
+}
+
+Trainer::Trainer(const RunOptions& options, std::FILE* log)
+    : options_(options),
+      log_(log),
+      gen_(derive_key(options.train.seed, 0)),
+      order_key_(derive_key(options.train.seed, 1)),
+      eval_key_(derive_key(options.train.seed, 2)) {
+  validate(options_);
+  if (options_.threads > 0) set_num_threads(options_.threads);
+  DataOptions& d = options_.data;
+  if (d.train.empty()) d.train = (fs::path(d.corpus) / "train.tsv").string();
+  if (d.dev.empty()) d.dev = (fs::path(d.corpus) / "dev.tsv").string();
+  if (d.tokens.empty()) d.tokens = default_tokens(d.train);
+  if (d.cache.empty()) d.cache = default_cache(d.train);
+  tokens_ = read_tokens(d.tokens);
+  cache_ = std::make_unique<FeatureCache>(d.cache);
+  const int k = options_.model.stacking;
+  const auto t0 = Clock::now();
+  train_ = load_speech_set(d.train, tokens_, *cache_, k, d.max_train, log_);
+  dev_ = load_speech_set(d.dev, tokens_, *cache_, k, d.max_dev, log_);
+  this->log("features: %lld computed, %lld from the cache %s (%.1f s)\n",
+            static_cast<long long>(cache_->misses()), static_cast<long long>(cache_->hits()),
+            d.cache.c_str(), seconds_since(t0));
+  CLUSTR_CHECK(!train_.examples.empty(), d.train, ": no usable training utterances (",
+               train_.summary(), ")");
+  CLUSTR_CHECK(!dev_.examples.empty(), d.dev, ": no usable dev utterances (", dev_.summary(),
+               ")");
+  const int64_t F = int64_t(k) * cache_->fbank().num_bins();
+  model_ = std::make_unique<SpeechModel>(options_.model, F, tokens_.size(), gen_);
+  optimizer_ = make_optimizer(options_.train, model_->named_parameters());
+  if (options_.train.lr_schedule == "plateau") {
+    const TrainOptions& t = options_.train;
+    plateau_ = std::make_unique<optim::ReduceLrOnPlateau>(
+        optim::PlateauOptions{t.plateau_factor, t.plateau_patience, 1e-4, 0, t.min_lr});
+  }
+  std::vector<int64_t> lengths;
+  for (const SpeechExample& e : train_.examples) lengths.push_back(e.features.size(0));
+  buckets_ = make_length_buckets(lengths, {options_.train.batch, options_.train.max_frames});
+}
+
+void Trainer::log(const char* format, ...) const {
+  if (!log_) return;
+  va_list args;
+  va_start(args, format);
+  std::vfprintf(log_, format, args);
+  va_end(args);
+  std::fflush(log_);
+}
+
+float Trainer::scheduled_lr(int64_t steps_done) const {
+  const TrainOptions& t = options_.train;
+  if (t.lr_schedule != "constant" && t.warmup > 0 && steps_done < t.warmup)
+    return optim::LinearWarmupLr(t.lr, t.warmup).lr_at(steps_done);
+  return t.lr;
+}
+
+void Trainer::save(const std::string& path, bool with_state) const {
+  CheckpointState s;
+  s.step = step();
+  s.config = to_config(options_);
+  s.config[kClasses] = std::to_string(model_->classes());
+  s.config[kFeatures] = std::to_string(model_->features());
+  s.config[kEpoch] = std::to_string(epoch_);
+  s.config[kBatch] = std::to_string(batch_in_epoch_);
+  s.config[kBestPer] = num(best_per_);
+  s.config[kTrainSeconds] = num(elapsed_before_);
+  if (plateau_) {
+    s.config[kPlateauBest] = num(plateau_->best());
+    s.config[kPlateauBad] = std::to_string(plateau_->bad_epochs());
+    s.config[kPlateauCooldown] = std::to_string(plateau_->cooldown_counter());
+  }
+  if (with_state) {
+    s.extras = optimizer_->state_dict();
+    s.rng = GeneratorState::of(gen_);
+  }
+  save_checkpoint(path, *model_, s);
+}
+
+void Trainer::resume(const std::string& path) {
+  std::error_code ec;
+  const std::string file = fs::is_directory(path, ec) ? (fs::path(path) / kLast).string() : path;
+  CLUSTR_CHECK(fs::is_regular_file(file, ec), "--resume: no such checkpoint: ", file);
+  const std::map<std::string, std::string> saved = read_checkpoint_config(file);
+  std::map<std::string, std::string> now = to_config(options_);
+  std::vector<std::string> diff = config_differences(saved, now, resume_locked_keys());
+  CLUSTR_CHECK(diff.empty(), "--resume: ", file, " was trained with other settings:",
+               [&] {
+                 std::string s;
+                 for (const std::string& l : diff) s += "\n  " + l;
+                 return s;
+               }());
+  const LoadedCheckpoint c = load_checkpoint(file, *model_);
+  CLUSTR_CHECK(!c.extras.empty() && c.rng, "--resume: ", file,
+               " has no optimizer or generator state (resume from last.safetensors)");
+  optimizer_->load_state_dict(c.extras);
+  c.restore_generator(gen_);
+  epoch_ = int64_t(parse_state(c.config, kEpoch, file));
+  batch_in_epoch_ = int64_t(parse_state(c.config, kBatch, file));
+  best_per_ = parse_state(c.config, kBestPer, file);
+  elapsed_before_ = parse_state(c.config, kTrainSeconds, file);
+  if (plateau_ && c.config.count(kPlateauBest))
+    plateau_->restore(parse_state(c.config, kPlateauBest, file),
+                      int64_t(parse_state(c.config, kPlateauBad, file)),
+                      int64_t(parse_state(c.config, kPlateauCooldown, file)));
+  resumed_ = true;
+  log("resumed from %s at step %lld (epoch %lld, batch %lld)\n", file.c_str(),
+      static_cast<long long>(c.step), static_cast<long long>(epoch_),
+      static_cast<long long>(batch_in_epoch_));
+}
+
+void Trainer::print_config(std::FILE* out) const {
+  if (!out) return;
+  std::fprintf(out, "speech configuration\n");
+  for (const auto& [key, value] : config_entries(options_)) {
+    const std::string flag = "--" + key;
+    std::fprintf(out, "  %-26s %s\n", flag.c_str(), value.c_str());
+  }
+  std::fprintf(out, "  %-26s %s\n", "attention", options_.model.attention.describe().c_str());
+  std::fprintf(out, "  %-26s %lld (D = %lld, F = %lld, C = %lld)\n", "parameters",
+               static_cast<long long>(model_->parameter_count()),
+               static_cast<long long>(options_.model.dim()),
+               static_cast<long long>(model_->features()),
+               static_cast<long long>(model_->classes()));
+  std::fprintf(out, "  %-26s %zu per epoch, %zu training utterances\n", "batches",
+               buckets_.size(), train_.examples.size());
+  std::fprintf(out, "  %-26s %d\n", "threads", num_threads());
+  std::fflush(out);
+}
+
+TrainResult Trainer::run() {
+  const RunOptions& o = options_;
+  const TrainOptions& t = o.train;
+  fs::create_directories(o.output.out);
+  const std::string last = (fs::path(o.output.out) / kLast).string();
+  const std::string best = (fs::path(o.output.out) / kBest).string();
+  MetricsLog metrics;
+  metrics.start((fs::path(o.output.out) / "metrics.csv").string(), resumed_ ? step() : -1);
+  const double clip = t.clip > 0 ? double(t.clip) : std::numeric_limits<double>::infinity();
+
+  TrainResult r;
+  const int64_t start_step = step();
+  double interval_loss = 0, interval_seconds = 0;
+  int64_t interval_steps = 0, interval_frames = 0, total_frames = 0;
+  bool first_interval = true, stop = false;
+  double run_seconds = 0;
+  for (; epoch_ <= t.epochs && !stop; ++epoch_, batch_in_epoch_ = 0) {
+    std::vector<std::vector<size_t>> order = buckets_;
+    Generator order_gen(derive_key(order_key_, uint64_t(epoch_)));
+    shuffle_batches(order, order_gen);
+    int64_t impossible = 0;
+    for (; batch_in_epoch_ < int64_t(order.size()); ++batch_in_epoch_) {
+      const auto t0 = Clock::now();
+      const SpeechBatch b = collate_speech(train_.examples, order[size_t(batch_in_epoch_)]);
+      const int64_t done = step();
+      if (!plateau_ || done < t.warmup) optimizer_->set_lr(scheduled_lr(done));
+      model_->train();
+      const Variable logits = model_->forward(b.features, b.lengths, gen_);  // (B, T, C)
+      CtcOptions co;
+      co.zero_infinity = true;
+      const CtcLoss loss = ctc_loss(logits, b.lengths, b.targets, b.target_lengths, co);
+      impossible += loss.impossible;
+      const float value = loss.loss.item();
+      bool skip = !std::isfinite(value);
+      double norm = 0;
+      if (!skip) {
+        optimizer_->zero_grad();
+        loss.loss.backward();
+        norm = optim::clip_grad_norm(optimizer_->parameters(), clip);
+        skip = !std::isfinite(norm);
+      }
+      if (skip) {
+        optimizer_->zero_grad();
+        ++r.skipped_steps;
+        const SpeechExample& e0 = train_.examples[b.indices.front()];
+        log("epoch %lld batch %lld: non-finite %s (%g); step skipped (%zu utterances from "
+            "'%s')\n",
+            static_cast<long long>(epoch_), static_cast<long long>(batch_in_epoch_ + 1),
+            std::isfinite(value) ? "gradient norm" : "loss", std::isfinite(value) ? norm : value,
+            b.indices.size(), e0.id.c_str());
+        continue;
+      }
+      optimizer_->step();
+      const double dt = seconds_since(t0);
+      run_seconds += dt;
+      interval_loss += double(value), interval_seconds += dt;
+      interval_frames += b.input_frames, total_frames += b.input_frames;
+      ++interval_steps;
+
+      const int64_t s = step();
+      const bool time_up = t.time_limit > 0 && elapsed_before_ + run_seconds >= t.time_limit;
+      const bool steps_up = t.max_steps > 0 && s >= t.max_steps;
+      stop = time_up || steps_up;
+      if (s % o.output.log_interval == 0 || stop) {
+        MetricsRow row;
+        row.step = s, row.epoch = epoch_;
+        row.train_loss = interval_loss / double(interval_steps);
+        row.lr = optimizer_->lr();
+        row.ms_per_step = 1e3 * interval_seconds / double(interval_steps);
+        row.frames_per_s = double(interval_frames) / interval_seconds;
+        log("epoch %lld  step %lld  loss %.4f  lr %.2e  ms/step %.0f  frames/s %.0f\n",
+            static_cast<long long>(epoch_), static_cast<long long>(s), row.train_loss, row.lr,
+            row.ms_per_step, row.frames_per_s);
+        if (first_interval) r.first_loss = row.train_loss, first_interval = false;
+        r.last_loss = row.train_loss;
+        metrics.append(row);
+        interval_loss = interval_seconds = 0;
+        interval_steps = interval_frames = 0;
+      }
+      if (stop) {
+        log("%s reached at step %lld: training stops\n", time_up ? "time limit" : "--max-steps",
+            static_cast<long long>(s));
+        ++batch_in_epoch_;
+        break;
+      }
+    }
+    r.impossible += impossible;
+    // The dev set after each epoch (and where training stops).
+    const Evaluation e = evaluate_set(*model_, dev_, t.max_frames, 1, eval_key_);
+    r.last_dev = e;
+    const double per = e.greedy.rate();
+    log("epoch %lld done: dev loss %.4f  PER %.4f (%lld edits / %lld phones)  impossible "
+        "alignments %lld train, %lld dev  (dev %.1f s)\n",
+        static_cast<long long>(epoch_), e.loss, per, static_cast<long long>(e.greedy.edits),
+        static_cast<long long>(e.greedy.reference_length), static_cast<long long>(impossible),
+        static_cast<long long>(e.impossible), e.seconds);
+    for (int64_t i = 0; i < o.output.examples && i < int64_t(dev_.examples.size()); ++i) {
+      const SpeechExample& x = dev_.examples[size_t(i)];
+      log("  %s ref: %s\n  %s hyp: %s\n", x.id.c_str(), label_string(tokens_, x.labels).c_str(),
+          x.id.c_str(), label_string(tokens_, e.hypotheses[size_t(i)]).c_str());
+    }
+    MetricsRow row;
+    row.step = step(), row.epoch = epoch_;
+    row.dev_loss = e.loss, row.dev_per = per, row.impossible = double(impossible);
+    metrics.append(row);
+    if (plateau_ && step() >= t.warmup && std::isfinite(e.loss) &&
+        plateau_->step(e.loss, *optimizer_))
+      log("plateau: dev loss has not improved; lr lowered to %.2e\n", optimizer_->lr());
+    const bool improved = best_per_ < 0 || per < best_per_;
+    if (improved) best_per_ = per;
+    // The checkpoint records where the next step begins.
+    const bool epoch_done = batch_in_epoch_ >= int64_t(order.size());
+    const int64_t saved_epoch = epoch_, saved_batch = batch_in_epoch_;
+    if (epoch_done) ++epoch_, batch_in_epoch_ = 0;
+    const double before = elapsed_before_;
+    elapsed_before_ += run_seconds;
+    if (improved) save(best, false);
+    save(last, true);
+    elapsed_before_ = before;
+    epoch_ = saved_epoch, batch_in_epoch_ = saved_batch;
+    if (improved) log("dev PER improved to %.4f: saved %s\n", per, best.c_str());
+    if (o.output.write_plots) metrics.plot(o.output.out);
+  }
+  r.best_per = best_per_;
+  r.steps = step();
+  r.train_seconds = run_seconds;
+  r.frames_per_second = run_seconds > 0 ? double(total_frames) / run_seconds : 0;
+  log("trained %lld steps (this run %lld, in %.1f s, %.0f frames/s, %lld steps skipped); best "
+      "dev PER %.4f; checkpoints %s, %s\n",
+      static_cast<long long>(r.steps), static_cast<long long>(r.steps - start_step), run_seconds,
+      r.frames_per_second,
+      static_cast<long long>(r.skipped_steps), best_per_, best.c_str(), last.c_str());
+  return r;
+}
+
+}  // namespace clustr::speech

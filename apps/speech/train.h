@@ -1,0 +1,120 @@
+// Training and evaluating the speech model with CTC: the training loop (progress lines, the
+// per-epoch dev loss and phone error rate with decoded examples, metrics.csv, PNG plots,
+// checkpoints) and the evaluation that the evaluate, decode and matrix commands share.
+//
+// Random streams (Philox, core/random.h), keyed by numbers derived from --seed:
+//   training  model initialisation, then each step's dropout masks and the clustered types'
+//             hashing; its position is saved in checkpoints;
+//   order     the batch order of epoch e (its own key per epoch, so a resumed run sees the
+//             same order);
+//   eval      the hashing during an evaluation, restarted at each one (repeatable).
+//
+// Bad steps: a non-finite loss or gradient norm skips the optimizer step (the gradients are
+// dropped) and is reported with the batch's utterance ids; training never continues with NaN.
+// Utterances whose targets cannot be aligned (CTC loss +inf) count as 0 in the loss
+// (zero_infinity) and are counted per epoch.
+//
+// Checkpoints in --out: last.safetensors (weights, optimizer state, the training stream's
+// position, the epoch and batch reached, plateau state: what --resume needs) after every epoch,
+// and best.safetensors (weights and config) whenever the dev PER improves.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "apps/speech/dataset.h"
+#include "apps/speech/model.h"
+#include "apps/speech/options.h"
+#include "data/fbank.h"
+#include "data/manifest.h"
+#include "layers/ctc_decode.h"
+#include "optim/optimizer.h"
+
+namespace clustr::speech {
+
+struct Evaluation {
+  double loss = 0;  // mean over utterances of CTC loss / target length (impossible ones left out)
+  ErrorRate greedy;  // phone error rate of best-path decoding
+  ErrorRate beam;    // of prefix beam search (when beam > 1)
+  std::vector<LabelSequence> hypotheses;  // per example of the set, in its order
+  int64_t utterances = 0, impossible = 0;
+  int64_t input_frames = 0;
+  double seconds = 0;
+};
+
+// Evaluates `model` on `set` in evaluation mode (no dropout, no gradients), batches of up to
+// `max_frames` padded positions. The hypotheses are the beam search's when beam > 1, else
+// greedy. `hash_seed` keys the clustered types' hashing.
+Evaluation evaluate_set(SpeechModel& model, const SpeechSet& set, int64_t max_frames, int beam,
+                        uint64_t hash_seed);
+
+// A checkpoint path: a file, or a folder holding best.safetensors (or last.safetensors).
+std::string resolve_checkpoint(const std::string& file_or_folder, const char* flag);
+std::map<std::string, std::string> read_checkpoint_config(const std::string& file);
+
+// A trained model rebuilt from its checkpoint: options from the config, weights loaded.
+struct LoadedModel {
+  ModelOptions options;
+  std::unique_ptr<SpeechModel> model;
+  std::map<std::string, std::string> config;
+  int64_t step = 0;
+  std::string file;
+};
+LoadedModel load_trained_model(const std::string& file_or_folder, const char* flag);
+
+// Splits a manifest path's folder; the tokens file defaults to tokens.txt there.
+std::string default_tokens(const std::string& manifest);
+std::string default_cache(const std::string& manifest);
+
+struct TrainResult {
+  double first_loss = 0, last_loss = 0;  // mean training loss of the first and last log interval
+  double best_per = 0;
+  Evaluation last_dev;
+  int64_t steps = 0, skipped_steps = 0, impossible = 0;
+  double train_seconds = 0, frames_per_second = 0;
+};
+
+class Trainer {
+ public:
+  // Reads the tokens and both sets, builds the model and optimizer. `log` receives the log.
+  Trainer(const RunOptions& options, std::FILE* log);
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // Continues from last.safetensors (a file or the folder holding it); refuses, naming each
+  // differing flag, when the model shape or optimizer kind differ.
+  void resume(const std::string& path);
+  TrainResult run();
+  void print_config(std::FILE* out) const;
+
+  SpeechModel& model() { return *model_; }
+  int64_t step() const { return optimizer_->step_count(); }
+
+ private:
+  void log(const char* format, ...) const __attribute__((format(printf, 2, 3)));
+  void save(const std::string& path, bool with_state) const;
+  float scheduled_lr(int64_t steps_done) const;
+
+  RunOptions options_;
+  std::FILE* log_;
+  TokenTable tokens_;
+  std::unique_ptr<FeatureCache> cache_;
+  SpeechSet train_, dev_;
+  Generator gen_;
+  uint64_t order_key_, eval_key_;
+  std::unique_ptr<SpeechModel> model_;
+  std::unique_ptr<optim::Optimizer> optimizer_;
+  std::unique_ptr<optim::ReduceLrOnPlateau> plateau_;
+  std::vector<std::vector<size_t>> buckets_;
+  int64_t epoch_ = 1;         // the epoch in progress (1-based)
+  int64_t batch_in_epoch_ = 0;  // batches of it already done
+  double best_per_ = -1;      // < 0: none yet
+  double elapsed_before_ = 0;
+  bool resumed_ = false;
+};
+
+}  // namespace clustr::speech

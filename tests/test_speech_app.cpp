@@ -1,0 +1,338 @@
+// The speech app and its batching: frame stacking, length buckets, padding
+// (data/speech_batch.h); a tiny synthetic corpus (one tone per label, written here, so no speech
+// synthesizer is needed) read with its bad utterances skipped and counted; a short training run
+// whose loss falls; checkpoints that evaluate and resume; flag checks.
+//
+// ctest also runs the executable on the synthetic corpus (train, evaluate, decode, matrix, bad
+// flags): the test case "speech app: write the synthetic corpus" writes it into the folder named
+// by CLUSTR_SPEECH_TEST_CORPUS (tests/CMakeLists.txt).
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "apps/speech/dataset.h"
+#include "apps/speech/options.h"
+#include "apps/speech/train.h"
+#include "check.h"
+#include "data/speech_batch.h"
+#include "data/wav.h"
+
+using namespace clustr;
+using namespace clustr::speech;
+using clustr::test::TempDir;
+
+namespace {
+
+// Five labels, each a tone of its own frequency, 80..140 ms long with 20..60 ms of silence
+// between; a little white noise everywhere. Utterances of 3..6 labels.
+constexpr double kToneHz[] = {300, 650, 1100, 1800, 2900};
+constexpr int kLabels = 5;
+
+std::vector<float> tone_utterance(const std::vector<int32_t>& labels, std::mt19937& rng) {
+  std::uniform_int_distribution<int> tone_ms(80, 140), gap_ms(20, 60);
+  std::normal_distribution<float> noise(0.0f, 0.01f);
+  std::vector<float> s;
+  auto silence = [&](int ms) {
+    for (int i = 0; i < 16 * ms; ++i) s.push_back(noise(rng));
+  };
+  silence(gap_ms(rng));
+  for (int32_t l : labels) {
+    const int n = 16 * tone_ms(rng);
+    for (int i = 0; i < n; ++i)
+      s.push_back(0.3f * float(std::sin(2 * M_PI * kToneHz[l - 1] * i / 16000.0)) + noise(rng));
+    silence(gap_ms(rng));
+  }
+  return s;
+}
+
+// Writes tokens.txt, train.tsv (n_train tone utterances) and dev.tsv (n_dev) into dir. With
+// `bad`, train.tsv also gets a line with 3 fields, a truncated WAV and an utterance far too
+// short for its labels.
+void write_tone_corpus(const std::string& dir, int n_train, int n_dev, bool bad) {
+  namespace fs = std::filesystem;
+  fs::create_directories(fs::path(dir) / "wav");
+  {
+    std::ofstream t(fs::path(dir) / "tokens.txt");
+    t << "<blank>\n";
+    for (int i = 0; i < kLabels; ++i) t << char('A' + i) << "\n";
+  }
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int> count(3, 6), label(1, kLabels);
+  for (const char* split : {"train", "dev"}) {
+    const int n = std::string(split) == "train" ? n_train : n_dev;
+    std::ofstream m(fs::path(dir) / (std::string(split) + ".tsv"));
+    for (int u = 0; u < n; ++u) {
+      std::vector<int32_t> labels(size_t(count(rng)));
+      for (int32_t& l : labels) l = label(rng);
+      const std::vector<float> samples = tone_utterance(labels, rng);
+      const std::string id = std::string(split) + std::to_string(u);
+      write_wav_pcm16((fs::path(dir) / "wav" / (id + ".wav")).string(), samples, 16000);
+      m << id << "\twav/" << id << ".wav\t" << double(samples.size()) / 16000.0 << "\t";
+      for (size_t i = 0; i < labels.size(); ++i) m << (i ? " " : "") << char('A' + labels[i] - 1);
+      m << "\n";
+    }
+    if (bad && std::string(split) == "train") {
+      m << "broken_fields\twav/train0.wav\t1.0\n";
+      {
+        std::ofstream w(fs::path(dir) / "wav" / "cut.wav", std::ios::binary);
+        w << "RIFF\x24\x00\x00\x00WAVEfmt ";  // the header stops inside the fmt chunk
+      }
+      m << "cut\twav/cut.wav\t1.0\tA B\n";
+      write_wav_pcm16((fs::path(dir) / "wav" / "short.wav").string(),
+                      std::vector<float>(1600, 0.0f), 16000);  // 0.1 s: 8 frames
+      m << "short\twav/short.wav\t0.1\tA B C D E A B C D E\n";
+    }
+  }
+}
+
+RunOptions tiny_run(const std::string& corpus, const std::string& out) {
+  RunOptions o = preset_options("cpu");
+  o.data.corpus = corpus;
+  o.model.layers = 1;
+  o.model.heads = 2;
+  o.model.head_dim = 16;
+  o.model.feedforward = 64;
+  o.model.dropout = 0.0f;
+  o.model.stacking = 2;
+  o.model.attention.clusters = 4;
+  o.model.attention.topk = 8;
+  o.train.batch = 8;
+  o.train.epochs = 100;
+  o.train.max_steps = 60;
+  o.train.lr = 3e-3f;
+  o.train.warmup = 10;
+  o.train.lr_schedule = "warmup";
+  o.output.out = out;
+  o.output.log_interval = 10;
+  o.output.write_plots = false;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("speech batch: frame stacking pads the last group with zero frames") {
+  CHECK(stacked_length(0, 4) == 0);
+  CHECK(stacked_length(8, 4) == 2);
+  CHECK(stacked_length(9, 4) == 3);
+  CHECK(stacked_length(5, 1) == 5);
+  // 5 frames of 2 bins: value = 10 t + m.
+  std::vector<float> v;
+  for (int t = 0; t < 5; ++t)
+    for (int m = 0; m < 2; ++m) v.push_back(float(10 * t + m));
+  const Tensor x = Tensor::from_vector(v, {5, 2});
+  const Tensor s2 = stack_frames(x, 2);
+  REQUIRE(s2.shape() == Shape{3, 4});
+  const std::vector<float> want2 = {0, 1, 10, 11, 20, 21, 30, 31, 40, 41, 0, 0};
+  for (size_t i = 0; i < want2.size(); ++i) CHECK(s2.f32()[i] == want2[i]);
+  const Tensor s4 = stack_frames(x, 4);
+  REQUIRE(s4.shape() == Shape{2, 8});
+  CHECK(s4.f32()[8] == 40.0f);
+  CHECK(s4.f32()[10] == 0.0f);
+  CHECK(stack_frames(x, 1).shape() == Shape{5, 2});
+  CHECK_ERROR(stack_frames(x, 0), "stacking factor must be >= 1");
+  CHECK_ERROR(stack_frames(Tensor::zeros({2, 2, 2}), 2), "stack_frames", "(T, M)");
+}
+
+TEST_CASE("speech batch: CTC needs a blank between repeated labels") {
+  CHECK(ctc_min_frames({}) == 0);
+  CHECK(ctc_min_frames({1, 2, 3}) == 3);
+  CHECK(ctc_min_frames({1, 1, 2, 2, 2}) == 8);
+}
+
+TEST_CASE("speech batch: length buckets respect both limits and cover every utterance once") {
+  std::mt19937 rng(3);
+  std::uniform_int_distribution<int> len(1, 200);
+  std::vector<int64_t> lengths(300);
+  for (int64_t& l : lengths) l = len(rng);
+  lengths[17] = 5000;  // longer than the frame budget on its own
+  BucketOptions o;
+  o.batch_size = 16;
+  o.max_frames = 1000;
+  const auto batches = make_length_buckets(lengths, o);
+  std::set<size_t> seen;
+  int64_t previous_longest = 0;
+  for (const auto& b : batches) {
+    REQUIRE(!b.empty());
+    CHECK(int64_t(b.size()) <= o.batch_size);
+    int64_t longest = 0, shortest = 1 << 30;
+    for (size_t i : b) {
+      CHECK(seen.insert(i).second);
+      longest = std::max(longest, lengths[i]);
+      shortest = std::min(shortest, lengths[i]);
+    }
+    if (b.size() > 1) CHECK(int64_t(b.size()) * longest <= o.max_frames);
+    CHECK(shortest >= previous_longest);  // sorted: batches do not overlap in length
+    previous_longest = longest;
+  }
+  CHECK(seen.size() == lengths.size());
+  CHECK(batches.back() == std::vector<size_t>{17});
+
+  // Only a batch size: full batches of 16 in length order.
+  const auto by_count = make_length_buckets(lengths, {16, 0});
+  CHECK(by_count.size() == 19);
+  CHECK(by_count.front().size() == 16);
+  CHECK_ERROR(make_length_buckets(lengths, {0, 0}), "give a batch size or a frame budget");
+  CHECK_ERROR(make_length_buckets({3, -1}, {4, 0}), "length 1 is negative");
+}
+
+TEST_CASE("speech batch: the batch order shuffles reproducibly from the generator") {
+  std::vector<std::vector<size_t>> a;
+  for (size_t i = 0; i < 50; ++i) a.push_back({i});
+  auto b = a, c = a;
+  Generator g1(5), g2(5), g3(6);
+  shuffle_batches(b, g1);
+  shuffle_batches(c, g2);
+  CHECK(b == c);
+  auto d = a;
+  shuffle_batches(d, g3);
+  CHECK(d != b);
+  CHECK(b != a);
+  std::sort(b.begin(), b.end());
+  CHECK(b == a);  // a permutation
+}
+
+TEST_CASE("speech batch: collate pads features and targets and keeps the lengths") {
+  std::vector<SpeechExample> ex(3);
+  ex[0] = {"a", Tensor::full({2, 3}, 1.0f), {1, 2}, 4};
+  ex[1] = {"b", Tensor::full({4, 3}, 2.0f), {3}, 8};
+  ex[2] = {"c", Tensor::full({1, 3}, 3.0f), {4, 4, 4}, 2};
+  const SpeechBatch b = collate_speech(ex, {1, 0});
+  REQUIRE(b.features.shape() == Shape{2, 4, 3});
+  CHECK(b.lengths.i32()[0] == 4);
+  CHECK(b.lengths.i32()[1] == 2);
+  CHECK(b.features.f32()[12] == 1.0f);           // row 1, frame 0
+  CHECK(b.features.f32()[12 + 2 * 3] == 0.0f);   // row 1, frame 2: padding
+  REQUIRE(b.targets.shape() == Shape{2, 2});
+  CHECK(b.targets.i32()[0] == 3);
+  CHECK(b.targets.i32()[1] == 0);
+  CHECK(b.targets.i32()[2] == 1);
+  CHECK(b.targets.i32()[3] == 2);
+  CHECK(b.target_lengths.i32()[0] == 1);
+  CHECK(b.target_lengths.i32()[1] == 2);
+  CHECK(b.frames == 6);
+  CHECK(b.input_frames == 12);
+  CHECK_ERROR(collate_speech(ex, {}), "no utterances");
+  CHECK_ERROR(collate_speech(ex, {7}), "index 7 out of range");
+  ex[2].features = Tensor::zeros({1, 5});
+  CHECK_ERROR(collate_speech(ex, {0, 2}), "'c' has 5 features per frame");
+}
+
+TEST_CASE("speech app: bad utterances are skipped and counted with file and line") {
+  TempDir dir;
+  write_tone_corpus(dir.file("corpus"), 4, 2, /*bad=*/true);
+  const TokenTable tokens = read_tokens(dir.file("corpus/tokens.txt"));
+  FeatureCache cache(dir.file("cache"));
+  const SpeechSet set =
+      load_speech_set(dir.file("corpus/train.tsv"), tokens, cache, 2, 0, nullptr);
+  CHECK(set.examples.size() == 4);
+  CHECK(set.bad_lines == 1);
+  CHECK(set.bad_audio == 1);
+  CHECK(set.too_short == 1);
+  REQUIRE(set.problems.size() == 3);
+  CHECK(set.problems[0].find("train.tsv:5") != std::string::npos);
+  CHECK(set.problems[1].find("train.tsv:6") != std::string::npos);
+  CHECK(set.problems[1].find("cut.wav") != std::string::npos);
+  CHECK(set.problems[2].find("train.tsv:7") != std::string::npos);
+  CHECK(set.problems[2].find("labels need at least 10") != std::string::npos);
+  CHECK(set.summary().find("skipped 3") != std::string::npos);
+}
+
+TEST_CASE("speech app: a short run on tone utterances lowers the loss, then evaluates") {
+  TempDir dir;
+  write_tone_corpus(dir.file("corpus"), 48, 8, /*bad=*/false);
+  const RunOptions o = tiny_run(dir.file("corpus"), dir.file("run"));
+  TrainResult r;
+  {
+    Trainer trainer(o, nullptr);
+    r = trainer.run();
+  }
+  INFO("first loss " << r.first_loss << ", last loss " << r.last_loss << ", dev PER "
+                     << r.best_per);
+  CHECK(r.steps == 60);
+  CHECK(r.skipped_steps == 0);
+  CHECK(r.last_loss < 0.5 * r.first_loss);
+  CHECK(r.best_per < 0.9);
+  CHECK(std::filesystem::exists(dir.file("run/best.safetensors")));
+  CHECK(std::filesystem::exists(dir.file("run/last.safetensors")));
+  CHECK(std::filesystem::exists(dir.file("run/metrics.csv")));
+
+  // The best checkpoint rebuilds the model from its config alone, under another attention too.
+  LoadedModel m = load_trained_model(dir.file("run"), "--checkpoint");
+  CHECK(m.options.stacking == 2);
+  const TokenTable tokens = read_tokens(dir.file("corpus/tokens.txt"));
+  FeatureCache cache(dir.file("cache"));
+  const SpeechSet dev = load_speech_set(dir.file("corpus/dev.tsv"), tokens, cache, 2, 0, nullptr);
+  const Evaluation e = evaluate_set(*m.model, dev, 4000, 4, 1);
+  CHECK(e.greedy.rate() == doctest::Approx(r.best_per).epsilon(1e-9));
+  CHECK(e.beam.rate() <= e.greedy.rate() + 0.1);
+  AttentionConfig a = m.options.attention;
+  a.type = AttentionType::improved_clustered;
+  m.model->set_attention(a);
+  const Evaluation ei = evaluate_set(*m.model, dev, 4000, 1, 1);
+  CHECK(std::isfinite(ei.loss));
+  CHECK(ei.utterances == 8);
+
+  // Resume from last.safetensors and continue to 70 steps.
+  RunOptions more = o;
+  more.train.max_steps = 70;
+  Trainer again(more, nullptr);
+  again.resume(dir.file("run"));
+  CHECK(again.step() == 60);
+  const TrainResult r2 = again.run();
+  CHECK(r2.steps == 70);
+
+  // Resuming with another model shape is refused, naming the flag.
+  RunOptions other = o;
+  other.model.layers = 2;
+  Trainer wrong(other, nullptr);
+  CHECK_ERROR(wrong.resume(dir.file("run")), "other settings", "--layers: checkpoint 1, now 2");
+}
+
+TEST_CASE("speech app: flag checks name the flag") {
+  RunOptions o = preset_options("cpu");
+  o.data.corpus = "x";
+  validate(o);
+  RunOptions b = o;
+  b.model.stacking = 3;
+  CHECK_ERROR(validate(b), "--stacking must be 1, 2 or 4, got 3");
+  b = o;
+  b.train.optimizer = "sgd";
+  CHECK_ERROR(validate(b), "--optimizer must be radam, adam or adamw");
+  b = o;
+  b.train.batch = 0;
+  b.train.max_frames = 0;
+  CHECK_ERROR(validate(b), "--batch and --max-frames are both 0");
+  b = o;
+  b.data.corpus.clear();
+  CHECK_ERROR(validate(b), "give --corpus");
+  CHECK_ERROR(preset_options("gpu"), "unknown --preset 'gpu'");
+  const RunOptions p = preset_options("paper");
+  CHECK(p.model.layers == 9);
+  CHECK(p.model.heads == 6);
+  CHECK(p.model.feedforward == 768);
+  CHECK(p.train.optimizer == "radam");
+  CHECK(p.model.attention.clusters == 100);
+  CHECK(p.model.attention.topk == 32);
+  // The model options survive the checkpoint config.
+  const ModelOptions m = model_from_config(to_config(p));
+  CHECK(m.layers == 9);
+  CHECK(m.stacking == 1);
+  CHECK(m.attention.topk == 32);
+}
+
+// Writes the synthetic corpus that the ctest entries of the executable use (skipped unless
+// CLUSTR_SPEECH_TEST_CORPUS names a folder).
+TEST_CASE("speech app: write the synthetic corpus" * doctest::skip()) {
+  const char* dir = std::getenv("CLUSTR_SPEECH_TEST_CORPUS");
+  REQUIRE_MESSAGE(dir != nullptr, "set CLUSTR_SPEECH_TEST_CORPUS to the output folder");
+  std::filesystem::remove_all(dir);
+  write_tone_corpus(dir, 48, 8, /*bad=*/true);
+}
