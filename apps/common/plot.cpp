@@ -124,6 +124,34 @@ std::string label_of(double v) {
 
 bool usable(double v, bool log) { return std::isfinite(v) && (!log || v > 0); }
 
+// Writes the canvas to a temporary file and renames it over `path`.
+void write_png(const std::string& path, const Canvas& c, int width, int height) {
+  std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  CLUSTR_CHECK(stbi_write_png(tmp.c_str(), width, height, 3, c.data(), width * 3) != 0,
+               "plot: cannot write ", tmp);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    throw Error(detail::cat("plot: cannot rename ", tmp, " to ", path, ": ",
+                            std::strerror(errno)));
+  }
+}
+
+// Viridis at t in [0, 1], linear between nine samples of matplotlib's table.
+Rgb viridis(double t) {
+  static constexpr Rgb stops[] = {{68, 1, 84},    {71, 45, 123},  {59, 82, 139},
+                                  {44, 114, 142}, {33, 145, 140}, {39, 173, 129},
+                                  {92, 200, 99},  {170, 220, 50}, {253, 231, 37}};
+  constexpr int n = sizeof stops / sizeof stops[0];
+  t = std::clamp(t, 0.0, 1.0) * (n - 1);
+  const int i = std::min(static_cast<int>(t), n - 2);
+  const double f = t - i;
+  auto mix = [f](unsigned char a, unsigned char b) {
+    return static_cast<unsigned char>(std::lround(a + (b - a) * f));
+  };
+  return {mix(stops[i].r, stops[i + 1].r), mix(stops[i].g, stops[i + 1].g),
+          mix(stops[i].b, stops[i + 1].b)};
+}
+
 }  // namespace
 
 void write_line_plot(const std::string& path, const std::vector<Series>& series,
@@ -186,14 +214,82 @@ void write_line_plot(const std::string& path, const std::vector<Series>& series,
     c.text(legend_x + 40, ly, s.label, kBlack);
   }
 
-  std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  CLUSTR_CHECK(stbi_write_png(tmp.c_str(), o.width, o.height, 3, c.data(), o.width * 3) != 0,
-               "plot: cannot write ", tmp);
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    throw Error(detail::cat("plot: cannot rename ", tmp, " to ", path, ": ",
-                            std::strerror(errno)));
+  write_png(path, c, o.width, o.height);
+}
+
+void write_heatmap(const std::string& path, const std::vector<std::string>& rows,
+                   const std::vector<std::string>& cols,
+                   const std::vector<std::vector<double>>& values, const HeatmapOptions& o) {
+  CLUSTR_CHECK(!rows.empty() && !cols.empty(), "heatmap ", path, ": no rows or no columns");
+  CLUSTR_CHECK(values.size() == rows.size(), "heatmap ", path, ": ", rows.size(),
+               " row labels but ", values.size(), " rows of values");
+  for (size_t r = 0; r < values.size(); ++r)
+    CLUSTR_CHECK(values[r].size() == cols.size(), "heatmap ", path, ": row ", r, " has ",
+                 values[r].size(), " values for ", cols.size(), " columns");
+  CLUSTR_CHECK(o.lo < o.hi, "heatmap ", path, ": the colour scale needs lo < hi, got ", o.lo,
+               " and ", o.hi);
+  CLUSTR_CHECK(o.cell_width >= 20 && o.cell_height >= 16, "heatmap ", path,
+               ": cells must be at least 20 x 16 pixels");
+
+  int label_width = Canvas::text_width(o.y_label);
+  for (const std::string& l : rows) label_width = std::max(label_width, Canvas::text_width(l));
+  const int left = 30 + label_width, top = 60;
+  const int grid_w = o.cell_width * static_cast<int>(cols.size());
+  const int grid_h = o.cell_height * static_cast<int>(rows.size());
+  const int bar_x = left + grid_w + 30, bar_w = 24;
+  const int width = std::max(bar_x + bar_w + 90, left + Canvas::text_width(o.title) + 30);
+  const int height = top + grid_h + 80;
+  Canvas c(width, height);
+
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const int y0 = top + static_cast<int>(r) * o.cell_height;
+    c.text(left - 12 - Canvas::text_width(rows[r]), y0 + o.cell_height / 2 - 7, rows[r], kBlack);
+    for (size_t k = 0; k < cols.size(); ++k) {
+      const int x0 = left + static_cast<int>(k) * o.cell_width;
+      const double v = values[r][k];
+      const bool has = std::isfinite(v);
+      const double t = (v - o.lo) / (o.hi - o.lo);
+      const Rgb fill = has ? viridis(t) : kGrid;
+      c.rect(x0, y0, x0 + o.cell_width - 1, y0 + o.cell_height - 1, fill);
+      if (has) {
+        char buf[32];
+        std::snprintf(buf, sizeof buf, o.format.c_str(), v);
+        // Dark text on the light (yellow-green) end of the scale, white on the dark end.
+        const Rgb ink = t > 0.6 ? kBlack : kWhite;
+        c.text(x0 + (o.cell_width - Canvas::text_width(buf)) / 2, y0 + o.cell_height / 2 - 7,
+               buf, ink);
+      }
+    }
   }
+  // Thin white lines between cells.
+  for (size_t k = 0; k <= cols.size(); ++k) {
+    const int x = left + static_cast<int>(k) * o.cell_width;
+    c.line(x, top, x, top + grid_h, kWhite, 2);
+  }
+  for (size_t r = 0; r <= rows.size(); ++r) {
+    const int y = top + static_cast<int>(r) * o.cell_height;
+    c.line(left, y, left + grid_w, y, kWhite, 2);
+  }
+  for (size_t k = 0; k < cols.size(); ++k) {
+    const int xc = left + static_cast<int>(k) * o.cell_width + o.cell_width / 2;
+    c.text(xc - Canvas::text_width(cols[k]) / 2, top + grid_h + 10, cols[k], kBlack);
+  }
+  c.text(left + (grid_w - Canvas::text_width(o.x_label)) / 2, top + grid_h + 40, o.x_label,
+         kBlack);
+  c.text(12, top - 26, o.y_label, kBlack);
+  c.text(left + (grid_w - Canvas::text_width(o.title)) / 2, 14, o.title, kBlack);
+
+  // Colour bar: hi at the top, lo at the bottom, five labels.
+  for (int y = 0; y < grid_h; ++y)
+    c.rect(bar_x, top + y, bar_x + bar_w - 1, top + y,
+           viridis(1.0 - double(y) / std::max(1, grid_h - 1)));
+  for (int i = 0; i <= 4; ++i) {
+    const double v = o.hi - (o.hi - o.lo) * i / 4.0;
+    const int y = top + static_cast<int>(std::lround((grid_h - 1) * i / 4.0));
+    c.line(bar_x + bar_w, y, bar_x + bar_w + 5, y, kBlack);
+    c.text(bar_x + bar_w + 9, y - 6, label_of(v), kBlack);
+  }
+  write_png(path, c, width, height);
 }
 
 }  // namespace clustr::plot

@@ -1,0 +1,401 @@
+// Training, evaluation, checkpoints and the training loop of the copy task (train.h).
+#include "apps/copy_task/train.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdarg>
+#include <cstdlib>
+#include <filesystem>
+
+#include "autograd/ops.h"
+#include "core/cpu/gemm.h"
+#include "core/cuda/cuda.h"
+#include "core/error.h"
+#include "core/ops.h"
+#include "core/parallel.h"
+#include "core/safetensors.h"
+#include "layers/checkpoint.h"
+
+#ifndef CLUSTR_BUILD_TYPE
+#define CLUSTR_BUILD_TYPE "unknown"
+#endif
+
+namespace clustr::copy {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// splitmix64: a stream key per purpose, derived from the run's seed.
+uint64_t derive_key(uint64_t seed, uint64_t purpose) {
+  uint64_t z = seed + purpose * 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+constexpr const char* kCheckpointFile = "checkpoint.safetensors";
+// Resume state kept in the checkpoint's config beside the flags (not compared on resume).
+constexpr const char* kPlateauBest = "state.plateau-best";
+constexpr const char* kPlateauBad = "state.plateau-bad-epochs";
+constexpr const char* kPlateauCooldown = "state.plateau-cooldown";
+constexpr const char* kTrainSeconds = "state.train-seconds";
+
+std::unique_ptr<optim::Optimizer> make_optimizer(const TrainOptions& t,
+                                                 optim::NamedParameters params) {
+  if (t.optimizer == "sgd")
+    return std::make_unique<optim::Sgd>(std::move(params),
+                                        optim::SgdOptions{t.lr, t.momentum, false, t.weight_decay});
+  optim::AdamOptions a;
+  a.lr = t.lr;
+  a.weight_decay = t.weight_decay;
+  a.decay = t.decoupled_weight_decay ? optim::WeightDecay::decoupled : optim::WeightDecay::l2;
+  if (t.optimizer == "radam") return std::make_unique<optim::RAdam>(std::move(params), a);
+  if (t.optimizer == "adamw") return std::make_unique<optim::AdamW>(std::move(params), a);
+  return std::make_unique<optim::Adam>(std::move(params), a);
+}
+
+void check_device(const std::string& device) {
+  if (device == "cpu") return;
+  CLUSTR_CHECK(cuda::compiled(),
+               "--device cuda: this build has no CUDA backend (it is built when CMake finds the "
+               "CUDA toolkit; -DCLUSTR_CUDA=ON requires it); use --device cpu");
+  CLUSTR_CHECK(cuda::available(), "--device cuda: no usable GPU: ", cuda::unavailable_reason(),
+               "; use --device cpu");
+  throw Error(
+      "--device cuda: training on cuda is not supported yet: the CUDA backend has memory, "
+      "copies and GEMM, but not yet the kernels of the other ops (embedding, attention, layer "
+      "norm, cross-entropy, the optimizer update); use --device cpu");
+}
+
+double parse_state(const std::map<std::string, std::string>& config, const char* key,
+                   const std::string& file) {
+  auto it = config.find(key);
+  CLUSTR_CHECK(it != config.end(), "--resume: ", file, " lacks config entry '", key, "'");
+  char* end = nullptr;
+  double v = std::strtod(it->second.c_str(), &end);
+  CLUSTR_CHECK(!it->second.empty() && *end == '\0', "--resume: ", file, ": config entry '", key,
+               "' is \"", it->second, "\", not a number");
+  return v;
+}
+
+std::string join_lines(const std::vector<std::string>& lines) {
+  std::string s;
+  for (const std::string& l : lines) s += "\n  " + l;
+  return s;
+}
+
+}  // namespace
+
+std::string resolve_checkpoint(const std::string& path, const char* flag) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    const std::string file = (fs::path(path) / kCheckpointFile).string();
+    CLUSTR_CHECK(fs::is_regular_file(file, ec), flag, ": the folder ", path, " holds no ",
+                 kCheckpointFile);
+    return file;
+  }
+  CLUSTR_CHECK(fs::is_regular_file(path, ec), flag, ": no such checkpoint file or folder: ", path);
+  return path;
+}
+
+std::map<std::string, std::string> read_checkpoint_config(const std::string& file) {
+  std::map<std::string, std::string> config;
+  for (const auto& [key, value] : load_safetensors(file).metadata)
+    if (key.rfind("config.", 0) == 0) config[key.substr(7)] = value;
+  return config;
+}
+
+std::vector<std::pair<std::string, std::string>> build_info() {
+#if defined(__clang__)
+  const std::string compiler = std::string("clang ") + __clang_version__;
+#elif defined(__GNUC__)
+  const std::string compiler = std::string("g++ ") + __VERSION__;
+#else
+  const std::string compiler = "unknown";
+#endif
+#ifdef _OPENMP
+  const std::string openmp = "on (" + std::to_string(_OPENMP) + ")";
+#else
+  const std::string openmp = "off";
+#endif
+  std::string cuda_state = cuda::compiled() ? "compiled" : "off";
+  if (cuda::compiled())
+    cuda_state += cuda::available() ? ", GPU present" : ", no GPU: " + cuda::unavailable_reason();
+  return {{"compiler", compiler},
+          {"build type", CLUSTR_BUILD_TYPE},
+          {"OpenMP", openmp},
+          {"CUDA", cuda_state},
+          {"GEMM micro-kernel", cpu::gemm_kernel_name()},
+          {"threads", std::to_string(num_threads())}};
+}
+
+Trainer::Trainer(const RunOptions& options, std::FILE* log)
+    : options_(options),
+      log_(log),
+      gen_(derive_key(options.train.seed, 0)),
+      heldout_key_(derive_key(options.train.seed, 1)),
+      final_key_(derive_key(options.train.seed, 2)),
+      eval_key_(derive_key(options.train.seed, 3)) {
+  validate(options_);
+  check_device(options_.device);
+  if (options_.threads > 0) set_num_threads(options_.threads);
+  model_ = std::make_unique<CopyModel>(options_.model, vocab_size(options_.task), gen_);
+  optimizer_ = make_optimizer(options_.train, model_->named_parameters());
+  if (options_.train.lr_schedule == "plateau") {
+    const TrainOptions& t = options_.train;
+    plateau_ = std::make_unique<optim::ReduceLrOnPlateau>(optim::PlateauOptions{
+        t.plateau_factor, t.plateau_patience, t.plateau_threshold, t.plateau_cooldown, t.min_lr});
+  }
+  Generator heldout(heldout_key_);
+  for (int64_t i = 0; i < options_.output.eval_batches; ++i)
+    heldout_.push_back(make_copy_task_batch(options_.task, options_.train.batch, heldout));
+}
+
+void Trainer::log(const char* format, ...) const {
+  if (!log_) return;
+  va_list args;
+  va_start(args, format);
+  std::vfprintf(log_, format, args);
+  va_end(args);
+  std::fflush(log_);
+}
+
+float Trainer::scheduled_lr(int64_t steps_done) const {
+  const TrainOptions& t = options_.train;
+  if (t.lr_schedule != "constant" && t.warmup > 0 && steps_done < t.warmup)
+    return optim::LinearWarmupLr(t.lr, t.warmup).lr_at(steps_done);
+  return t.lr;
+}
+
+float Trainer::train_step(double* accuracy) {
+  const int64_t done = step();
+  // After its warm-up the plateau schedule owns the lr (it lowers it at evaluations).
+  if (!plateau_ || done < options_.train.warmup) optimizer_->set_lr(scheduled_lr(done));
+  const CopyTaskBatch batch = make_copy_task_batch(options_.task, options_.train.batch, gen_);
+  model_->train();
+  const Variable logits = model_->forward(batch.input, batch.lengths, gen_);  // (B, N, V)
+  const Variable loss = cross_entropy(logits, batch.target, Tensor(), kCopyTaskIgnoreIndex);
+  if (accuracy) *accuracy = masked_accuracy(logits.data(), batch.target);
+  optimizer_->zero_grad();
+  loss.backward();
+  if (options_.train.clip > 0.0f)
+    optim::clip_grad_norm(optimizer_->parameters(), double(options_.train.clip));
+  optimizer_->step();
+  return loss.item();
+}
+
+Evaluation Trainer::evaluate(const std::vector<CopyTaskBatch>& batches) const {
+  const auto t0 = Clock::now();
+  NoGradGuard no_grad;
+  model_->eval();
+  Generator gen(eval_key_);  // the same hashing at every evaluation
+  double loss_sum = 0, correct = 0;
+  int64_t tokens = 0;
+  for (const CopyTaskBatch& b : batches) {
+    const Tensor logits = model_->forward(b.input, b.lengths, gen).data();  // (B, N, V)
+    const int64_t V = logits.size(2);
+    const CrossEntropyOutput ce =
+        cross_entropy(logits.reshape({-1, V}), b.target.reshape({-1}), Tensor(),
+                      kCopyTaskIgnoreIndex, Reduction::sum);
+    const auto counted = static_cast<int64_t>(std::llround(ce.total_weight));
+    loss_sum += double(ce.loss.item());
+    correct += masked_accuracy(logits, b.target) * double(counted);
+    tokens += counted;
+  }
+  model_->train();
+  Evaluation e;
+  e.tokens = tokens;
+  e.loss = tokens ? loss_sum / double(tokens) : 0.0;
+  e.accuracy = tokens ? std::round(correct) / double(tokens) : 0.0;
+  e.seconds = seconds_since(t0);
+  return e;
+}
+
+std::vector<CopyTaskBatch> Trainer::final_batches(int64_t n) const {
+  Generator gen(final_key_);
+  std::vector<CopyTaskBatch> out;
+  for (int64_t i = 0; i < n; ++i)
+    out.push_back(make_copy_task_batch(options_.task, options_.train.batch, gen));
+  return out;
+}
+
+void Trainer::save(const std::string& path) const {
+  CheckpointState state;
+  state.step = step();
+  state.config = to_config(options_);
+  if (plateau_) {
+    char best[40];
+    std::snprintf(best, sizeof best, "%.17g", plateau_->best());
+    state.config[kPlateauBest] = best;
+    state.config[kPlateauBad] = std::to_string(plateau_->bad_epochs());
+    state.config[kPlateauCooldown] = std::to_string(plateau_->cooldown_counter());
+  }
+  char secs[40];
+  std::snprintf(secs, sizeof secs, "%.3f", elapsed_before_ + run_seconds_);
+  state.config[kTrainSeconds] = secs;
+  state.extras = optimizer_->state_dict();
+  state.rng = GeneratorState::of(gen_);
+  save_checkpoint(path, *model_, state);
+}
+
+void Trainer::resume(const std::string& path) {
+  const std::string file = resolve_checkpoint(path, "--resume");
+  // Compare the settings before loading: a different model would fail with a list of tensor
+  // shapes, while the flags that differ are what the user needs to see.
+  const std::map<std::string, std::string> saved = read_checkpoint_config(file);
+  const std::map<std::string, std::string> now = to_config(options_);
+  const std::vector<std::string> locked = config_differences(saved, now, resume_locked_keys());
+  CLUSTR_CHECK(locked.empty(), "--resume: ", file, " was trained with other settings, so it "
+               "cannot be resumed with these (give the checkpoint's values, or start a new run "
+               "in another --out folder):", join_lines(locked));
+  for (const std::string& d : config_differences(saved, now, resume_noted_keys()))
+    log("note: %s; continuing with the new value, so this is no exact continuation\n",
+        d.c_str());
+
+  const LoadedCheckpoint c = load_checkpoint(file, *model_);
+  optimizer_->load_state_dict(c.extras);
+  CLUSTR_CHECK(optimizer_->step_count() == c.step, "--resume: ", file, " is at step ", c.step,
+               " but its optimizer state at step ", optimizer_->step_count());
+  c.restore_generator(gen_);
+  if (plateau_ && c.config.count(kPlateauBest))
+    plateau_->restore(parse_state(c.config, kPlateauBest, file),
+                      int64_t(parse_state(c.config, kPlateauBad, file)),
+                      int64_t(parse_state(c.config, kPlateauCooldown, file)));
+  if (c.config.count(kTrainSeconds)) elapsed_before_ = parse_state(c.config, kTrainSeconds, file);
+  resumed_ = true;
+  log("resumed from %s at step %lld\n", file.c_str(), static_cast<long long>(c.step));
+}
+
+void Trainer::print_config(std::FILE* out) const {
+  if (!out) return;
+  std::fprintf(out, "copy_task configuration\n");
+  for (const auto& [key, value] : config_entries(options_)) {
+    const std::string flag = "--" + key;
+    std::fprintf(out, "  %-26s %s\n", flag.c_str(), value.c_str());
+  }
+  const int64_t N = sequence_length(options_.task);
+  std::fprintf(out, "  %-26s %s\n", "attention", options_.model.attention.describe().c_str());
+  std::fprintf(out, "  %-26s %lld (D = %lld, N = %lld, V = %d)\n", "parameters",
+               static_cast<long long>(model_->parameter_count()),
+               static_cast<long long>(options_.model.dim()), static_cast<long long>(N),
+               vocab_size(options_.task));
+  std::fprintf(out, "build\n");
+  for (const auto& [key, value] : build_info())
+    std::fprintf(out, "  %-26s %s\n", key.c_str(), value.c_str());
+  std::fflush(out);
+}
+
+RunResult Trainer::run() {
+  const auto t_begin = Clock::now();
+  const RunOptions& o = options_;
+  const OutputOptions& u = o.output;
+  fs::create_directories(u.out);
+  const std::string checkpoint = (fs::path(u.out) / kCheckpointFile).string();
+  MetricsLog metrics;
+  const std::string csv = (fs::path(u.out) / "metrics.csv").string();
+  if (resumed_)
+    metrics.resume(csv, step());
+  else
+    metrics.start(csv);
+
+  RunResult r;
+  run_seconds_ = 0;
+  r.start_step = step();
+  r.stop_reason = "steps";
+  const int64_t total = o.train.steps;
+  const double tokens_per_step = double(o.train.batch) * double(sequence_length(o.task));
+  double interval_loss = 0, interval_acc = 0, interval_seconds = 0;
+  int64_t interval_steps = 0;
+  while (step() < total) {
+    const auto t0 = Clock::now();
+    double acc = 0;
+    const float loss = train_step(&acc);
+    const double dt = seconds_since(t0);
+    r.losses.push_back(loss);
+    r.train_seconds += dt;
+    run_seconds_ = r.train_seconds;
+    interval_loss += double(loss), interval_acc += acc, interval_seconds += dt;
+    ++interval_steps;
+
+    const int64_t s = step();
+    const bool last = s == total;
+    const bool time_up = o.train.time_limit > 0 && r.train_seconds >= o.train.time_limit;
+    const bool log_now = s % u.log_interval == 0 || last || time_up;
+    const bool eval_now = s % u.eval_interval == 0 || last || time_up;
+    if (!log_now && !eval_now) continue;
+    MetricsRow row;
+    row.step = s;
+    if (log_now) {
+      const double ms = 1e3 * interval_seconds / double(interval_steps);
+      row.train_loss = interval_loss / double(interval_steps);
+      row.train_acc = interval_acc / double(interval_steps);
+      row.lr = optimizer_->lr();
+      row.ms_per_step = ms;
+      row.tokens_per_s = tokens_per_step * double(interval_steps) / interval_seconds;
+      log("step %lld/%lld  loss %.4f  acc %.3f  lr %.2e  ms/step %.1f  tok/s %.0f  left %s\n",
+          static_cast<long long>(s), static_cast<long long>(total), row.train_loss,
+          row.train_acc, row.lr, ms, row.tokens_per_s,
+          format_duration(double(total - s) * ms * 1e-3).c_str());
+      interval_loss = interval_acc = interval_seconds = 0;
+      interval_steps = 0;
+    }
+    bool stop = false;
+    if (eval_now) {
+      const Evaluation e = evaluate_heldout();
+      r.last_eval = e;
+      row.eval_loss = e.loss;
+      row.eval_acc = e.accuracy;
+      log("eval %lld/%lld  held-out loss %.4f  acc %.4f  (%lld x %lld sequences, %lld masked "
+          "tokens, %.1f s)\n",
+          static_cast<long long>(s), static_cast<long long>(total), e.loss, e.accuracy,
+          static_cast<long long>(heldout_.size()), static_cast<long long>(o.train.batch),
+          static_cast<long long>(e.tokens), e.seconds);
+      if (plateau_ && s >= o.train.warmup && plateau_->step(e.loss, *optimizer_))
+        log("plateau: held-out loss has not improved; lr lowered to %.2e\n", optimizer_->lr());
+      if (o.train.target_accuracy > 0 && e.accuracy >= o.train.target_accuracy) {
+        r.reached_target = true;
+        r.stop_reason = "target accuracy";
+        log("reached the target held-out accuracy %.4f at step %lld: training stops\n",
+            o.train.target_accuracy, static_cast<long long>(s));
+        stop = true;
+      }
+    }
+    metrics.append(row);
+    if (eval_now && u.write_plots) metrics.plot(u.out);
+    if (time_up && !stop) {
+      r.stop_reason = "time limit";
+      log("time limit of %s reached at step %lld: training stops\n",
+          format_duration(o.train.time_limit).c_str(), static_cast<long long>(s));
+      stop = true;
+    }
+    if (u.write_checkpoints && u.checkpoint_interval > 0 && s % u.checkpoint_interval == 0 &&
+        !stop && !last) {
+      save(checkpoint);
+    }
+    if (stop) break;
+  }
+  r.end_step = step();
+  if (u.write_checkpoints) save(checkpoint);
+  if (u.write_plots && !metrics.rows().empty()) metrics.plot(u.out);
+
+  r.final_eval = evaluate(final_batches(u.final_eval_batches));
+  r.total_seconds = seconds_since(t_begin);
+  log("final held-out evaluation (%lld x %lld new sequences, %lld masked tokens): loss %.4f  "
+      "masked accuracy %.4f\n",
+      static_cast<long long>(u.final_eval_batches), static_cast<long long>(o.train.batch),
+      static_cast<long long>(r.final_eval.tokens), r.final_eval.loss, r.final_eval.accuracy);
+  log("steps %lld..%lld (%s) in %s of training, %s in all%s%s\n",
+      static_cast<long long>(r.start_step), static_cast<long long>(r.end_step),
+      r.stop_reason.c_str(), format_duration(r.train_seconds).c_str(),
+      format_duration(r.total_seconds).c_str(),
+      u.write_checkpoints ? "; checkpoint " : "", u.write_checkpoints ? checkpoint.c_str() : "");
+  return r;
+}
+
+}  // namespace clustr::copy

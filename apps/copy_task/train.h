@@ -1,0 +1,121 @@
+// Training and evaluating the copy-task model: the training step, held-out evaluation, the
+// learning-rate schedule, checkpoints that resume a run exactly, and the whole training loop
+// with its log lines, metrics.csv and plots.
+//
+// Random streams (all Philox, core/random.h), each keyed by a number derived from --seed:
+//   training   model initialisation, then each step's batch, dropout masks and the clustered
+//              types' hashing, in that order; its position is saved in checkpoints;
+//   held-out   the fixed evaluation batches, drawn once at the start (so every evaluation
+//              sees the same sequences; another key, so they are independent of the
+//              training batches);
+//   final      the larger held-out set evaluated after training (a third key);
+//   evaluation the hashing during an evaluation, restarted at each one (evaluations are
+//              repeatable and never move the training stream).
+//
+// Exact resume: a checkpoint holds the weights, the optimizer state (moments, step counts, the
+// current lr), the training stream's position, the step, the run's config and the plateau
+// schedule's state (config keys state.plateau-*). Since every kernel gives the same result at
+// any thread count, N steps + resume + M steps reproduce N + M steps bit for bit.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "apps/copy_task/metrics.h"
+#include "apps/copy_task/model.h"
+#include "apps/copy_task/options.h"
+#include "core/random.h"
+#include "data/copy_task.h"
+#include "optim/optimizer.h"
+
+namespace clustr::copy {
+
+struct Evaluation {
+  double loss = 0;      // mean cross-entropy over the masked positions
+  double accuracy = 0;  // masked-token accuracy
+  int64_t tokens = 0;   // masked positions counted
+  double seconds = 0;
+};
+
+struct RunResult {
+  int64_t start_step = 0, end_step = 0;
+  std::vector<float> losses;  // the training loss of each step this call ran, in order
+  std::optional<Evaluation> last_eval;  // the last periodic held-out evaluation
+  Evaluation final_eval;                // the larger held-out set, after training
+  bool reached_target = false;
+  std::string stop_reason;  // "steps", "target accuracy", "time limit"
+  double train_seconds = 0;  // training steps only, this call
+  double total_seconds = 0;  // this call, evaluations and checkpoints included
+};
+
+// A file path, or a folder holding checkpoint.safetensors -> the checkpoint file; throws a
+// clear error when neither exists.
+std::string resolve_checkpoint(const std::string& file_or_folder, const char* flag);
+
+// The run config saved in a checkpoint file (its "config.<key>" metadata, prefix removed).
+std::map<std::string, std::string> read_checkpoint_config(const std::string& file);
+
+class Trainer {
+ public:
+  // Builds the model (initialised from the training stream), the optimizer and the held-out
+  // batches. `log` receives the log lines (nullptr: silent). Throws on invalid options.
+  Trainer(const RunOptions& options, std::FILE* log);
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // Continues from a checkpoint (a file, or a folder with checkpoint.safetensors). Refuses,
+  // naming each differing flag, when the model, task or optimizer kind differ from the
+  // saved run; other differences (lr, batch, ...) are noted in the log and take effect.
+  void resume(const std::string& path);
+
+  // One optimizer step on a fresh training batch; returns the loss and sets *accuracy to the
+  // batch's masked-token accuracy.
+  float train_step(double* accuracy = nullptr);
+  // Loss and accuracy over batches in evaluation mode (no dropout, no gradients).
+  Evaluation evaluate(const std::vector<CopyTaskBatch>& batches) const;
+  Evaluation evaluate_heldout() const { return evaluate(heldout_); }
+  // n batches of the final held-out stream (the same ones for the same seed and n).
+  std::vector<CopyTaskBatch> final_batches(int64_t n) const;
+
+  // Writes a checkpoint (atomically) with everything resume() needs.
+  void save(const std::string& path) const;
+
+  // Trains from the current step to options.train.steps (or the target accuracy, or the time
+  // limit), logging, writing metrics.csv, plots and checkpoints into options.output.out; then
+  // evaluates the final held-out set and writes the final checkpoint.
+  RunResult run();
+
+  // The settings table and build information (for the start of a run).
+  void print_config(std::FILE* out) const;
+
+  int64_t step() const { return optimizer_->step_count(); }
+  CopyModel& model() { return *model_; }
+  const optim::Optimizer& optimizer() const { return *optimizer_; }
+  const RunOptions& options() const { return options_; }
+
+ private:
+  float scheduled_lr(int64_t steps_done) const;
+  void log(const char* format, ...) const __attribute__((format(printf, 2, 3)));
+
+  RunOptions options_;
+  std::FILE* log_;
+  Generator gen_;                            // the training stream
+  uint64_t heldout_key_, final_key_, eval_key_;
+  std::unique_ptr<CopyModel> model_;
+  std::unique_ptr<optim::Optimizer> optimizer_;
+  std::unique_ptr<optim::ReduceLrOnPlateau> plateau_;  // plateau schedule only
+  std::vector<CopyTaskBatch> heldout_;
+  bool resumed_ = false;
+  double elapsed_before_ = 0;  // training seconds of the runs before a resume
+  double run_seconds_ = 0;     // training seconds of run() so far
+};
+
+// Build information for the config table: compiler, build type, OpenMP, CUDA, GEMM kernel.
+std::vector<std::pair<std::string, std::string>> build_info();
+
+}  // namespace clustr::copy

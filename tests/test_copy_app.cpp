@@ -1,0 +1,260 @@
+// The copy-task app's library (apps/copy_task/): exact resume (N steps + checkpoint + M steps
+// gives the losses and weights of N + M steps, bit for bit, with the warm-up and the plateau
+// schedules), metrics.csv continued without duplicates, resume refused for another model,
+// flag checks, config round trips, and the heatmap writer.
+//
+// The app executable itself (a smoke run whose loss must fall, bad flags, resume mismatch on
+// the command line) is run by ctest entries in tests/CMakeLists.txt.
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "apps/common/plot.h"
+#include "apps/copy_task/options.h"
+#include "apps/copy_task/train.h"
+#include "check.h"
+#include "core/error.h"
+
+using namespace clustr;
+using namespace clustr::copy;
+using clustr::test::TempDir;
+
+namespace {
+
+// A tiny model and task: 1 layer, 2 heads x 8, L = 5 (N = 12), batch 4.
+RunOptions tiny(AttentionType type, const std::string& out) {
+  RunOptions o = preset_options("cpu");
+  o.model.layers = 1;
+  o.model.heads = 2;
+  o.model.head_dim = 8;
+  o.model.feedforward = 16;
+  o.model.dropout = 0.1f;  // draws from the training stream, so resume must restore it
+  o.model.attention.type = type;
+  o.model.attention.clusters = 3;
+  o.model.attention.topk = 4;  // fewer than the 12 keys: the top-k sets matter
+  o.task = CopyTaskConfig{5, 4, 0.2f};
+  o.train.batch = 4;
+  o.train.steps = 10;
+  o.train.lr = 1e-2f;
+  o.train.warmup = 3;
+  o.train.target_accuracy = 0.0;
+  o.output.out = out;
+  o.output.log_interval = 2;
+  o.output.eval_interval = 2;
+  o.output.eval_batches = 2;
+  o.output.final_eval_batches = 2;
+  o.output.checkpoint_interval = 0;
+  o.output.write_plots = false;
+  return o;
+}
+
+std::vector<int64_t> csv_steps(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  std::vector<int64_t> steps;
+  std::getline(in, line);  // header
+  while (std::getline(in, line)) steps.push_back(std::stoll(line.substr(0, line.find(','))));
+  return steps;
+}
+
+void check_resume_is_exact(RunOptions o, const TempDir& dir) {
+  o.output.out = dir.file("whole");
+  Trainer whole(o, nullptr);
+  const RunResult all = whole.run();
+  REQUIRE(all.losses.size() == 10);
+
+  RunOptions first = o;
+  first.output.out = dir.file("split");
+  first.train.steps = 6;
+  Trainer a(first, nullptr);
+  const RunResult r1 = a.run();
+  REQUIRE(r1.losses.size() == 6);
+
+  RunOptions second = o;
+  second.output.out = dir.file("split");
+  Trainer b(second, nullptr);
+  b.resume(dir.file("split"));
+  CHECK(b.step() == 6);
+  const RunResult r2 = b.run();
+  REQUIRE(r2.losses.size() == 4);
+
+  for (size_t i = 0; i < 10; ++i) {
+    const float split = i < 6 ? r1.losses[i] : r2.losses[i - 6];
+    CAPTURE(i);
+    CHECK(std::memcmp(&split, &all.losses[i], sizeof(float)) == 0);  // bit for bit
+  }
+  const auto pw = whole.model().named_parameters(), pb = b.model().named_parameters();
+  REQUIRE(pw.size() == pb.size());
+  for (size_t i = 0; i < pw.size(); ++i) {
+    CAPTURE(pw[i].first);
+    const std::vector<float> x = pw[i].second.data().to_vector(),
+                             y = pb[i].second.data().to_vector();
+    REQUIRE(x.size() == y.size());
+    CHECK(std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0);
+  }
+  CHECK(whole.optimizer().lr() == b.optimizer().lr());
+  // The final held-out evaluation sees the same model and data.
+  CHECK(all.final_eval.loss == r2.final_eval.loss);
+  // metrics.csv continues: the rows of steps 2..6, then 8, 10, each once.
+  CHECK(csv_steps(dir.file("split") + "/metrics.csv") == std::vector<int64_t>{2, 4, 6, 8, 10});
+}
+
+}  // namespace
+
+TEST_CASE("copy task: 6 steps + resume + 4 steps == 10 steps, improved-clustered, warm-up") {
+  TempDir dir;
+  check_resume_is_exact(tiny(AttentionType::improved_clustered, ""), dir);
+}
+
+TEST_CASE("copy task: 6 steps + resume + 4 steps == 10 steps, full attention, plateau") {
+  TempDir dir;
+  RunOptions o = tiny(AttentionType::full, "");
+  o.train.optimizer = "radam";
+  o.train.lr_schedule = "plateau";
+  o.train.warmup = 2;
+  o.train.plateau_patience = 0;   // lower the lr at most evaluations, so its state matters
+  o.train.plateau_threshold = 0.5;
+  o.train.plateau_cooldown = 1;
+  check_resume_is_exact(o, dir);
+}
+
+TEST_CASE("copy task: the plateau schedule lowered the lr and resume keeps it") {
+  TempDir dir;
+  RunOptions o = tiny(AttentionType::full, dir.file("run"));
+  o.train.lr_schedule = "plateau";
+  o.train.warmup = 0;
+  o.train.plateau_patience = 0;
+  o.train.plateau_threshold = 0.9;  // nothing counts as an improvement after the first
+  o.train.steps = 6;
+  Trainer a(o, nullptr);
+  a.run();
+  CHECK(a.optimizer().lr() < o.train.lr);
+  o.train.steps = 8;
+  Trainer b(o, nullptr);
+  b.resume(dir.file("run"));
+  CHECK(b.optimizer().lr() == a.optimizer().lr());
+}
+
+TEST_CASE("copy task: resuming with another model or task is refused, naming the flags") {
+  TempDir dir;
+  RunOptions o = tiny(AttentionType::improved_clustered, dir.file("run"));
+  o.train.steps = 2;
+  Trainer(o, nullptr).run();
+
+  RunOptions other = o;
+  other.model.layers = 2;
+  other.task.length = 6;
+  Trainer t(other, nullptr);
+  CHECK_ERROR(t.resume(dir.file("run")), "--resume", "trained with other settings",
+              "--layers: checkpoint 1, now 2", "--length: checkpoint 5, now 6");
+  CHECK(t.step() == 0);  // nothing was loaded
+
+  RunOptions attention = o;
+  attention.model.attention.type = AttentionType::full;
+  Trainer u(attention, nullptr);
+  CHECK_ERROR(u.resume(dir.file("run")), "--attention: checkpoint improved-clustered, now full");
+
+  // Training settings may change: the run continues (with a note in the log).
+  RunOptions lr = o;
+  lr.train.lr = 5e-3f;
+  lr.train.steps = 3;
+  Trainer v(lr, nullptr);
+  v.resume(dir.file("run"));
+  CHECK(v.step() == 2);
+}
+
+TEST_CASE("copy task: a missing checkpoint is a clear error") {
+  TempDir dir;
+  CHECK_ERROR(resolve_checkpoint(dir.file("nothing"), "--resume"), "--resume",
+              "no such checkpoint file or folder", "nothing");
+  CHECK_ERROR(resolve_checkpoint(dir.file(""), "--resume"), "holds no checkpoint.safetensors");
+}
+
+TEST_CASE("copy task: bad option values are refused with the flag's name") {
+  auto error = [](auto change) {
+    RunOptions o = preset_options("cpu");
+    change(o);
+    return clustr::test::error_of([&] { validate(o); });
+  };
+  CHECK(error([](RunOptions&) {}).empty());
+  CHECK(error([](RunOptions& o) { o.train.steps = -5; }) == "--steps must be >= 1, got -5");
+  CHECK(error([](RunOptions& o) { o.model.attention.clusters = 0; }) ==
+        "--clusters must be >= 1, got 0");
+  CHECK(error([](RunOptions& o) { o.task.mask_ratio = 0.7f; }).find("--mask-ratio must be in "
+                                                                   "(0, 0.5]") == 0);
+  CHECK(error([](RunOptions& o) { o.train.optimizer = "lamb"; }).find("--optimizer") == 0);
+  CHECK(error([](RunOptions& o) { o.train.lr_schedule = "cosine"; }).find("--lr-schedule") == 0);
+  CHECK(error([](RunOptions& o) { o.device = "tpu"; }).find("--device") == 0);
+  CHECK_ERROR(parse_attention_type("linear"), "unknown attention type 'linear'",
+              "full, clustered, improved-clustered");
+  CHECK_ERROR(preset_options("gpu"), "unknown --preset 'gpu'");
+}
+
+TEST_CASE("copy task: --device cuda is refused with the reason") {
+  RunOptions o = tiny(AttentionType::full, "unused");
+  o.device = "cuda";
+  CHECK_ERROR(Trainer(o, nullptr), "--device cuda", "use --device cpu");
+}
+
+TEST_CASE("copy task: the config map round-trips the model and task") {
+  RunOptions o = preset_options("paper");
+  o.task.mask_ratio = 0.3f;
+  o.model.dropout = 0.1f;
+  o.model.attention.type = AttentionType::clustered;
+  o.train.seed = 12345678901234ull;
+  RunOptions back = preset_options("cpu");
+  apply_checkpoint_config(to_config(o), back);
+  CHECK(back.model.layers == 4);
+  CHECK(back.model.heads == 6);
+  CHECK(back.model.head_dim == 32);
+  CHECK(back.model.feedforward == 768);
+  CHECK(back.model.dropout == o.model.dropout);
+  CHECK(back.model.attention.type == AttentionType::clustered);
+  CHECK(back.task.mask_ratio == o.task.mask_ratio);  // exact, although 0.3 is not a float
+  CHECK(back.train.seed == o.train.seed);
+  CHECK(to_config(o).at("mask-ratio") == "0.3");
+  std::map<std::string, std::string> broken = to_config(o);
+  broken.erase("heads");
+  CHECK_ERROR(apply_checkpoint_config(broken, back), "lacks 'heads'");
+  broken = to_config(o);
+  broken["layers"] = "four";
+  CHECK_ERROR(apply_checkpoint_config(broken, back), "'layers' is \"four\", not an integer");
+}
+
+TEST_CASE("copy task: the paper preset is supp. C.2") {
+  const RunOptions p = preset_options("paper");
+  CHECK(p.model.layers == 4);
+  CHECK(p.model.heads == 6);
+  CHECK(p.model.head_dim == 32);
+  CHECK(p.model.feedforward == 768);
+  CHECK(p.train.optimizer == "radam");
+  CHECK(p.train.lr == 2e-4f);
+  CHECK(p.train.batch == 32);
+  CHECK(p.train.steps == 5000);
+  CHECK(p.model.attention.type == AttentionType::improved_clustered);
+}
+
+TEST_CASE("heatmap: writes a PNG, grey for missing cells; refuses mismatched sizes") {
+  TempDir dir;
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  plot::HeatmapOptions o;
+  o.title = "test";
+  plot::write_heatmap(dir.file("h.png"), {"a", "b"}, {"x", "y", "z"},
+                      {{0.1, 0.5, 1.0}, {nan, 0.99, -3.0}}, o);
+  std::ifstream f(dir.file("h.png"), std::ios::binary);
+  char magic[8] = {};
+  f.read(magic, 8);
+  CHECK(std::string(magic + 1, 3) == "PNG");
+  CHECK(dir.list() == std::vector<std::string>{"h.png"});  // no temporary left behind
+  CHECK_ERROR(plot::write_heatmap(dir.file("bad.png"), {"a"}, {"x", "y"}, {{0.1}}, o),
+              "row 0 has 1 values for 2 columns");
+  CHECK_ERROR(plot::write_heatmap(dir.file("bad.png"), {"a", "b"}, {"x"}, {{0.1}}, o),
+              "2 row labels but 1 rows");
+  o.lo = 1, o.hi = 1;
+  CHECK_ERROR(plot::write_heatmap(dir.file("bad.png"), {"a"}, {"x"}, {{0.1}}, o), "lo < hi");
+}
