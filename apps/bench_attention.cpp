@@ -1,17 +1,26 @@
-// Attention benchmark (the paper's supplementary C.1 measure): one attention type alone (full
-// by default; --attention clustered), forward + backward through autograd, batch 1, H heads of
-// E dims (6 x 64 by default), for each sequence length N. Prints the time and the peak extra
-// memory per sequence element (time / N, bytes / N) and writes a CSV.
+// Attention benchmark (the paper's supplementary C.1 measure): one or more attention types
+// (full by default; --attention full clustered improved-clustered), forward + backward through
+// autograd, batch 1, H heads of E dims (6 x 64 by default), for each sequence length N. Prints
+// the time and the peak extra memory per sequence element (time / N, bytes / N), writes a CSV
+// and optionally the paper's Figure 4 as two PNGs: time per element (--png) and peak memory per
+// element (--png-memory) against N, log-log, one line per attention type.
 // apps/bench_attention_torch.py runs it beside PyTorch.
 //
 // Time: one untimed run (it also gives the memory figures), then --reps timed runs; the median
-// and the minimum are reported. Memory, two ways:
+// and the minimum are reported. With several thread counts (--threads 1 2) the runs of the
+// thread counts alternate (one run at each, then the next round), so that a shared host's
+// drift falls on all of them alike, and each line also gives the speedup over the first count.
+// Memory, two ways:
 //   tensor: peak minus live bytes of tensor storage (memory_stats(Device::cpu)) over the run,
-//           starting after the inputs Q, K, V and dO exist (outputs, gradients, scratch);
+//           starting after the inputs Q, K, V and dO exist: outputs, saved tensors, gradients
+//           and every kernel's scratch (the attention kernels and the clustering take their
+//           scratch from tensors, so the allocator counts it). This is what the plot shows.
 //   rss:    growth of the process's peak resident set over the run (VmHWM after the run minus
 //           VmRSS before it, the peak reset through /proc/self/clear_refs), which also counts
 //           GEMM packing buffers and anything else; -1 where /proc does not allow it. This is
-//           how the PyTorch script measures its side.
+//           how the PyTorch script measures its side. Blocks that the host cache kept from an
+//           earlier N are reused without growing the resident set, so this under-counts after
+//           the first N of a run; the tensor figure does not.
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -62,6 +71,18 @@ struct Sample {
   long long tensor_bytes, rss_bytes;
 };
 
+// The plot of one measure against N: log-log, one line per series.
+void plot(const std::string& path, const std::vector<clustr::plot::Series>& series,
+          const std::string& title, const std::string& y_label) {
+  clustr::plot::Options o;
+  o.title = title;
+  o.x_label = "sequence length N";
+  o.y_label = y_label;
+  o.log_x = o.log_y = true;
+  clustr::plot::write_line_plot(path, series, o);
+  std::printf("wrote %s\n", path.c_str());
+}
+
 // One forward + backward of the configured attention, as a training step would run it (the
 // clustered types include hashing and clustering).
 Sample run_once(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout,
@@ -88,10 +109,11 @@ int main(int argc, char** argv) try {
   CLI::App app{"clustr attention benchmark: forward + backward time and peak memory per element"};
   std::vector<int64_t> lengths = {512, 1024, 2048, 4096, 8192, 16384};
   int64_t heads = 6, dim = 64, batch = 1, max_full_n = 16384;
-  int reps = 3, threads = 0;
+  int reps = 3;
+  std::vector<int> thread_counts = {0};
   bool causal = false;
   std::vector<std::string> types = {"full"};
-  std::string csv_path = "bench_attention.csv", png_path;
+  std::string csv_path = "bench_attention.csv", png_path, png_memory_path;
   clustr::AttentionConfig config;
   app.add_option("--n", lengths, "sequence lengths N")->capture_default_str();
   app.add_option("--heads", heads, "attention heads H")->capture_default_str()->check(CLI::PositiveNumber);
@@ -99,7 +121,9 @@ int main(int argc, char** argv) try {
   app.add_option("--batch", batch, "batch size B")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--reps", reps, "timed runs per N (after one untimed)")->capture_default_str()
       ->check(CLI::Range(1, 1000));
-  app.add_option("--threads", threads, "OpenMP threads (0: the default)")->capture_default_str();
+  app.add_option("--threads", thread_counts,
+                 "OpenMP threads (0: the default); several (1 2) alternate run by run")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_flag("--causal", causal, "causal mask (full attention)");
   app.add_option("--attention", types, "one or more of full, clustered, improved-clustered")
       ->capture_default_str();
@@ -112,64 +136,90 @@ int main(int argc, char** argv) try {
       ->capture_default_str();
   app.add_option("--csv", csv_path, "CSV output file")->capture_default_str();
   app.add_option("--png", png_path, "also plot time per element against N (log-log) here");
+  app.add_option("--png-memory", png_memory_path,
+                 "also plot peak memory per element against N (log-log) here");
   CLI11_PARSE(app, argc, argv);
-  if (threads > 0) clustr::set_num_threads(threads);
   for (int64_t N : lengths)
     CLUSTR_CHECK(N >= 1, "bench_attention: --n values must be >= 1, got ", N);
+  const int default_threads = clustr::num_threads();
+  for (int& t : thread_counts)
+    if (t == 0) t = default_threads;
 
   std::ofstream csv(csv_path);
   CLUSTR_CHECK(csv.good(), "bench_attention: cannot write ", csv_path);
   csv << "attention,N,B,H,E,threads,causal,seconds_median,seconds_min,us_per_element,"
          "tensor_peak_bytes,rss_peak_bytes,bytes_per_element\n";
-  std::vector<clustr::plot::Series> time_series;
+  std::vector<clustr::plot::Series> time_series, memory_series;
+  const bool several = thread_counts.size() > 1;
 
   clustr::Generator gen(1);
   for (const std::string& type : types) {
     config.type = clustr::parse_attention_type(type);
     config.causal = causal;
     config.validate();
-    std::printf("%s attention, forward + backward: B=%ld, H=%ld, E=M=%ld, %d threads, "
+    std::string counts;
+    for (int t : thread_counts) counts += (counts.empty() ? "" : ", ") + std::to_string(t);
+    std::printf("%s attention, forward + backward: B=%ld, H=%ld, E=M=%ld, %s threads, "
                 "median of %d runs\n",
-                config.describe().c_str(), long(batch), long(heads), long(dim),
-                clustr::num_threads(), reps);
-    std::printf("%7s | %10s %10s | %12s %10s %10s | %12s\n", "N", "ms", "us/elem", "tensor MB",
-                "KB/elem", "B/N^2", "rss MB");
-    clustr::plot::Series series{type, {}, {}};
+                config.describe().c_str(), long(batch), long(heads), long(dim), counts.c_str(),
+                reps);
+    std::printf("%7s %7s | %10s %10s %7s | %12s %10s %10s | %12s\n", "N", "threads", "ms",
+                "us/elem", "speedup", "tensor MB", "KB/elem", "B/N^2", "rss MB");
+    std::vector<clustr::plot::Series> series(thread_counts.size());
+    clustr::plot::Series memory{type, {}, {}};
+    for (size_t t = 0; t < thread_counts.size(); ++t)
+      series[t].label =
+          several ? type + ", " + std::to_string(thread_counts[t]) + " threads" : type;
     for (int64_t N : lengths) {
       if (config.type == clustr::AttentionType::full && N > max_full_n) continue;
       Tensor q = Tensor::empty({batch, heads, N, dim}), k = Tensor::empty({batch, heads, N, dim});
       Tensor v = Tensor::empty({batch, heads, N, dim}), dout = Tensor::empty({batch, heads, N, dim});
       for (Tensor* t : {&q, &k, &v, &dout}) clustr::normal_(*t, gen);
-      const Sample first = run_once(q, k, v, dout, config, gen);
-      std::vector<double> times;
-      for (int r = 0; r < reps; ++r) times.push_back(run_once(q, k, v, dout, config, gen).seconds);
-      std::sort(times.begin(), times.end());
-      const double median = times[times.size() / 2];
-      const double us_per_elem = median / double(N) * 1e6;
-      const double bytes_per_elem = double(first.tensor_bytes) / double(N);
-      std::printf("%7ld | %10.1f %10.2f | %12.1f %10.1f %10.2f | %12.1f\n", long(N),
-                  median * 1e3, us_per_elem, first.tensor_bytes / 1048576.0,
-                  bytes_per_elem / 1024.0, double(first.tensor_bytes) / (double(N) * double(N)),
-                  first.rss_bytes < 0 ? -1.0 : first.rss_bytes / 1048576.0);
-      std::fflush(stdout);
-      csv << type << ',' << N << ',' << batch << ',' << heads << ',' << dim << ','
-          << clustr::num_threads() << ',' << int(causal) << ',' << median << ','
-          << times.front() << ',' << us_per_elem << ',' << first.tensor_bytes << ','
-          << first.rss_bytes << ',' << bytes_per_elem << '\n';
-      series.x.push_back(double(N));
-      series.y.push_back(us_per_elem);
+      std::vector<Sample> first;
+      std::vector<std::vector<double>> times(thread_counts.size());
+      for (int r = -1; r < reps; ++r)  // r = -1: the untimed run of each thread count
+        for (size_t t = 0; t < thread_counts.size(); ++t) {
+          clustr::set_num_threads(thread_counts[t]);
+          const Sample sample = run_once(q, k, v, dout, config, gen);
+          if (r < 0)
+            first.push_back(sample);
+          else
+            times[t].push_back(sample.seconds);
+        }
+      double base = 0.0;
+      for (size_t t = 0; t < thread_counts.size(); ++t) {
+        std::sort(times[t].begin(), times[t].end());
+        const double median = times[t][times[t].size() / 2];
+        if (t == 0) base = median;
+        const double us_per_elem = median / double(N) * 1e6;
+        const double bytes_per_elem = double(first[t].tensor_bytes) / double(N);
+        std::printf("%7ld %7d | %10.1f %10.2f %7.2f | %12.1f %10.1f %10.2f | %12.1f\n", long(N),
+                    thread_counts[t], median * 1e3, us_per_elem, base / median,
+                    first[t].tensor_bytes / 1048576.0, bytes_per_elem / 1024.0,
+                    double(first[t].tensor_bytes) / (double(N) * double(N)),
+                    first[t].rss_bytes < 0 ? -1.0 : first[t].rss_bytes / 1048576.0);
+        std::fflush(stdout);
+        csv << type << ',' << N << ',' << batch << ',' << heads << ',' << dim << ','
+            << thread_counts[t] << ',' << int(causal) << ',' << median << ',' << times[t].front()
+            << ',' << us_per_elem << ',' << first[t].tensor_bytes << ',' << first[t].rss_bytes
+            << ',' << bytes_per_elem << '\n';
+        series[t].x.push_back(double(N));
+        series[t].y.push_back(us_per_elem);
+        if (t == thread_counts.size() - 1) {  // memory: at the last (largest) thread count
+          memory.x.push_back(double(N));
+          memory.y.push_back(bytes_per_elem / 1024.0);
+        }
+      }
     }
-    time_series.push_back(series);
+    for (clustr::plot::Series& s : series) time_series.push_back(std::move(s));
+    memory_series.push_back(std::move(memory));
   }
-  if (!png_path.empty()) {
-    clustr::plot::Options o;
-    o.title = "attention, forward + backward";
-    o.x_label = "sequence length N";
-    o.y_label = "time per element (us)";
-    o.log_x = o.log_y = true;
-    clustr::plot::write_line_plot(png_path, time_series, o);
-    std::printf("wrote %s\n", png_path.c_str());
-  }
+  clustr::set_num_threads(default_threads);
+  if (!png_path.empty())
+    plot(png_path, time_series, "attention, forward + backward", "time per element (us)");
+  if (!png_memory_path.empty())
+    plot(png_memory_path, memory_series, "attention, forward + backward: peak memory",
+         "peak memory per element (KB)");
   std::printf("wrote %s\n", csv_path.c_str());
   return 0;
 } catch (const std::exception& e) {

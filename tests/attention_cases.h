@@ -6,7 +6,9 @@
 #include <vector>
 
 #include "check.h"
+#include "core/philox.h"
 #include "core/tensor.h"
+#include "layers/attention/clustered.h"
 
 namespace clustr::test {
 
@@ -41,6 +43,15 @@ inline AttentionInputs make_attention_inputs(const AttentionCase& c, uint32_t se
   return in;
 }
 
+// What mask element idx of a clustered type's dropout stream (clustered.h) multiplies its weight
+// by: 1 / (1 - p) when kept, 0 when dropped; 1 without dropout. Written from the documented
+// definition, independently of the kernels.
+inline double keep_factor(const ClusteredDropout& d, uint64_t idx) {
+  if (d.p <= 0.0f) return 1.0;
+  const Philox4 r = philox4x32(d.seed, d.offset + idx / 4);
+  return uint_to_unit(r.v[idx % 4]) >= d.p ? 1.0 / (1.0 - double(d.p)) : 0.0;
+}
+
 inline std::string name_of(const AttentionCase& c) {
   return "B=" + std::to_string(c.B) + " H=" + std::to_string(c.H) + " N=" + std::to_string(c.N) +
          " S=" + std::to_string(c.S) + " E=" + std::to_string(c.E) + " M=" + std::to_string(c.M) +
@@ -49,7 +60,8 @@ inline std::string name_of(const AttentionCase& c) {
 }
 
 // Runs `run()` (returning an AttentionResult) at 1 and at 2 threads; the results must be
-// bit-identical.
+// bit-identical. With one (b, h) pair, 2 threads share the pair's work (clusters, queries, keys)
+// while 1 thread runs it alone, so this also compares the two ways the kernels split work.
 template <typename Run>
 void check_thread_independent(Run run) {
   AttentionResult one, two;

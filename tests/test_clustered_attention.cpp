@@ -3,7 +3,10 @@
 // double-precision reference for random assignments with padded queries, empty clusters and
 // sequences without keys over sizes 1, 3, 17, 129 with N != S and E != M; gradcheck; padding
 // invariance (NaN in padded keys and values changes nothing); identical results at 1 and 2
-// threads; the attention() dispatcher and MultiHeadAttention end to end; argument errors.
+// threads, also for one sequence and one head with many clusters (the work shared inside the
+// pair); attention dropout (the reference with the documented mask, p = 0 is no dropout, none
+// in evaluation, gradcheck with a fixed mask, the mean over many masks, thread independence);
+// the attention() dispatcher and MultiHeadAttention end to end; argument errors.
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -30,10 +33,11 @@ using Inputs = AttentionInputs;
 using Result = AttentionResult;
 
 // The explicit reference in double, straight from eq. 3-6 and the chain rule for a fixed
-// assignment: Qc = member mean, Ac = softmax(t Qc K^T) over keys < L, out_i = (Ac V)_{j(i)};
-// dVc_j = sum of members' dO, dV = Ac^T dVc, dAc = dVc V^T, dS = Ac (dAc - rowsum(Ac dAc)),
-// dQc = t dS K, dK = t dS^T Qc, dQ_i = dQc_{j(i)} / |j(i)|.
-Result reference(const Case& c, const Inputs& in) {
+// assignment: Qc = member mean, Ac = softmax(t Qc K^T) over keys < L, Ad = Ac D (the dropout
+// factors, 1 without dropout), out_i = (Ad V)_{j(i)}; dVc_j = sum of members' dO,
+// dV = Ad^T dVc, dAc = (dVc V^T) D, dS = Ac (dAc - rowsum(Ac dAc)), dQc = t dS K,
+// dK = t dS^T Qc, dQ_i = dQc_{j(i)} / |j(i)|.
+Result reference(const Case& c, const Inputs& in, const ClusteredDropout& drop = {}) {
   const int64_t N = c.N, S = c.S, E = c.E, M = c.M, C = c.C;
   const double t = c.temperature > 0 ? c.temperature : 1.0 / std::sqrt(double(E));
   const std::vector<float> Q = in.Q.to_vector(), K = in.K.to_vector(), V = in.V.to_vector(),
@@ -66,12 +70,14 @@ Result reference(const Case& c, const Inputs& in) {
         mx = std::max(mx, t * dot);
       }
       for (int64_t s = 0; s < L; ++s) sum += (A[j * S + s] = std::exp(A[j * S + s] - mx));
-      std::vector<double> dA(L);
+      std::vector<double> dA(L), D(L);
       double rowsum = 0;
       for (int64_t s = 0; s < L; ++s) {
         A[j * S + s] /= sum;
+        D[s] = keep_factor(drop, static_cast<uint64_t>((bh * C + j) * S + s));
         dA[s] = 0;
         for (int64_t m = 0; m < M; ++m) dA[s] += dVc[j * M + m] * V[(bh * S + s) * M + m];
+        dA[s] *= D[s];
         rowsum += A[j * S + s] * dA[s];
       }
       for (int64_t s = 0; s < L; ++s) {
@@ -81,8 +87,9 @@ Result reference(const Case& c, const Inputs& in) {
           r.dK[(bh * S + s) * E + e] += static_cast<float>(t * ds * Qc[j * E + e]);
         }
         for (int64_t m = 0; m < M; ++m)
-          r.dV[(bh * S + s) * M + m] += static_cast<float>(A[j * S + s] * dVc[j * M + m]);
+          r.dV[(bh * S + s) * M + m] += static_cast<float>(A[j * S + s] * D[s] * dVc[j * M + m]);
       }
+      for (int64_t s = 0; s < L; ++s) A[j * S + s] *= D[s];  // Ad, for the output below
     }
     for (int64_t i = 0; i < N; ++i) {
       const int32_t j = a[bh * N + i];
@@ -99,9 +106,9 @@ Result reference(const Case& c, const Inputs& in) {
   return r;
 }
 
-Result run(const Case& c, const Inputs& in) {
+Result run(const Case& c, const Inputs& in, const ClusteredDropout& drop = {}) {
   const ClusteredAttentionOutput f = clustered_attention_forward(
-      in.Q, in.K, in.V, in.lengths, in.assignment, c.C, c.temperature);
+      in.Q, in.K, in.V, in.lengths, in.assignment, c.C, c.temperature, drop);
   const ClusteredAttentionGrads g = clustered_attention_backward(
       in.dO, in.K, in.V, in.lengths, in.assignment, f, c.temperature);
   return {f.out.to_vector(), g.dQ.to_vector(), g.dK.to_vector(), g.dV.to_vector()};
@@ -235,6 +242,96 @@ TEST_CASE("clustered attention: identical results at 1 and 2 threads") {
   check_thread_independent([&] { return run(c, in); });
 }
 
+TEST_CASE("clustered attention: one sequence, one head, many clusters: shared by the threads") {
+  // B = H = 1: with 2 threads every step of the pair is shared (centroids and sums by cluster,
+  // products by the GEMM's threads, softmax rows, query rows); results must equal 1 thread's
+  // bit for bit and the double reference.
+  for (const Case& c :
+       {make_case(1, 1, 700, 900, 16, 12, 150, {850}), make_case(1, 1, 1500, 1500, 8, 8, 400),
+        make_case(1, 1, 64, 2000, 4, 3, 70)}) {
+    INFO(name_of(c));
+    const Inputs in = make_attention_inputs(c, 81);
+    check_thread_independent([&] { return run(c, in); });
+    const Result r = run(c, in), e = reference(c, in);
+    CHECK_CLOSE(r.out, e.out, 2e-6, 2e-5);
+    CHECK_CLOSE(r.dQ, e.dQ, 1e-5, 1e-4);
+    CHECK_CLOSE(r.dK, e.dK, 1e-5, 1e-4);
+    CHECK_CLOSE(r.dV, e.dV, 1e-5, 1e-4);
+  }
+}
+
+TEST_CASE("clustered attention dropout: the documented mask on Ac, shared by a cluster") {
+  const ClusteredDropout drop{0.3f, 77, 1000};
+  uint32_t seed = 500;
+  for (const Case& c :
+       {make_case(2, 3, 17, 19, 5, 3, 4, {19, 7}), make_case(1, 1, 129, 129, 8, 6, 10),
+        make_case(1, 1, 600, 500, 8, 4, 90, {480})}) {
+    INFO(name_of(c));
+    const Inputs in = make_attention_inputs(c, seed += 10);
+    const Result r = run(c, in, drop), e = reference(c, in, drop);
+    CHECK_CLOSE(r.out, e.out, 2e-6, 2e-5);
+    CHECK_CLOSE(r.dQ, e.dQ, 1e-5, 1e-4);
+    CHECK_CLOSE(r.dK, e.dK, 1e-5, 1e-4);
+    CHECK_CLOSE(r.dV, e.dV, 1e-5, 1e-4);
+    CHECK(r.out != run(c, in).out);  // the mask does something
+    // Members of one cluster share the mask, so their rows are still equal.
+    const std::vector<int32_t> a = in.assignment.to_int_vector();
+    for (int64_t i = 1; i < c.N; ++i)
+      if (a[i] >= 0 && a[i] == a[0])
+        for (int64_t m = 0; m < c.M; ++m) CHECK(r.out[i * c.M + m] == r.out[m]);
+    check_thread_independent([&] { return run(c, in, drop); });
+  }
+  // p = 0 is no dropout, whatever the stream.
+  const Case c = make_case(2, 2, 20, 20, 4, 4, 3, {20, 11});
+  const Inputs in = make_attention_inputs(c, 3);
+  const Result none = run(c, in), zero = run(c, in, {0.0f, 5, 9});
+  CHECK(none.out == zero.out);
+  CHECK(none.dQ == zero.dQ);
+  CHECK(none.dK == zero.dK);
+  CHECK(none.dV == zero.dV);
+  // Another stream, another mask.
+  CHECK(run(c, in, drop).out != run(c, in, {0.3f, 78, 1000}).out);
+  CHECK(run(c, in, drop).out != run(c, in, {0.3f, 77, 1001}).out);
+}
+
+TEST_CASE("clustered attention dropout: gradcheck with a fixed mask") {
+  const Case c = make_case(2, 2, 6, 5, 3, 2, 4, {5, 3});
+  const Inputs in = make_attention_inputs(c, 31);
+  const Tensor assignment = Tensor::from_int_vector(
+      {0, 1, 0, 2, -1, 1, 2, 2, 2, 0, -1, -1, 0, 0, 1, 1, 2, 0, 1, -1, 0, 0, 0, 2}, {2, 2, 6});
+  const Tensor lengths = in.lengths;
+  check_grad(
+      "dropout 0.4, the same mask in every evaluation",
+      [&](const std::vector<Variable>& x) {
+        return clustered_attention(x[0], x[1], x[2], lengths, assignment, 4, 0.0f,
+                                   {0.4f, 123, 7});
+      },
+      {in.Q, in.K, in.V});
+}
+
+TEST_CASE("clustered attention dropout: the mean over many masks is the output without dropout") {
+  // Inverted dropout keeps the expectation: E[Ac D / (1 - p)] = Ac. Values in [0.5, 1.5] keep
+  // every output near 1, so a wrong scale (say 1 instead of 1 / (1 - p), 30% low) cannot pass.
+  // Each output is a sum over 6 keys of weights ~1/6: its standard deviation under p = 0.3 is
+  // about 0.3, so the mean of 2000 masks is within about 0.007 (5 sigma: 0.035).
+  const Case c = make_case(1, 2, 8, 6, 4, 3, 3);
+  Inputs in = make_attention_inputs(c, 11);
+  in.V = random_tensor({c.B, c.H, c.S, c.M}, 12, 0.5f, 1.5f);
+  const std::vector<float> expected = run(c, in).out;
+  std::vector<double> mean(expected.size(), 0.0);
+  const int masks = 2000;
+  ThreadCount one(1);  // a statistical check: 2000 small calls, faster on one thread
+  for (int s = 0; s < masks; ++s) {
+    const std::vector<float> out =
+        clustered_attention_forward(in.Q, in.K, in.V, {}, in.assignment, c.C, 0.0f,
+                                    {0.3f, 1000 + uint64_t(s), 0})
+            .out.to_vector();
+    for (size_t x = 0; x < out.size(); ++x) mean[x] += out[x] / double(masks);
+  }
+  std::vector<float> m(mean.begin(), mean.end());
+  CHECK_CLOSE(m, expected, 0.035, 0.0);
+}
+
 TEST_CASE("attention(): clustered = cluster_queries then clustered_attention") {
   const Case c = make_case(2, 2, 24, 24, 6, 4, 1, {24, 15});
   const Inputs in = make_attention_inputs(c, 61);
@@ -257,14 +354,50 @@ TEST_CASE("attention(): clustered = cluster_queries then clustered_attention") {
   CHECK(Q.grad().shape() == in.Q.shape());
   CHECK(V.grad().shape() == in.V.shape());
 
-  // Refusals: causal and dropout in training.
+  // Refusal: causal.
   AttentionConfig causal = config;
   causal.causal = true;
   CHECK_ERROR(attention(causal, Q, K, V, in.lengths, gen, false), "causal", "clustered");
-  AttentionConfig dropout = config;
-  dropout.dropout = 0.1f;
-  CHECK_ERROR(attention(dropout, Q, K, V, in.lengths, gen, true), "dropout", "clustered");
-  attention(dropout, Q, K, V, in.lengths, gen, false);  // evaluation: no dropout, runs
+}
+
+TEST_CASE("attention(): clustered dropout in training only, its mask reserved after clustering") {
+  const Case c = make_case(2, 2, 24, 24, 6, 4, 1, {24, 15});
+  const Inputs in = make_attention_inputs(c, 62);
+  AttentionConfig config;
+  config.type = AttentionType::clustered;
+  config.clusters = 5;
+  config.bits = 16;
+  config.iterations = 4;
+  config.dropout = 0.25f;
+  const Variable Q(in.Q, true), K(in.K, true), V(in.V, true);
+  // Evaluation: no dropout, and the generator advances by the clustering's draws only.
+  Generator gen(9), same(9);
+  const Variable eval = attention(config, Q, K, V, in.lengths, gen, false);
+  const Clustering cl = cluster_queries(in.Q, in.lengths, {5, 16, 4}, same);
+  CHECK(gen.offset() == same.offset());
+  CHECK(eval.data().to_vector() ==
+        clustered_attention_forward(in.Q, in.K, in.V, in.lengths, cl.assignment, 5)
+            .out.to_vector());
+  // Training: the clustering's draws, then the mask's blocks.
+  Generator train(9), expect(9);
+  const Variable out = attention(config, Q, K, V, in.lengths, train, true);
+  const Clustering cl2 = cluster_queries(in.Q, in.lengths, {5, 16, 4}, expect);
+  const uint64_t offset = expect.reserve(clustered_attention_dropout_blocks(in.Q, in.K, 5));
+  CHECK(train.offset() == expect.offset());
+  CHECK(clustered_attention_dropout_blocks(in.Q, in.K, 5) == uint64_t(2 * 2 * 5 * 24 + 3) / 4);
+  const std::vector<float> dropped = out.data().to_vector();
+  CHECK(dropped == clustered_attention_forward(in.Q, in.K, in.V, in.lengths, cl2.assignment, 5,
+                                               0.0f, {0.25f, 9, offset})
+                       .out.to_vector());
+  CHECK(dropped != eval.data().to_vector());
+  sum_all(out * Variable(in.dO)).backward();
+  for (float g : Q.grad().to_vector()) CHECK(std::isfinite(g));
+  // dropout 0 in training is no dropout.
+  AttentionConfig none = config;
+  none.dropout = 0.0f;
+  Generator g0(9);
+  CHECK(attention(none, Q, K, V, in.lengths, g0, true).data().to_vector() ==
+        eval.data().to_vector());
 }
 
 TEST_CASE("MultiHeadAttention with clustered attention runs forward and backward") {
@@ -315,6 +448,10 @@ TEST_CASE("clustered attention: argument errors name the op, the argument and th
   CHECK_ERROR(clustered_attention_forward(Q, K, V, Tensor::from_int_vector({6}, {1}), a, 2), op,
               "lengths of shape (2,)");
   CHECK_ERROR(clustered_attention_forward(Q, K, V, {}, a, 2, NAN), op, "finite temperature");
+  CHECK_ERROR(clustered_attention_forward(Q, K, V, {}, a, 2, 0.0f, {1.0f, 0, 0}), op,
+              "dropout probability in [0, 1)", "got 1");
+  CHECK_ERROR(clustered_attention_forward(Q, K, V, {}, a, 2, 0.0f, {-0.5f, 0, 0}), op,
+              "dropout probability");
   const ClusteredAttentionOutput f = clustered_attention_forward(Q, K, V, {}, a, 2);
   CHECK_ERROR(clustered_attention_backward(random_tensor({2, 3, 4, 5}, 4), K, V, {}, a, f),
               "clustered_attention_backward", "dout", "(2, 3, 4, 7)");

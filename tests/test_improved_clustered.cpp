@@ -3,7 +3,10 @@
 // double-precision reference over sizes 1, 3, 17, 129 with N != S, E != M, empty clusters,
 // padded queries and k > valid keys; gradcheck (with the gradient through m_j and the
 // non-top-k Ac_j) where the top-k sets are stable; Proposition 2 through the analysis matrix;
-// identical results at 1 and 2 threads; the attention() dispatcher; argument errors.
+// identical results at 1 and 2 threads, also for one sequence and one head with many clusters
+// (the work shared inside the pair); attention dropout (the reference with the documented
+// masks, p = 0 is no dropout, none in evaluation, gradcheck with fixed masks, the mean over
+// many masks, thread independence); the attention() dispatcher; argument errors.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -37,9 +40,10 @@ Case make_case(int64_t B, int64_t H, int64_t N, int64_t S, int64_t E, int64_t M,
   return c;
 }
 
-Result run(const Case& c, const Inputs& in, ImprovedClusteredAttentionOutput* saved = nullptr) {
+Result run(const Case& c, const Inputs& in, ImprovedClusteredAttentionOutput* saved = nullptr,
+           const ClusteredDropout& drop = {}) {
   ImprovedClusteredAttentionOutput f = improved_clustered_attention_forward(
-      in.Q, in.K, in.V, in.lengths, in.assignment, c.C, c.k, c.temperature);
+      in.Q, in.K, in.V, in.lengths, in.assignment, c.C, c.k, c.temperature, drop);
   const ImprovedClusteredAttentionGrads g = improved_clustered_attention_backward(
       in.dO, in.Q, in.K, in.V, in.lengths, in.assignment, f, c.temperature);
   Result r{f.out.to_vector(), g.dQ.to_vector(), g.dK.to_vector(), g.dV.to_vector()};
@@ -53,7 +57,11 @@ Result run(const Case& c, const Inputs& in, ImprovedClusteredAttentionOutput* sa
 // on T: dm_j += sum_l P_i[l] g_i[l], dZ_i = m P_i (g_i - P_i . g_i), dq_i = t dZ_i K_T,
 // dk_l += t dZ_i[l] q_i; dAc_j = sum_{i in j} g_i off T and dm_j on T; dz = Ac (dAc - Ac . dAc),
 // dQc = t dz K, dk += t dz^T Qc, dq_i += dQc_j / |j|.
-Result reference(const Case& c, const Inputs& in, const std::vector<int32_t>& tk, int64_t kw) {
+// Dropout (improved_clustered.h): the weight A_i[l] that multiplies V_l is A_i[l] D (D the
+// query's factor of slot x for l = T_j[x], the cluster's factor Dc_j[l] off T_j); the gradient
+// reaching A_i[l] (g_i[l], and so P_i and dAc off T) carries the same factor.
+Result reference(const Case& c, const Inputs& in, const std::vector<int32_t>& tk, int64_t kw,
+                 const ClusteredDropout& drop = {}) {
   const int64_t N = c.N, S = c.S, E = c.E, M = c.M, C = c.C;
   const double t = c.temperature > 0 ? c.temperature : 1.0 / std::sqrt(double(E));
   const std::vector<float> Q = in.Q.to_vector(), K = in.K.to_vector(), V = in.V.to_vector(),
@@ -75,8 +83,8 @@ Result reference(const Case& c, const Inputs& in, const std::vector<int32_t>& tk
     const float* q = &Q[bh * N * E];
     const float* k = &K[bh * S * E];
     const float* v = &V[bh * S * M];
-    std::vector<double> count(C, 0), Qc(C * E, 0), Ac(C * S, 0), dAc(C * S, 0), dm(C, 0),
-        mass(C, 0), dq(N * E, 0), dk(S * E, 0), dv(S * M, 0);
+    std::vector<double> count(C, 0), Qc(C * E, 0), dQc(C * E, 0), Ac(C * S, 0), dAc(C * S, 0),
+        dm(C, 0), mass(C, 0), dq(N * E, 0), dk(S * E, 0), dv(S * M, 0);
     std::vector<std::vector<int64_t>> T(C);
     for (int64_t i = 0; i < N; ++i)
       if (a[bh * N + i] >= 0) {
@@ -116,12 +124,19 @@ Result reference(const Case& c, const Inputs& in, const std::vector<int32_t>& tk
       double mx = -INFINITY, sum = 0, pg = 0;
       for (size_t x = 0; x < Tj.size(); ++x) mx = std::max(mx, P[x] = t * dot(q + i * E, k + Tj[x] * E, E));
       for (double& p : P) sum += (p = std::exp(p - mx));
-      for (size_t x = 0; x < Tj.size(); ++x) A[Tj[x]] = mass[j] * (P[x] /= sum);
+      std::vector<double> D(L);  // the dropout factor of each key's weight for this query
+      for (int64_t l = 0; l < L; ++l)
+        D[l] = keep_factor(drop, static_cast<uint64_t>((bh * C + j) * S + l));
+      for (size_t x = 0; x < Tj.size(); ++x) {
+        A[Tj[x]] = mass[j] * (P[x] /= sum);
+        const int64_t idx = c.B * c.H * C * S + (bh * N + i) * kw + int64_t(x);
+        D[Tj[x]] = keep_factor(drop, static_cast<uint64_t>(idx));
+      }
       for (int64_t l = 0; l < L; ++l) {
-        g[l] = dot(&dO[(bh * N + i) * M], v + l * M, M);
+        g[l] = dot(&dO[(bh * N + i) * M], v + l * M, M) * D[l];
         for (int64_t m = 0; m < M; ++m) {
-          r.out[(bh * N + i) * M + m] += static_cast<float>(A[l] * v[l * M + m]);
-          dv[l * M + m] += A[l] * dO[(bh * N + i) * M + m];
+          r.out[(bh * N + i) * M + m] += static_cast<float>(A[l] * D[l] * v[l * M + m]);
+          dv[l * M + m] += A[l] * D[l] * dO[(bh * N + i) * M + m];
         }
         dAc[j * S + l] += g[l];
       }
@@ -144,10 +159,14 @@ Result reference(const Case& c, const Inputs& in, const std::vector<int32_t>& tk
         const double dz = Ac[j * S + l] * (dAc[j * S + l] - s);
         for (int64_t e = 0; e < E; ++e) {
           dk[l * E + e] += t * dz * Qc[j * E + e];
-          for (int64_t i = 0; i < N; ++i)
-            if (a[bh * N + i] == j) dq[i * E + e] += t * dz * k[l * E + e] / count[j];
+          dQc[j * E + e] += t * dz * k[l * E + e];
         }
       }
+    }
+    for (int64_t i = 0; i < N; ++i) {
+      const int32_t j = a[bh * N + i];
+      if (j >= 0)
+        for (int64_t e = 0; e < E; ++e) dq[i * E + e] += dQc[j * E + e] / count[j];
     }
     for (int64_t x = 0; x < N * E; ++x) r.dQ[bh * N * E + x] = static_cast<float>(dq[x]);
     for (int64_t x = 0; x < S * E; ++x) r.dK[bh * S * E + x] = static_cast<float>(dk[x]);
@@ -234,39 +253,55 @@ TEST_CASE("improved clustered attention: top-k sets, mass and ties") {
   CHECK(g.mass.to_vector()[0] == doctest::Approx(1.0f));
 }
 
-TEST_CASE("improved clustered attention: gradcheck of Q, K and V with stable top-k sets") {
-  // Central differences move one element by +-eps = 1e-2; the gradient is that of the fixed
-  // T_j only if no such move changes a T_j. The first seed whose sets are stable under every
-  // such move (checked below, element by element) is used; k < L so that m_j < 1 and the
-  // gradient through m_j and the non-top-k Ac_j is exercised.
-  const Case c = make_case(2, 2, 6, 5, 3, 2, 4, 2, {5, 3});
-  const Tensor assignment = Tensor::from_int_vector(
+namespace {
+
+// Inputs for the gradchecks (the case and assignment below): central differences move one
+// element by +-eps = 1e-2; the gradient is that of the fixed T_j only if no such move changes a
+// T_j. Returns the inputs of the first seed whose sets are stable under every such move
+// (checked element by element).
+const Case kGradCase = make_case(2, 2, 6, 5, 3, 2, 4, 2, {5, 3});
+Tensor grad_assignment() {
+  return Tensor::from_int_vector(
       {0, 1, 0, 2, -1, 1, 2, 2, 2, 0, -1, -1, 0, 0, 1, 1, 2, 0, 1, -1, 0, 0, 0, 2}, {2, 2, 6});
-  auto topk_of = [&](const Tensor& Q, const Tensor& K, const Tensor& lengths) {
-    return improved_clustered_attention_forward(Q, K, K.clone(), lengths, assignment, 4, c.k)
+}
+Inputs stable_inputs(const Tensor& lengths) {
+  const Case& c = kGradCase;
+  const Tensor assignment = grad_assignment();
+  auto topk_of = [&](const Tensor& Q, const Tensor& K) {
+    return improved_clustered_attention_forward(Q, K, K.clone(), lengths, assignment, c.C, c.k)
         .topk.to_int_vector();
   };
-  auto stable = [&](const Inputs& in, const Tensor& lengths) {
-    const std::vector<int32_t> base = topk_of(in.Q, in.K, lengths);
+  auto stable = [&](const Inputs& in) {
+    const std::vector<int32_t> base = topk_of(in.Q, in.K);
     for (int which = 0; which < 2; ++which)
       for (int64_t x = 0; x < (which ? in.K : in.Q).numel(); ++x)
         for (float eps : {-1e-2f, 1e-2f}) {
           Tensor Q = in.Q.clone(), K = in.K.clone();
           (which ? K : Q).f32()[x] += eps;
-          if (topk_of(Q, K, lengths) != base) return false;
+          if (topk_of(Q, K) != base) return false;
         }
     return true;
   };
-  for (const bool with_lengths : {true, false}) {
-    Inputs in;
-    uint32_t seed = 31;
-    const Tensor lengths = with_lengths ? Tensor::from_int_vector(c.lengths, {2}) : Tensor();
-    for (;; seed += 10) {
-      REQUIRE(seed < 31 + 10 * 50);
-      in = make_attention_inputs(c, seed);
-      if (stable(in, lengths)) break;
+  for (uint32_t seed = 31;; seed += 10) {
+    REQUIRE(seed < 31 + 10 * 50);
+    Inputs in = make_attention_inputs(c, seed);
+    if (stable(in)) {
+      INFO("seed ", seed);
+      return in;
     }
-    INFO("seed ", seed, std::string(with_lengths ? " with lengths" : " without lengths"));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("improved clustered attention: gradcheck of Q, K and V with stable top-k sets") {
+  // k < L so that m_j < 1 and the gradient through m_j and the non-top-k Ac_j is exercised.
+  const Case& c = kGradCase;
+  const Tensor assignment = grad_assignment();
+  for (const bool with_lengths : {true, false}) {
+    const Tensor lengths = with_lengths ? Tensor::from_int_vector(c.lengths, {2}) : Tensor();
+    const Inputs in = stable_inputs(lengths);
+    INFO(std::string(with_lengths ? "with lengths" : "without lengths"));
     check_grad(
         "fixed assignment, stable top-k sets",
         [&](const std::vector<Variable>& x) {
@@ -343,6 +378,98 @@ TEST_CASE("improved clustered attention: identical results at 1 and 2 threads") 
   check_thread_independent([&] { return run(c, in); });
 }
 
+TEST_CASE("improved clustered attention: one sequence, one head, many clusters: shared") {
+  // B = H = 1: with 2 threads the top-k selections, the members' softmax and the dK, dV slots
+  // are shared cluster by cluster (overlapping top-k sets: many clusters, few keys); results
+  // must equal 1 thread's bit for bit and the double reference.
+  for (const Case& c : {make_case(1, 1, 700, 300, 16, 12, 150, 9, {280}),
+                        make_case(1, 1, 1500, 1500, 8, 8, 300, 32),
+                        make_case(1, 1, 64, 2000, 4, 3, 70, 40)}) {
+    INFO(name_of(c));
+    const Inputs in = make_attention_inputs(c, 81);
+    check_thread_independent([&] { return run(c, in); });
+    ImprovedClusteredAttentionOutput f;
+    const Result r = run(c, in, &f);
+    const Result e = reference(c, in, f.topk.to_int_vector(), f.topk.size(3));
+    CHECK_CLOSE(r.out, e.out, 2e-6, 2e-5);
+    CHECK_CLOSE(r.dQ, e.dQ, 1e-5, 1e-4);
+    CHECK_CLOSE(r.dK, e.dK, 1e-5, 1e-4);
+    CHECK_CLOSE(r.dV, e.dV, 1e-5, 1e-4);
+  }
+}
+
+TEST_CASE("improved clustered attention dropout: the documented masks, top-k and remainder") {
+  const ClusteredDropout drop{0.3f, 77, 1000};
+  uint32_t seed = 500;
+  for (const Case& c : {make_case(2, 3, 17, 19, 5, 3, 4, 3, {19, 7}),
+                        make_case(1, 1, 129, 129, 8, 6, 10, 20),
+                        make_case(1, 1, 600, 500, 8, 4, 90, 16, {480}),
+                        make_case(1, 2, 9, 5, 3, 2, 3, 8, {4})}) {  // k > L: no remainder
+    INFO(name_of(c));
+    const Inputs in = make_attention_inputs(c, seed += 10);
+    ImprovedClusteredAttentionOutput f;
+    const Result r = run(c, in, &f, drop);
+    const Result e = reference(c, in, f.topk.to_int_vector(), f.topk.size(3), drop);
+    CHECK_CLOSE(r.out, e.out, 2e-6, 2e-5);
+    CHECK_CLOSE(r.dQ, e.dQ, 1e-5, 1e-4);
+    CHECK_CLOSE(r.dK, e.dK, 1e-5, 1e-4);
+    CHECK_CLOSE(r.dV, e.dV, 1e-5, 1e-4);
+    // The top-k sets and masses are those without dropout.
+    ImprovedClusteredAttentionOutput plain;
+    const Result none = run(c, in, &plain);
+    CHECK(f.topk.to_int_vector() == plain.topk.to_int_vector());
+    CHECK(f.mass.to_vector() == plain.mass.to_vector());
+    CHECK(r.out != none.out);
+    check_thread_independent([&] { return run(c, in, nullptr, drop); });
+  }
+  const Case c = make_case(2, 2, 20, 20, 4, 4, 3, 5, {20, 11});
+  const Inputs in = make_attention_inputs(c, 3);
+  const Result none = run(c, in), zero = run(c, in, nullptr, {0.0f, 5, 9});
+  CHECK(none.out == zero.out);
+  CHECK(none.dQ == zero.dQ);
+  CHECK(none.dK == zero.dK);
+  CHECK(none.dV == zero.dV);
+  CHECK(run(c, in, nullptr, drop).out != run(c, in, nullptr, {0.3f, 77, 1001}).out);
+}
+
+TEST_CASE("improved clustered attention dropout: gradcheck with fixed masks") {
+  const Case& c = kGradCase;
+  const Tensor assignment = grad_assignment();
+  const Tensor lengths = Tensor::from_int_vector(c.lengths, {2});
+  const Inputs in = stable_inputs(lengths);
+  for (float p : {0.3f, 0.6f}) {
+    INFO("p = ", p);
+    check_grad(
+        "dropout with the same masks in every evaluation",
+        [&](const std::vector<Variable>& x) {
+          return improved_clustered_attention(x[0], x[1], x[2], lengths, assignment, 4, c.k, 0.0f,
+                                              {p, 321, 5});
+        },
+        {in.Q, in.K, in.V});
+  }
+}
+
+TEST_CASE("improved clustered attention dropout: the mean over many masks is the output") {
+  // As for clustered attention: values in [0.5, 1.5], outputs near 1, 2000 masks; both masks
+  // (top-k slots and the remainder) take part (k = 3 of 6 keys).
+  const Case c = make_case(1, 2, 8, 6, 4, 3, 3, 3);
+  Inputs in = make_attention_inputs(c, 11);
+  in.V = random_tensor({c.B, c.H, c.S, c.M}, 12, 0.5f, 1.5f);
+  const std::vector<float> expected = run(c, in).out;
+  std::vector<double> mean(expected.size(), 0.0);
+  const int masks = 2000;
+  ThreadCount one(1);  // a statistical check: 2000 small calls, faster on one thread
+  for (int s = 0; s < masks; ++s) {
+    const std::vector<float> out =
+        improved_clustered_attention_forward(in.Q, in.K, in.V, {}, in.assignment, c.C, c.k, 0.0f,
+                                             {0.3f, 1000 + uint64_t(s), 0})
+            .out.to_vector();
+    for (size_t x = 0; x < out.size(); ++x) mean[x] += out[x] / double(masks);
+  }
+  std::vector<float> m(mean.begin(), mean.end());
+  CHECK_CLOSE(m, expected, 0.035, 0.0);
+}
+
 TEST_CASE("attention(): improved-clustered = cluster_queries then improved_clustered_attention") {
   const Case c = make_case(2, 2, 24, 24, 6, 4, 1, 1, {24, 15});
   const Inputs in = make_attention_inputs(c, 61);
@@ -364,15 +491,28 @@ TEST_CASE("attention(): improved-clustered = cluster_queries then improved_clust
   CHECK(Q.grad().shape() == in.Q.shape());
   CHECK(K.grad().shape() == in.K.shape());
   CHECK(V.grad().shape() == in.V.shape());
-  // Refusals as for clustered: causal (AttentionConfig) and dropout in training.
+  // Refusal as for clustered: causal (AttentionConfig).
   AttentionConfig causal = config;
   causal.causal = true;
   CHECK_ERROR(attention(causal, Q, K, V, in.lengths, gen, false), "causal", "improved-clustered");
+  // Dropout: none in evaluation; in training the masks' blocks come after the clustering's.
   AttentionConfig dropout = config;
-  dropout.dropout = 0.1f;
-  CHECK_ERROR(attention(dropout, Q, K, V, in.lengths, gen, true), "dropout",
-              "improved-clustered");
-  attention(dropout, Q, K, V, in.lengths, gen, false);  // evaluation: no dropout, runs
+  dropout.dropout = 0.2f;
+  Generator e1(9), t1(9), expect(9);
+  CHECK(attention(dropout, Q, K, V, in.lengths, e1, false).data().to_vector() ==
+        out.data().to_vector());
+  const Variable trained = attention(dropout, Q, K, V, in.lengths, t1, true);
+  const Clustering cl2 = cluster_queries(in.Q, in.lengths, {5, 16, 4}, expect);
+  const uint64_t offset =
+      expect.reserve(improved_clustered_attention_dropout_blocks(in.Q, in.K, 5, 6));
+  CHECK(t1.offset() == expect.offset());
+  CHECK(improved_clustered_attention_dropout_blocks(in.Q, in.K, 5, 6) ==
+        uint64_t(2 * 2 * 5 * 24 + 2 * 2 * 24 * 6 + 3) / 4);
+  CHECK(trained.data().to_vector() ==
+        improved_clustered_attention_forward(in.Q, in.K, in.V, in.lengths, cl2.assignment, 5, 6,
+                                             0.0f, {0.2f, 9, offset})
+            .out.to_vector());
+  CHECK(trained.data().to_vector() != out.data().to_vector());
 }
 
 TEST_CASE("improved clustered attention: argument errors name the op, the argument and values") {
@@ -383,6 +523,8 @@ TEST_CASE("improved clustered attention: argument errors name the op, the argume
   CHECK_ERROR(improved_clustered_attention_forward(Q, K, V, {}, a, 2, 0), op, "topk >= 1", "0");
   CHECK_ERROR(improved_clustered_attention_forward(Q, K, V, {}, a, 2, -3), op, "topk >= 1");
   CHECK_ERROR(improved_clustered_attention_forward(Q, K, V, {}, a, 0, 2), op, "clusters >= 1");
+  CHECK_ERROR(improved_clustered_attention_forward(Q, K, V, {}, a, 2, 2, 0.0f, {1.5f, 0, 0}), op,
+              "dropout probability in [0, 1)", "got 1.5");
   std::vector<int32_t> bad(24, 0);
   bad[17] = 2;
   CHECK_ERROR(improved_clustered_attention_forward(Q, K, V, {}, Tensor::from_int_vector(bad, {2, 3, 4}), 2, 2),

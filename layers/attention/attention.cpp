@@ -28,12 +28,6 @@ Variable attention(const AttentionConfig& config, const Variable& Q, const Varia
     case AttentionType::clustered:
     case AttentionType::improved_clustered: {
       const bool improved = config.type == AttentionType::improved_clustered;
-      // The dropout mask would fall on the C x S centroid weights, shared by a whole cluster;
-      // nothing defines that yet, so refuse rather than silently train without dropout.
-      CLUSTR_CHECK(!(training && config.dropout > 0.0f), "attention: dropout on the attention ",
-                   "weights (", config.dropout, ") is not implemented for ",
-                   attention_type_name(config.type), " attention; use dropout 0 with ",
-                   "--attention ", attention_type_name(config.type), ", or --attention full");
       const Tensor& q = Q.data();
       // lengths mark padded queries only in self-attention (N == S), see attention.h.
       const bool self = q.rank() == 4 && K.data().rank() == 4 && q.size(2) == K.data().size(2);
@@ -42,10 +36,22 @@ Variable attention(const AttentionConfig& config, const Variable& Q, const Varia
       const Clustering c =
           cluster_queries(q, self ? lengths : Tensor(),
                           ClusteringOptions{config.clusters, config.bits, config.iterations}, gen);
+      // Dropout on the attention weights, as clustered.h and improved_clustered.h define it;
+      // its counter blocks come after the clustering's.
+      ClusteredDropout dropout;
+      if (training && config.dropout > 0.0f) {
+        dropout.p = config.dropout;
+        dropout.seed = gen.seed();
+        dropout.offset = gen.reserve(
+            improved ? improved_clustered_attention_dropout_blocks(q, K.data(), config.clusters,
+                                                                   config.topk)
+                     : clustered_attention_dropout_blocks(q, K.data(), config.clusters));
+      }
       if (improved)
         return improved_clustered_attention(Q, K, V, lengths, c.assignment, config.clusters,
-                                            config.topk, temperature);
-      return clustered_attention(Q, K, V, lengths, c.assignment, config.clusters, temperature);
+                                            config.topk, temperature, dropout);
+      return clustered_attention(Q, K, V, lengths, c.assignment, config.clusters, temperature,
+                                 dropout);
     }
   }
   throw Error(detail::cat("attention: unknown AttentionType value ",

@@ -17,31 +17,54 @@
 // gradient almost everywhere): the gradient reaches each query through its centroid's mean.
 // Memory: Ac (B, H, C, S) is saved for backward; it is C / N the size of full attention's
 // weights, so there is no recomputation.
-// Results never depend on the thread count (OpenMP over (b, h) pairs, each summed in one fixed
-// order). cpu only: CUDA tensors are rejected with a clustr::Error.
+//
+// Attention dropout (training), as the authors' library defines it for this type: the mask
+// falls on the C x S centroid weights, so all members of a cluster share it:
+//   Vc = (Ac * D / (1 - p)) V,  D_j[l] = 1 with probability 1 - p, else 0,
+// and out_i = Vc_{j(i)} as before. Element (b, h, j, l) of D is element idx = ((b H + h) C + j) S
+// + l of the mask stream (seed, offset): it keeps when uint_to_unit(philox4x32(seed, offset +
+// idx / 4).v[idx % 4]) >= p, as full attention's mask does for its N x S weights. Nothing of the
+// mask is stored: backward draws it again from the same counters. The counter blocks one call
+// uses (clustered_attention_dropout_blocks) depend on the shapes only.
+//
+// Threads: one task per (b, h) pair, or, with fewer pairs than threads, every thread inside
+// each pair (the products split over keys or rows, the loops over clusters and queries); see
+// clustered_common.h. Results never depend on the thread count. cpu only: CUDA tensors are
+// rejected with a clustr::Error.
 #pragma once
+
+#include <cstdint>
 
 #include "autograd/variable.h"
 #include "core/tensor.h"
 
 namespace clustr {
 
+// Attention dropout of the clustered types (off when p == 0).
+struct ClusteredDropout {
+  float p = 0.0f;                 // probability of dropping a weight, in [0, 1)
+  uint64_t seed = 0, offset = 0;  // the mask's Philox stream and first counter block
+};
+
 // Tensor-level forward: out and what backward needs.
 struct ClusteredAttentionOutput {
   Tensor out;        // (B, H, N, M)
-  Tensor weights;    // Ac (B, H, C, S): 0 on masked keys and for empty clusters
+  Tensor weights;    // Ac (B, H, C, S) before dropout: 0 on masked keys and for empty clusters
   Tensor centroids;  // Qc (B, H, C, E): 0 for empty clusters
   Tensor counts;     // i32 (B, H, C): members of each cluster
+  ClusteredDropout dropout;  // the forward's, so that backward draws the same mask
 };
 ClusteredAttentionOutput clustered_attention_forward(const Tensor& Q, const Tensor& K,
                                                      const Tensor& V, const Tensor& lengths,
                                                      const Tensor& assignment, int64_t clusters,
-                                                     float temperature = 0.0f);
+                                                     float temperature = 0.0f,
+                                                     const ClusteredDropout& dropout = {});
 
 struct ClusteredAttentionGrads {
   Tensor dQ, dK, dV;  // the shapes of Q, K, V (overwritten, never accumulated)
 };
-// The gradients of sum(dout * out) for the fixed assignment, given the forward's outputs.
+// The gradients of sum(dout * out) for the fixed assignment (and the forward's dropout mask),
+// given the forward's outputs.
 // Q's shape is (B, H, N, E) from assignment and K; Q itself enters only through the centroids.
 ClusteredAttentionGrads clustered_attention_backward(const Tensor& dout, const Tensor& K,
                                                      const Tensor& V, const Tensor& lengths,
@@ -52,6 +75,10 @@ ClusteredAttentionGrads clustered_attention_backward(const Tensor& dout, const T
 // The differentiable op (gradients for Q, K and V; the assignment is a constant).
 Variable clustered_attention(const Variable& Q, const Variable& K, const Variable& V,
                              const Tensor& lengths, const Tensor& assignment, int64_t clusters,
-                             float temperature = 0.0f);
+                             float temperature = 0.0f, const ClusteredDropout& dropout = {});
+
+// Counter blocks the dropout mask of one call uses: ceil(B H C S / 4) for Q (B, H, N, E) and
+// K (B, H, S, E) (reserve them from the run's Generator).
+uint64_t clustered_attention_dropout_blocks(const Tensor& Q, const Tensor& K, int64_t clusters);
 
 }  // namespace clustr

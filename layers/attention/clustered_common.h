@@ -1,11 +1,20 @@
 // Pieces shared by the clustered attention ops (clustered.cpp, eq. 3-6, and
-// improved_clustered.cpp, eq. 9-11): sizes, kernel parameters, small row helpers, the centroids
-// and centroid weights of one (b, h) pair, and the argument checks. Internal to those two files.
+// improved_clustered.cpp, eq. 9-11): sizes, kernel parameters, scratch carving, small row
+// helpers, the attention-dropout mask, the grouping of queries by cluster, the centroids and
+// centroid weights of one (b, h) pair, and the argument checks. Internal to those two files.
 //
 // Legend: B batch, H heads, N queries, S keys, E query/key dim, M value dim, C clusters; L the
 // valid keys of a sequence (lengths[b], or S).
+//
+// Threads: the kernels run one (b, h) pair per task when there are at least as many pairs as
+// threads; with fewer, the pairs run one after another and each shares its work among all
+// threads (`inner`): the products through cpu::gemm's own threads (split over the keys or the
+// rows of its output), the per-cluster and per-query loops through OpenMP. Either way each
+// output element is computed by the same operations in the same order, so results do not
+// depend on the thread count or on which of the two ways ran.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -14,6 +23,8 @@
 #include "core/error.h"
 #include "core/math.h"
 #include "core/ops_check.h"
+#include "core/parallel.h"
+#include "core/philox.h"
 #include "core/tensor.h"
 
 #ifdef _OPENMP
@@ -33,6 +44,67 @@ struct Params {
   float temperature = 1.0f;          // > 0
 };
 
+// Attention dropout (clustered.h, improved_clustered.h): element idx of the mask keeps when
+// uint_to_unit(philox4x32(seed, offset + idx / 4).v[idx % 4]) >= p, and a kept weight is
+// scaled by 1 / (1 - p). Off when p == 0.
+struct Dropout {
+  float p = 0.0f, scale = 1.0f;
+  uint64_t seed = 0, offset = 0;
+  bool on() const { return p > 0.0f; }
+};
+
+inline Dropout dropout_of(float p, uint64_t seed, uint64_t offset) {
+  Dropout d;
+  d.p = p;
+  d.scale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
+  d.seed = seed;
+  d.offset = offset;
+  return d;
+}
+
+// f(c, word) for c < n with the 32-bit word of mask element idx0 + c: one Philox call per four
+// elements.
+template <class F>
+inline void for_each_mask_word(const Dropout& drop, uint64_t idx0, int64_t n, F f) {
+  uint64_t idx = idx0;
+  int64_t c = 0;
+  while (c < n) {
+    const Philox4 r = philox4x32(drop.seed, drop.offset + idx / 4);
+    for (uint64_t lane = idx % 4; lane < 4 && c < n; ++lane, ++idx, ++c) f(c, r.v[lane]);
+  }
+}
+
+// y[c] = x[c] scale where mask element idx0 + c keeps, else 0, for c < n (y may be x).
+inline void dropout_row(const Dropout& drop, uint64_t idx0, int64_t n, const float* x, float* y) {
+  for_each_mask_word(drop, idx0, n, [&](int64_t c, uint32_t word) {
+    y[c] = math::dropout_value(x[c], word, drop.p, drop.scale);
+  });
+}
+
+// Scratch carved from one f32 tensor, so the allocator's statistics count it. Each piece starts
+// on a 64-byte line. Run a layout once with a null base to count, then on the tensor.
+struct Carve {
+  float* base = nullptr;
+  int64_t used = 0;  // floats
+  float* f32(int64_t n) {
+    float* p = base ? base + used : nullptr;
+    used += (n + 15) / 16 * 16;
+    return p;
+  }
+  int32_t* i32(int64_t n) { return reinterpret_cast<int32_t*>(f32(n)); }
+};
+
+// `layout(Carve&)` describes the pieces; returns the tensor that holds them (keep it alive).
+template <class Layout>
+inline Tensor carve(Layout layout) {
+  Carve count;
+  layout(count);
+  Tensor t = Tensor::empty({count.used + 1});
+  Carve real{t.f32(), 0};
+  layout(real);
+  return t;
+}
+
 inline int thread_id() {
 #ifdef _OPENMP
   return omp_get_thread_num();
@@ -43,6 +115,13 @@ inline int thread_id() {
 
 inline void fill(float* x, int64_t n, float value) {
   for (int64_t i = 0; i < n; ++i) x[i] = value;
+}
+
+// fill() shared by the threads when `inner`.
+inline void fill_shared(float* x, int64_t n, float value, bool inner) {
+  constexpr int64_t kPiece = 16384;
+#pragma omp parallel for schedule(static) if (inner && n > kPiece)
+  for (int64_t i0 = 0; i0 < n; i0 += kPiece) fill(x + i0, std::min(kPiece, n - i0), value);
 }
 
 // C(rows, cols) = alpha op(A) op(B) + beta C with inner size `inner` (beta = 0: overwritten),
@@ -75,20 +154,52 @@ inline void softmax_row(float* x, int64_t n, int64_t S) {
   fill(x + n, S - n, 0.0f);
 }
 
-// eq. 4-5: Qc_j = (1 / |j|) sum_{i in j} Q_i (summed in query order) and count_j = |j| for the
-// pair's assignment a (N), queries q (N, E); writes qc (C, E), 0 for empty clusters, and count (C).
-inline void centroids(const Dims& d, const int32_t* a, const float* q, float* qc, int32_t* count) {
-  for (int64_t j = 0; j < d.C; ++j) count[j] = 0;
-  fill(qc, d.C * d.E, 0.0f);
-  for (int64_t i = 0; i < d.N; ++i) {
-    if (a[i] < 0) continue;
-    ++count[a[i]];
-    float* c = qc + a[i] * d.E;
-    for (int64_t e = 0; e < d.E; ++e) c[e] += q[i * d.E + e];
+// The queries of each cluster of one pair, in query order: order[start[j] .. start[j + 1]).
+struct Members {
+  int32_t* count = nullptr;  // (C) |j|
+  int32_t* start = nullptr;  // (C + 1)
+  int32_t* order = nullptr;  // (N) (the valid queries only)
+  int64_t largest = 0;       // max |j|
+};
+
+// Fills m from the pair's assignment a (N) (a stable counting sort).
+inline void group(const Dims& d, const int32_t* a, Members& m) {
+  for (int64_t j = 0; j < d.C; ++j) m.count[j] = 0;
+  for (int64_t i = 0; i < d.N; ++i)
+    if (a[i] >= 0) ++m.count[a[i]];
+  m.start[0] = 0;
+  m.largest = 0;
+  for (int64_t j = 0; j < d.C; ++j) {
+    m.start[j + 1] = m.start[j] + m.count[j];
+    m.largest = std::max<int64_t>(m.largest, m.count[j]);
   }
+  for (int64_t j = 0; j < d.C; ++j) m.count[j] = 0;  // reused as the fill position
+  for (int64_t i = 0; i < d.N; ++i)
+    if (a[i] >= 0) m.order[m.start[a[i]] + m.count[a[i]]++] = static_cast<int32_t>(i);
+}
+
+// y_j = sum over the members i of cluster j of x_i (rows of width w), summed in query order
+// from 0; writes y (C, w), 0 for empty clusters.
+inline void sum_members(const Dims& d, const Members& m, const float* x, int64_t w, float* y,
+                        bool inner) {
+#pragma omp parallel for schedule(dynamic, 4) if (inner)
+  for (int64_t j = 0; j < d.C; ++j) {
+    float* row = y + j * w;
+    fill(row, w, 0.0f);
+    for (int32_t r = m.start[j]; r < m.start[j + 1]; ++r) {
+      const float* src = x + static_cast<int64_t>(m.order[r]) * w;
+      for (int64_t e = 0; e < w; ++e) row[e] += src[e];
+    }
+  }
+}
+
+// eq. 4-5: Qc_j = (1 / |j|) sum_{i in j} Q_i (summed in query order) for the pair's queries
+// q (N, E); writes qc (C, E), 0 for empty clusters.
+inline void centroids(const Dims& d, const Members& m, const float* q, float* qc, bool inner) {
+  sum_members(d, m, q, d.E, qc, inner);
   for (int64_t j = 0; j < d.C; ++j)
-    if (count[j] > 1) {
-      const float n = static_cast<float>(count[j]);
+    if (m.count[j] > 1) {
+      const float n = static_cast<float>(m.count[j]);
       for (int64_t e = 0; e < d.E; ++e) qc[j * d.E + e] /= n;
     }
 }
@@ -96,14 +207,29 @@ inline void centroids(const Dims& d, const int32_t* a, const float* q, float* qc
 // eq. 3: Ac = softmax(t Qc K^T) over the L valid keys of keys k (S, E); writes ac (C, S), whose
 // masked columns and the rows of empty clusters (or all rows when L = 0) are 0.
 inline void centroid_weights(const Dims& d, const Params& p, int64_t L, const float* qc,
-                             const int32_t* count, const float* k, float* ac) {
+                             const int32_t* count, const float* k, float* ac, bool inner) {
   product(false, true, d.C, L, d.E, p.temperature, qc, d.E, k, d.E, ac, d.S);
+#pragma omp parallel for schedule(static) if (inner)
   for (int64_t j = 0; j < d.C; ++j) {
     float* row = ac + j * d.S;
     if (count[j] == 0 || L == 0)
       fill(row, d.S, 0.0f);
     else
       softmax_row(row, L, d.S);
+  }
+}
+
+// Softmax backward of eq. 3 in place, row by row: g = w (g - sum_l w[l] g[l]) over the L valid
+// columns of g (C, S), w = Ac (C, S) (an empty cluster has w = 0 and gets 0).
+inline void softmax_backward_rows(const Dims& d, int64_t L, const float* w, float* g,
+                                  bool inner) {
+#pragma omp parallel for schedule(static) if (inner)
+  for (int64_t j = 0; j < d.C; ++j) {
+    const float* wr = w + j * d.S;
+    float* gr = g + j * d.S;
+    float dot = 0.0f;
+    for (int64_t c = 0; c < L; ++c) dot += gr[c] * wr[c];
+    for (int64_t c = 0; c < L; ++c) gr[c] = wr[c] * (gr[c] - dot);
   }
 }
 
@@ -125,6 +251,7 @@ inline Dims check_inputs(const char* op, const Shape& q_shape, const Tensor& K, 
   Dims d;
   d.B = q_shape[0], d.H = q_shape[1], d.N = q_shape[2], d.E = q_shape[3], d.C = clusters;
   CLUSTR_CHECK(d.E >= 1, op, ": expected Q with E >= 1 (the last axis), got ", Q);
+  CLUSTR_CHECK(d.N < INT32_MAX, op, ": expected fewer than 2^31 - 1 queries (N), got ", Q);
   CLUSTR_CHECK(K.rank() == 4 && K.size(0) == d.B && K.size(1) == d.H && K.size(3) == d.E, op,
                ": expected K of shape (B, H, S, E) = (", d.B, ", ", d.H, ", S, ", d.E,
                ") to match ", Q, ", got ", describe(K));

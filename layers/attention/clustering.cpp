@@ -22,6 +22,12 @@ namespace {
 // With fewer (b, h) pairs than threads, one pair's loops are shared instead, once N is large
 // enough to pay for a parallel region per step.
 constexpr int64_t kInnerMinN = 256;
+// Queries per piece of the loops over queries (seeding, assign, update).
+constexpr int64_t kChunk = 1024;
+// Seeding is C sequential steps of V popcounts each: shared among threads only when a step is
+// long enough (about 10 us) to pay for the region and its barrier, which on a busy host can
+// cost far more than the step.
+constexpr int64_t kSeedInnerMinV = 8192;
 
 struct Sizes {
   int64_t B, H, N, E;
@@ -33,7 +39,18 @@ uint64_t draw_u64(uint64_t seed, uint64_t counter) {
   return (static_cast<uint64_t>(r.v[0]) << 32) | r.v[1];
 }
 
-int popcount(uint64_t x) { return __builtin_popcountll(x); }
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Scratch that the tensor allocator counts (so memory figures include it): n floats, or n
+// 64-bit words carved from an i32 tensor of 2n.
+float* scratch_f32(Tensor& holder, int64_t n) {
+  holder = Tensor::empty({n + 1});
+  return holder.f32();
+}
+uint64_t* scratch_u64(Tensor& holder, int64_t n) {
+  holder = Tensor::empty({2 * n + 2}, DType::i32);
+  return static_cast<uint64_t*>(holder.raw());
+}
 
 // Everything random one (b, h) needs: the shared planes and the first counter block of its
 // thresholds and of its seeding draws.
@@ -45,22 +62,33 @@ struct Draws {
 // codes[i] for the V valid queries q (V, E) (sec. 3.2.2 hashing, bias as in clustering.h).
 // The projections P = q planes^T (V, K) come from one GEMM (each element is computed the same
 // way whatever the thread count); then each plane's range [lo_k, hi_k] gives its threshold and
-// the bits are set against it.
+// the bits are set against it. min and max are exact, so the ranges do not depend on how the
+// queries are shared among threads.
 void hash_queries(const float* q, int64_t V, const Sizes& s, const Draws& r, bool inner,
                   uint64_t* codes) {
   if (V == 0) return;
   const int K = s.K;
-  std::vector<float> proj(static_cast<size_t>(V) * static_cast<size_t>(K));
+  Tensor proj_holder;
+  float* proj = scratch_f32(proj_holder, V * K);
   {
     // Inside the caller's parallel loop over (b, h) this runs on one thread; with `inner` the
     // GEMM itself uses every thread.
     ThreadCountScope threads(inner ? num_threads() : 1);
-    cpu::gemm(false, true, V, K, s.E, 1.0f, q, s.E, r.planes, s.E, 0.0f, proj.data(), K);
+    cpu::gemm(false, true, V, K, s.E, 1.0f, q, s.E, r.planes, s.E, 0.0f, proj, K);
   }
-  std::vector<float> lo(proj.begin(), proj.begin() + K), hi = lo;
-  for (int64_t i = 1; i < V; ++i) {
-    const float* p = proj.data() + i * K;
-    for (int k = 0; k < K; ++k) lo[k] = std::min(lo[k], p[k]), hi[k] = std::max(hi[k], p[k]);
+  std::vector<float> lo(proj, proj + K), hi = lo;
+#pragma omp parallel if (inner)
+  {
+    std::vector<float> my_lo = lo, my_hi = hi;
+#pragma omp for schedule(static) nowait
+    for (int64_t i = 1; i < V; ++i) {
+      const float* p = proj + i * K;
+      for (int k = 0; k < K; ++k)
+        my_lo[k] = std::min(my_lo[k], p[k]), my_hi[k] = std::max(my_hi[k], p[k]);
+    }
+#pragma omp critical(clustr_hash_range)
+    for (int k = 0; k < K; ++k)
+      lo[k] = std::min(lo[k], my_lo[k]), hi[k] = std::max(hi[k], my_hi[k]);
   }
   std::vector<float> threshold(static_cast<size_t>(K));
   for (int k = 0; k < K; ++k) {
@@ -69,7 +97,7 @@ void hash_queries(const float* q, int64_t V, const Sizes& s, const Draws& r, boo
   }
 #pragma omp parallel for schedule(static) if (inner)
   for (int64_t i = 0; i < V; ++i) {
-    const float* p = proj.data() + i * K;
+    const float* p = proj + i * K;
     uint64_t code = 0;
     for (int k = 0; k < K; ++k)
       if (p[k] > threshold[static_cast<size_t>(k)]) code |= uint64_t{1} << k;
@@ -77,27 +105,74 @@ void hash_queries(const float* q, int64_t V, const Sizes& s, const Draws& r, boo
   }
 }
 
+// The Hamming-distance loops below are inlined into two entry points each: one compiled with
+// the POPCNT instruction (every x86-64 CPU since about 2008), one portable, chosen at run time,
+// because without the instruction each popcount is a library call and these loops are the
+// K-means' hot spots.
+#if defined(__x86_64__) && !defined(__POPCNT__)
+#define CLUSTR_POPCNT_DISPATCH 1
+bool has_popcnt() {
+  static const bool yes = __builtin_cpu_supports("popcnt");
+  return yes;
+}
+#endif
+
+// Seeding step for codes [i0, i1): dist[i] = the Hamming distance to the nearest centroid so
+// far (c the newest; `first`: c is the only one); returns the sum of dist^2 (an integer).
+__attribute__((always_inline)) inline uint64_t nearer_range(const uint64_t* codes, int64_t i0,
+                                                            int64_t i1, uint64_t c, bool first,
+                                                            int32_t* dist) {
+  uint64_t total = 0;
+  for (int64_t i = i0; i < i1; ++i) {
+    int32_t d = __builtin_popcountll(codes[i] ^ c);
+    if (!first && dist[i] < d) d = dist[i];
+    dist[i] = d;
+    total += static_cast<uint64_t>(d * d);
+  }
+  return total;
+}
+
+#ifdef CLUSTR_POPCNT_DISPATCH
+__attribute__((target("popcnt"))) uint64_t nearer_popcnt(const uint64_t* codes, int64_t i0,
+                                                         int64_t i1, uint64_t c, bool first,
+                                                         int32_t* dist) {
+  return nearer_range(codes, i0, i1, c, first, dist);
+}
+#endif
+
+uint64_t nearer(const uint64_t* codes, int64_t i0, int64_t i1, uint64_t c, bool first,
+                int32_t* dist) {
+#ifdef CLUSTR_POPCNT_DISPATCH
+  if (has_popcnt()) return nearer_popcnt(codes, i0, i1, c, first, dist);
+#endif
+  return nearer_range(codes, i0, i1, c, first, dist);
+}
+
 // k-means++ seeding in Hamming distance (clustering.h); returns the number of seeded
-// centroids, <= C. The d^2 weights are integers, so their sum is exact in any order.
+// centroids, <= C. The d^2 weights are integers, so their sums are exact in any order; each
+// chunk of kChunk queries keeps its own sum, so the draw is found by a walk over the chunk sums
+// and then inside one chunk.
 int seed_centroids(const uint64_t* codes, int64_t V, const Sizes& s, const Draws& r, bool inner,
-                   std::vector<uint64_t>& centroids) {
-  std::vector<int64_t> dist(static_cast<size_t>(V));
+                   int32_t* dist, std::vector<uint64_t>& centroids) {
+  const int64_t chunks = ceil_div(V, kChunk);
+  std::vector<uint64_t> part(static_cast<size_t>(chunks));
   int64_t first = static_cast<int64_t>(draw_u64(r.seed, r.seed_base) % static_cast<uint64_t>(V));
   centroids[0] = codes[first];
   int seeded = 1;
   for (int j = 1; j < s.C; ++j) {
     const uint64_t c = centroids[static_cast<size_t>(j - 1)];
+#pragma omp parallel for schedule(static) if (inner && V >= kSeedInnerMinV)
+    for (int64_t ch = 0; ch < chunks; ++ch)
+      part[static_cast<size_t>(ch)] =
+          nearer(codes, ch * kChunk, std::min(V, (ch + 1) * kChunk), c, j == 1, dist);
     uint64_t total = 0;
-#pragma omp parallel for schedule(static) reduction(+ : total) if (inner)
-    for (int64_t i = 0; i < V; ++i) {
-      int64_t d = popcount(codes[i] ^ c);
-      dist[i] = j == 1 ? d : std::min(dist[i], d);
-      total += static_cast<uint64_t>(dist[i] * dist[i]);
-    }
+    for (uint64_t x : part) total += x;
     if (total == 0) break;  // every code is already a centroid
     uint64_t x = draw_u64(r.seed, r.seed_base + static_cast<uint64_t>(j)) % total;
-    int64_t pick = 0;
-    for (uint64_t acc = 0; pick < V; ++pick) {
+    int64_t ch = 0;
+    while (x >= part[static_cast<size_t>(ch)]) x -= part[static_cast<size_t>(ch++)];
+    int64_t pick = ch * kChunk;
+    for (uint64_t acc = 0;; ++pick) {
       acc += static_cast<uint64_t>(dist[pick] * dist[pick]);
       if (x < acc) break;
     }
@@ -108,10 +183,7 @@ int seed_centroids(const uint64_t* codes, int64_t V, const Sizes& s, const Draws
 }
 
 // Nearest of the `active` centroids for codes [i0, i1), ties to the lowest index; returns how
-// many assignments changed. Inlined into two entry points below: one compiled with the POPCNT
-// instruction (every x86-64 CPU since about 2008), one portable, chosen at run time, because
-// without the instruction each popcount is a library call and this loop is the K-means' hot
-// spot.
+// many assignments changed.
 __attribute__((always_inline)) inline int64_t nearest_range(const uint64_t* codes, int64_t i0,
                                                             int64_t i1, const uint64_t* centroids,
                                                             int active, int32_t* a) {
@@ -127,7 +199,7 @@ __attribute__((always_inline)) inline int64_t nearest_range(const uint64_t* code
   return changed;
 }
 
-#if defined(__x86_64__) && !defined(__POPCNT__)
+#ifdef CLUSTR_POPCNT_DISPATCH
 __attribute__((target("popcnt"))) int64_t nearest_popcnt(const uint64_t* codes, int64_t i0,
                                                          int64_t i1, const uint64_t* centroids,
                                                          int active, int32_t* a) {
@@ -137,9 +209,8 @@ __attribute__((target("popcnt"))) int64_t nearest_popcnt(const uint64_t* codes, 
 
 int64_t nearest(const uint64_t* codes, int64_t i0, int64_t i1, const uint64_t* centroids,
                 int active, int32_t* a) {
-#if defined(__x86_64__) && !defined(__POPCNT__)
-  static const bool has_popcnt = __builtin_cpu_supports("popcnt");
-  if (has_popcnt) return nearest_popcnt(codes, i0, i1, centroids, active, a);
+#ifdef CLUSTR_POPCNT_DISPATCH
+  if (has_popcnt()) return nearest_popcnt(codes, i0, i1, centroids, active, a);
 #endif
   return nearest_range(codes, i0, i1, centroids, active, a);
 }
@@ -148,8 +219,7 @@ int64_t nearest(const uint64_t* codes, int64_t i0, int64_t i1, const uint64_t* c
 // assignments changed.
 int64_t assign(const uint64_t* codes, int64_t V, const std::vector<uint64_t>& centroids,
                int active, bool inner, int32_t* a) {
-  constexpr int64_t kChunk = 1024;
-  const int64_t chunks = (V + kChunk - 1) / kChunk;
+  const int64_t chunks = ceil_div(V, kChunk);
   int64_t changed = 0;
 #pragma omp parallel for schedule(static) reduction(+ : changed) if (inner)
   for (int64_t ch = 0; ch < chunks; ++ch)
@@ -158,21 +228,46 @@ int64_t assign(const uint64_t* codes, int64_t V, const std::vector<uint64_t>& ce
   return changed;
 }
 
-// Update step: majority vote per bit, ties (and empty clusters) keep the previous bit. Shared
-// by bits, so each thread owns its own columns of `ones`.
+// Bit b of byte x, as 8 counters to add: kByteBits.v[x][b].
+struct ByteBits {
+  int32_t v[256][8];
+  ByteBits() {
+    for (int x = 0; x < 256; ++x)
+      for (int b = 0; b < 8; ++b) v[x][b] = (x >> b) & 1;
+  }
+};
+const ByteBits kByteBits;
+
+// Update step: majority vote per bit, ties (and empty clusters) keep the previous bit. The
+// members and the set bits of each cluster are integer counts, so each thread counts its own
+// share of the queries (a byte of a code at a time: 8 counters from a table) and the shares
+// are added in any order with the same result.
 void update(const uint64_t* codes, int64_t V, const int32_t* a, const Sizes& s, int active,
             bool inner, std::vector<uint64_t>& centroids) {
-  std::vector<int64_t> members(static_cast<size_t>(active), 0);
-  for (int64_t i = 0; i < V; ++i) ++members[static_cast<size_t>(a[i])];
-  std::vector<int64_t> ones(static_cast<size_t>(active) * static_cast<size_t>(s.K), 0);
-#pragma omp parallel for schedule(static) if (inner)
-  for (int k = 0; k < s.K; ++k)
-    for (int64_t i = 0; i < V; ++i)
-      if ((codes[i] >> k) & 1u) ++ones[static_cast<size_t>(a[i]) * s.K + k];
+  constexpr int kRow = 65;  // 64 bit counters, then the member count
+  std::vector<int64_t> ones(static_cast<size_t>(active) * kRow, 0);
+#pragma omp parallel if (inner)
+  {
+    std::vector<int32_t> mine(static_cast<size_t>(active) * kRow, 0);
+#pragma omp for schedule(static) nowait
+    for (int64_t i = 0; i < V; ++i) {
+      int32_t* row = mine.data() + static_cast<size_t>(a[i]) * kRow;
+      const uint64_t x = codes[i];
+      for (int byte = 0; byte < 8; ++byte) {
+        const int32_t* bits = kByteBits.v[(x >> (8 * byte)) & 255u];
+        for (int b = 0; b < 8; ++b) row[8 * byte + b] += bits[b];
+      }
+      ++row[64];
+    }
+#pragma omp critical(clustr_update_counts)
+    for (size_t x = 0; x < ones.size(); ++x) ones[x] += mine[x];
+  }
   for (int c = 0; c < active; ++c) {
     uint64_t& cent = centroids[static_cast<size_t>(c)];
+    const int64_t* row = ones.data() + static_cast<size_t>(c) * kRow;
+    const int64_t m = row[64];
     for (int k = 0; k < s.K; ++k) {
-      int64_t twice = 2 * ones[static_cast<size_t>(c) * s.K + k], m = members[static_cast<size_t>(c)];
+      const int64_t twice = 2 * row[k];
       if (twice > m) cent |= uint64_t{1} << k;
       if (twice < m) cent &= ~(uint64_t{1} << k);
     }
@@ -185,14 +280,17 @@ void cluster_one(const float* q, int64_t V, const Sizes& s, const Draws& r, bool
   std::fill(a, a + s.N, -1);
   std::fill(counts, counts + s.C, 0);
   if (V == 0) return;
-  std::vector<uint64_t> codes(static_cast<size_t>(V));
-  hash_queries(q, V, s, r, inner, codes.data());
+  Tensor codes_holder, dist_holder;
+  uint64_t* codes = scratch_u64(codes_holder, V);
+  hash_queries(q, V, s, r, inner, codes);
   std::vector<uint64_t> centroids(static_cast<size_t>(s.C), 0);
-  const int active = seed_centroids(codes.data(), V, s, r, inner, centroids);
+  dist_holder = Tensor::empty({V}, DType::i32);
+  const int active = seed_centroids(codes, V, s, r, inner, dist_holder.i32(), centroids);
+  dist_holder = Tensor();
   for (int round = 0;; ++round) {
-    int64_t changed = assign(codes.data(), V, centroids, active, inner, a);
+    int64_t changed = assign(codes, V, centroids, active, inner, a);
     if (round == s.L || (round > 0 && changed == 0)) break;
-    update(codes.data(), V, a, s, active, inner, centroids);
+    update(codes, V, a, s, active, inner, centroids);
   }
   for (int64_t i = 0; i < V; ++i) ++counts[a[i]];
 }

@@ -38,9 +38,10 @@
 // normal_), B H K blocks (u of (b, h, k) at block b H K + h K + k) and B H C blocks (the seeding
 // draw j of (b, h) at block b H C + h C + j, a 64-bit word) -- counts that depend on the shapes
 // and options only, whatever lengths say. Results depend only on (seed, offset) and the input,
-// never on the thread count: OpenMP runs over (b, h) pairs, or over queries and bits inside one
-// pair when there are fewer pairs than threads, and every reduction is exact (min, max,
-// integer sums).
+// never on the thread count: OpenMP runs over (b, h) pairs, or, when there are fewer pairs
+// than threads (batch 1, one head), over the queries (and the planes' GEMM) inside one pair,
+// and every reduction is exact (min, max, integer sums). Scratch comes from tensors, so the
+// allocator's memory statistics count it.
 // cpu only: CUDA tensors are rejected with a clustr::Error.
 #pragma once
 

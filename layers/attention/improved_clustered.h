@@ -21,13 +21,32 @@
 // Backward: the true gradient for the fixed assignment and fixed top-k sets (both piecewise
 // constant in Q, K), including the paths through m_j and the non-top-k Ac_j that the authors'
 // library drops; see improved_clustered.cpp for the derivation.
-// Results never depend on the thread count. cpu only: CUDA tensors are rejected.
+//
+// Attention dropout (training), as the authors' library defines it for this type: each part
+// of eq. 11 is dropped where it is computed. The clustered remainder (Ac_j off T_j) gets a
+// mask per cluster, shared by its members; the exact top-k weights m_j P_i get a mask per
+// query:
+//   out_i = m_j (P_i * D_i / (1 - p)) V_Tj + ((Ac_j with T_j zeroed) * Dc_j / (1 - p)) V
+// T_j, m_j and P_i are those without dropout. Mask elements (stream as in clustered.h: element
+// idx keeps when uint_to_unit(philox4x32(seed, offset + idx / 4).v[idx % 4]) >= p):
+//   Dc of (b, h, j, key l):            idx = ((b H + h) C + j) S + l
+//   D  of (b, h, query i, slot c < kw): idx = B H C S + ((b H + h) N + i) kw + c, where slot c
+//                                      is T_j's c-th key in ascending key order.
+// improved_clustered_attention_dropout_blocks gives the counter blocks one call uses (shapes
+// only); backward draws the same masks again, nothing of them is stored.
+//
+// Threads: one task per (b, h) pair, or, with fewer pairs than threads, every thread inside
+// each pair: the C x S products through the GEMM's threads, the top-k selections and the
+// members' exact softmax cluster by cluster; dK and dV get each cluster's contribution through
+// a slot of its own, added in cluster order. Results never depend on the thread count. cpu
+// only: CUDA tensors are rejected.
 #pragma once
 
 #include <cstdint>
 
 #include "autograd/variable.h"
 #include "core/tensor.h"
+#include "layers/attention/clustered.h"
 #include "layers/attention/config.h"
 
 namespace clustr {
@@ -39,15 +58,18 @@ struct ImprovedClusteredAttentionOutput {
   Tensor counts;     // i32 (B, H, C): members of each cluster
   Tensor topk;       // i32 (B, H, C, min(k, S)): T_j in ascending key order, -1 padded
   Tensor mass;       // m_j (B, H, C): 0 for empty clusters
+  ClusteredDropout dropout;  // the forward's, so that backward draws the same masks
 };
 ImprovedClusteredAttentionOutput improved_clustered_attention_forward(
     const Tensor& Q, const Tensor& K, const Tensor& V, const Tensor& lengths,
-    const Tensor& assignment, int64_t clusters, int64_t topk, float temperature = 0.0f);
+    const Tensor& assignment, int64_t clusters, int64_t topk, float temperature = 0.0f,
+    const ClusteredDropout& dropout = {});
 
 struct ImprovedClusteredAttentionGrads {
   Tensor dQ, dK, dV;  // the shapes of Q, K, V (overwritten, never accumulated)
 };
-// The gradients of sum(dout * out) for the fixed assignment and the forward's top-k sets.
+// The gradients of sum(dout * out) for the fixed assignment and the forward's top-k sets (and
+// dropout masks).
 ImprovedClusteredAttentionGrads improved_clustered_attention_backward(
     const Tensor& dout, const Tensor& Q, const Tensor& K, const Tensor& V, const Tensor& lengths,
     const Tensor& assignment, const ImprovedClusteredAttentionOutput& forward,
@@ -56,7 +78,13 @@ ImprovedClusteredAttentionGrads improved_clustered_attention_backward(
 // The differentiable op (gradients for Q, K and V; the assignment is a constant).
 Variable improved_clustered_attention(const Variable& Q, const Variable& K, const Variable& V,
                                       const Tensor& lengths, const Tensor& assignment,
-                                      int64_t clusters, int64_t topk, float temperature = 0.0f);
+                                      int64_t clusters, int64_t topk, float temperature = 0.0f,
+                                      const ClusteredDropout& dropout = {});
+
+// Counter blocks the dropout masks of one call use: ceil((B H C S + B H N min(k, S)) / 4) for
+// Q (B, H, N, E) and K (B, H, S, E) (reserve them from the run's Generator).
+uint64_t improved_clustered_attention_dropout_blocks(const Tensor& Q, const Tensor& K,
+                                                     int64_t clusters, int64_t topk);
 
 // Analysis (small N only): the dense attention weights (B, H, N, S) that `type` applies, so that
 // out = weights V. full: softmax(t Q K^T + mask), rows of padded queries (N == S, i >=
