@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Sets everything up and runs the whole test suite:
 #   1. the release build (with the CUDA backend when the toolkit is found) and its tests;
-#      GPU tests report "skipped" where no GPU is present;
-#   2. a build under AddressSanitizer + UndefinedBehaviorSanitizer and the same tests.
+#      GPU tests run on the GPU, and report "skipped" where no GPU is present;
+#   2. a build under AddressSanitizer + UndefinedBehaviorSanitizer and the same tests, with the
+#      CUDA backend on the emulated device (-DCLUSTR_CUDA=EMULATE), so the GPU tests run on
+#      every machine, their kernels checked by the sanitizers too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
@@ -14,9 +16,9 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
 cmake --build build -j "$jobs"
 ctest --test-dir build --output-on-failure -j "$jobs"
 
-echo "== sanitizer build (ASan + UBSan) =="
+echo "== sanitizer build (ASan + UBSan), CUDA kernels on the emulated device =="
 cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCLUSTR_SANITIZE=ON \
-  -DCLUSTR_CUDA=OFF -DCLUSTR_APPS=OFF
+  -DCLUSTR_CUDA=EMULATE -DCLUSTR_APPS=OFF
 cmake --build build-sanitize -j "$jobs"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --test-dir build-sanitize --output-on-failure -j "$jobs"

@@ -1,8 +1,10 @@
 // The CUDA backend against the CPU: copies, fill, the caching allocator, and GEMM compared with
 // cpu::gemm_reference over awkward shapes, every transpose pair and padded leading dimensions.
+// The ops' kernels are in test_cuda_ops.cpp, the launch abstraction in test_cuda_launch.cpp.
 //
-// This program has its own main: without a usable GPU (or in a build without the CUDA backend)
-// it prints why and exits 77, which ctest reports as skipped (SKIP_RETURN_CODE in
+// This program has its own main: it runs on a GPU, or on the emulated device of a
+// -DCLUSTR_CUDA=EMULATE build; without either (or in a build without the CUDA backend) it
+// prints why and exits 77, which ctest reports as skipped (SKIP_RETURN_CODE in
 // tests/CMakeLists.txt), so a machine without a GPU never reports these tests as passed.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
@@ -239,6 +241,9 @@ int main(int argc, char** argv) {
     std::printf("cuda tests skipped: %s\n", cuda::unavailable_reason().c_str());
     return 77;
   }
+  std::printf("cuda tests run on %s\n",
+              cuda::emulated() ? "the emulated device (kernels on host fibers, a host cuBLAS)"
+                               : "the GPU");
   doctest::Context context;
   context.applyCommandLine(argc, argv);
   return context.run();

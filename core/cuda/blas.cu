@@ -18,14 +18,17 @@
 // dimensions and the batch count must each fit in int; larger values are rejected with a clear
 // error rather than truncated. Batch strides are 64-bit in that API already.
 //
+// In device emulation the cuBLAS calls below go to a host GEMM with cuBLAS's column-major
+// contract (core/cuda/emulation.h), so this mapping is tested on machines without a GPU.
+//
 // Precision: the handle uses CUBLAS_DEFAULT_MATH, i.e. full FP32 arithmetic with no TF32 tensor
 // cores and no BF16x9 emulation, so results agree with the CPU to FP32 rounding.
-#include <algorithm>
 #include <climits>
 #include <cstdint>
 
 #include "core/cuda/check.h"
 #include "core/cuda/cuda.h"
+#include "core/cuda/kernel.h"
 #include "core/error.h"
 #include "core/gemm_args.h"
 
@@ -84,28 +87,26 @@ void check_args(const char* op, bool trans_a, bool trans_b, int64_t M, int64_t N
 // zeros when beta == 0 so that NaN or garbage in C is not propagated (the BLAS rule). Used when
 // K == 0 or alpha == 0, where BLAS reads neither A nor B: cuBLAS would too, but doing it here
 // keeps that rule independent of cuBLAS's handling of degenerate sizes and of null A or B.
-__global__ void scale_kernel(float* C, int64_t M, int64_t N, int64_t ldc, int64_t stride_c,
-                             int64_t batch, float beta) {
-  const int64_t per = M * N, total = per * batch;
-  const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
-       i += stride) {
-    const int64_t b = i / per, r = (i - b * per) / N, c = i - b * per - r * N;
-    float* p = C + b * stride_c + r * ldc + c;
-    *p = beta == 0.0f ? 0.0f : beta * *p;
+struct ScaleKernel {
+  static constexpr bool kUsesBarrier = false;
+  float* C;
+  int64_t M, N, ldc, stride_c, batch;
+  float beta;
+  CLUSTR_DEVICE void operator()(const Thread& t) const {
+    const int64_t per = M * N, total = per * batch;
+    for (int64_t i = global_x(t); i < total; i += grid_stride_x(t)) {
+      const int64_t b = i / per, r = (i - b * per) / N, c = i - b * per - r * N;
+      float* p = C + b * stride_c + r * ldc + c;
+      *p = beta == 0.0f ? 0.0f : beta * *p;
+    }
   }
-}
+};
 
 void scale(float* C, int64_t M, int64_t N, int64_t ldc, int64_t stride_c, int64_t batch,
            float beta) {
   if (beta == 1.0f || M == 0 || N == 0 || batch == 0) return;
-  constexpr int kThreads = 256;
-  constexpr int64_t kMaxBlocks = 4096;
-  const int64_t total = M * N * batch;
-  const auto blocks =
-      static_cast<unsigned>(std::min<int64_t>((total + kThreads - 1) / kThreads, kMaxBlocks));
-  scale_kernel<<<blocks, kThreads, 0, /*default stream*/ 0>>>(C, M, N, ldc, stride_c, batch, beta);
-  CLUSTR_CUDA_CHECK_LAUNCH();
+  launch("cuda::gemm (C = beta * C)", {elementwise_blocks(M * N * batch)}, {kElementwiseThreads},
+         0, ScaleKernel{C, M, N, ldc, stride_c, batch, beta});
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // Error checking for CUDA runtime and cuBLAS calls, for core/cuda/*.cu only (it includes the
-// toolkit's headers, so nothing outside the CUDA backend may include it).
+// toolkit's headers, or in device emulation their host stand-in core/cuda/emulation.h, so
+// nothing outside the CUDA backend may include it).
 //
 //   CLUSTR_CUDA_CHECK(cudaMemcpy(...));     throws clustr::Error unless cudaSuccess
 //   CLUSTR_CUBLAS_CHECK(cublasSgemm(...));  throws clustr::Error unless CUBLAS_STATUS_SUCCESS
@@ -12,8 +13,12 @@
 // reported at the launch that caused it (slow; for debugging only).
 #pragma once
 
+#if defined(CLUSTR_CUDA_EMULATION)
+#include "core/cuda/emulation.h"  // the same API, implemented on the host
+#else
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#endif
 
 #include "core/error.h"
 

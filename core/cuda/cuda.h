@@ -9,11 +9,13 @@
 #include <cstdint>
 #include <string>
 
+#include "core/ops.h"
 #include "core/tensor.h"
 
 namespace clustr::cuda {
 
-bool compiled();                 // built with the CUDA backend
+bool compiled();                 // built with the CUDA backend (a GPU build or device emulation)
+bool emulated();                 // built with device emulation (-DCLUSTR_CUDA=EMULATE)
 bool available();                // compiled, and a usable GPU is present
 std::string unavailable_reason();  // why available() is false ("" when it is true)
 void require(const char* what);  // throws, naming `what`, when no usable GPU is present
@@ -42,5 +44,27 @@ void gemm_strided_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int6
                           float alpha, const float* A, int64_t lda, int64_t stride_a,
                           const float* B, int64_t ldb, int64_t stride_b, float beta, float* C,
                           int64_t ldc, int64_t stride_c, int64_t batch);
+
+// ---- kernels: the CUDA twins of core/cpu/kernels.h and core/cpu/nn.h, same arguments and
+// meaning (device pointers). Every output is overwritten unless the comment says accumulated.
+
+// out[idx] = op(a[idx . a_strides], b[idx . b_strides]) over every index idx of out_shape (rank
+// dims, row-major). A stride of 0 broadcasts that axis. (core/cuda/elementwise.cu)
+void binary(BinaryOp op, int rank, const int64_t* out_shape, const float* a,
+            const int64_t* a_strides, const float* b, const int64_t* b_strides, float* out);
+void binary_scalar(BinaryOp op, const float* a, float s, float* out, int64_t n);  // out = a op s
+void unary(UnaryOp op, const float* x, float* y, int64_t n);                    // y = op(x)
+void axpy(float alpha, const float* src, float* dst, int64_t n);  // dst += alpha src (accumulated)
+
+// x viewed as (outer, len, inner); y (outer, inner) = op over the middle axis. len > 0 unless
+// op is sum. (core/cuda/reduce.cu)
+void reduce(ReduceOp op, const float* x, float* y, int64_t outer, int64_t len, int64_t inner);
+// x, y (rows, cols); per row over cols.
+void softmax(const float* x, float* y, int64_t rows, int64_t cols);
+void log_softmax(const float* x, float* y, int64_t rows, int64_t cols);
+
+// Inverted dropout with the Philox stream of core/ops.h's dropout_apply: x, y (n).
+// (core/cuda/nn.cu)
+void dropout(const float* x, float p, uint64_t seed, uint64_t offset, float* y, int64_t n);
 
 }  // namespace clustr::cuda

@@ -1,9 +1,8 @@
 // fill: dst[i] = value for i in [0, n), the CUDA twin of the loop in Tensor::fill.
-#include <algorithm>
 #include <cstdint>
 
-#include "core/cuda/check.h"
 #include "core/cuda/cuda.h"
+#include "core/cuda/kernel.h"
 #include "core/error.h"
 
 namespace clustr::cuda {
@@ -13,12 +12,15 @@ namespace {
 // Grid-stride loop: a fixed, modest grid covers any n (including n past 2^31 elements, hence the
 // 64-bit index), and each thread's consecutive iterations stay coalesced across the warp.
 template <typename T>
-__global__ void fill_kernel(T* __restrict__ dst, T value, int64_t n) {
-  const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += stride)
-    dst[i] = value;
-}
+struct FillKernel {
+  static constexpr bool kUsesBarrier = false;
+  T* dst;
+  T value;
+  int64_t n;
+  CLUSTR_DEVICE void operator()(const Thread& t) const {
+    for (int64_t i = global_x(t); i < n; i += grid_stride_x(t)) dst[i] = value;
+  }
+};
 
 template <typename T>
 void launch_fill(T* dst, T value, int64_t n, const char* what) {
@@ -26,14 +28,7 @@ void launch_fill(T* dst, T value, int64_t n, const char* what) {
   if (n == 0) return;
   require(what);
   CLUSTR_CHECK(dst != nullptr, what, ": null destination for ", n, " elements");
-  constexpr int kThreads = 256;
-  // 4096 blocks x 256 threads is several full waves on any current GPU; more blocks would only
-  // add scheduling work to a memory-bound loop.
-  constexpr int64_t kMaxBlocks = 4096;
-  const auto blocks =
-      static_cast<unsigned>(std::min<int64_t>((n + kThreads - 1) / kThreads, kMaxBlocks));
-  fill_kernel<T><<<blocks, kThreads, 0, /*default stream*/ 0>>>(dst, value, n);
-  CLUSTR_CUDA_CHECK_LAUNCH();
+  launch(what, {elementwise_blocks(n)}, {kElementwiseThreads}, 0, FillKernel<T>{dst, value, n});
 }
 
 }  // namespace

@@ -13,6 +13,7 @@ namespace {
 }  // namespace
 
 bool compiled() { return false; }
+bool emulated() { return false; }
 bool available() { return false; }
 std::string unavailable_reason() { return "clustr was built without the CUDA backend"; }
 void require(const char* what) { no_cuda(what); }
@@ -40,5 +41,19 @@ void gemm_strided_batched(bool, bool, int64_t, int64_t, int64_t, float, const fl
                           int64_t, int64_t) {
   no_cuda("cuda::gemm_strided_batched");
 }
+
+void binary(BinaryOp, int, const int64_t*, const float*, const int64_t*, const float*,
+            const int64_t*, float*) {
+  no_cuda("cuda::binary");
+}
+void binary_scalar(BinaryOp, const float*, float, float*, int64_t) {
+  no_cuda("cuda::binary_scalar");
+}
+void unary(UnaryOp, const float*, float*, int64_t) { no_cuda("cuda::unary"); }
+void axpy(float, const float*, float*, int64_t) { no_cuda("cuda::axpy"); }
+void reduce(ReduceOp, const float*, float*, int64_t, int64_t, int64_t) { no_cuda("cuda::reduce"); }
+void softmax(const float*, float*, int64_t, int64_t) { no_cuda("cuda::softmax"); }
+void log_softmax(const float*, float*, int64_t, int64_t) { no_cuda("cuda::log_softmax"); }
+void dropout(const float*, float, uint64_t, uint64_t, float*, int64_t) { no_cuda("cuda::dropout"); }
 
 }  // namespace clustr::cuda

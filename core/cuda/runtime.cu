@@ -5,6 +5,8 @@
 // which is what makes the allocator's reuse safe: a block freed by the host while a kernel may
 // still be reading it is handed out again only to work that is queued after that kernel.
 // (Compiling with --default-stream per-thread, or adding streams, would break this.)
+// In device emulation (core/cuda/emulation.h) this file compiles unchanged against the host
+// stand-in of the runtime API, so the allocator and the copies below are the code a GPU runs.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -57,6 +59,11 @@ const Availability& availability() {
 }  // namespace
 
 bool compiled() { return true; }
+#if defined(CLUSTR_CUDA_EMULATION)
+bool emulated() { return true; }
+#else
+bool emulated() { return false; }
+#endif
 bool available() { return availability().ok; }
 std::string unavailable_reason() { return availability().reason; }
 

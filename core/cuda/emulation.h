@@ -1,0 +1,144 @@
+// Device emulation: the CUDA backend built with the host compiler (configure with
+// -DCLUSTR_CUDA=EMULATE), so that every kernel runs, and is tested, on a machine without a GPU.
+// Included only through core/cuda/check.h, in place of the toolkit's headers, by core/cuda/*
+// sources compiled with CLUSTR_CUDA_EMULATION.
+//
+// Two parts, both implemented in core/cuda/emulation.cpp:
+//
+// 1. The subset of the CUDA runtime and cuBLAS APIs that core/cuda/ calls, with the same names,
+//    signatures and error codes, so that runtime.cu and blas.cu compile unchanged:
+//    - device memory is host memory from the heap (256-byte aligned, as cudaMalloc), but every
+//      allocation is registered, and cudaMemcpy checks that each side of a copy is, or is not,
+//      device memory as its direction says (a host pointer handed to the device is an error);
+//      cudaMalloc fails with cudaErrorMemoryAllocation past the emulated device's capacity (the
+//      host's physical memory);
+//    - cublasSgemm and cublasSgemmStridedBatched are a plain host GEMM with cuBLAS's
+//      column-major semantics: op N/T, m/n/k, lda/ldb/ldc and their validity rules
+//      (CUBLAS_STATUS_INVALID_VALUE), alpha/beta with C not read when beta == 0 and A, B not
+//      read when alpha == 0 or k == 0, strides and batch count. The matrices each call reads and
+//      writes must lie inside device allocations, or the call fails (a GPU would fault), so a
+//      wrong leading dimension in our row-major mapping is caught even where it stays in bounds
+//      of the host heap.
+//    - the environment variable CLUSTR_CUDA_EMULATION_DEVICES=0 makes cudaGetDeviceCount report
+//      no device, to test the "no GPU" paths.
+//
+// 2. The launcher behind launch() of core/cuda/kernel.h. Blocks run in parallel over the
+//    OpenMP threads (one after another without OpenMP); within a block:
+//    - a kernel that declares kUsesBarrier = false has its threads run one after another, each
+//      to its end (t.sync() is then an error);
+//    - a kernel with kUsesBarrier = true runs each CUDA thread of the block as a fiber: an
+//      execution context with its own stack (POSIX ucontext), all of the block's fibers on one
+//      host thread. t.sync() is a real barrier: the fiber switches back to the block's
+//      scheduler, which resumes the fibers, in thread order, only when every one of them has
+//      arrived. A fiber switch costs well under a microsecond, where waking host threads at
+//      every barrier costs tens of microseconds each, and the emulation stays deterministic.
+//      Threads that return while others wait at a barrier are reported as an error (on a GPU
+//      that is undefined behaviour, often a hang). Under AddressSanitizer the switches are
+//      announced to it (__sanitizer_start_switch_fiber), so it follows the fibers' stacks.
+//    Launch configurations a GPU rejects (more than 1024 threads per block, block or grid sizes
+//    past CUDA's limits, more than 48 KiB of dynamic shared memory) are recorded as
+//    cudaErrorInvalidConfiguration for cudaGetLastError, as the runtime does.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+// ---- the CUDA runtime subset ---------------------------------------------------------------------
+// Values as in the toolkit's driver_types.h, so that messages read the same.
+enum cudaError_t {
+  cudaSuccess = 0,
+  cudaErrorInvalidValue = 1,
+  cudaErrorMemoryAllocation = 2,
+  cudaErrorInvalidConfiguration = 9,
+  cudaErrorNoDevice = 100,
+  cudaErrorLaunchFailure = 719,
+};
+enum cudaMemcpyKind {
+  cudaMemcpyHostToHost = 0,
+  cudaMemcpyHostToDevice = 1,
+  cudaMemcpyDeviceToHost = 2,
+  cudaMemcpyDeviceToDevice = 3,
+};
+const char* cudaGetErrorName(cudaError_t e);
+const char* cudaGetErrorString(cudaError_t e);
+cudaError_t cudaGetDeviceCount(int* count);
+cudaError_t cudaMalloc(void** ptr, size_t bytes);
+cudaError_t cudaFree(void* ptr);
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind);
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes);
+cudaError_t cudaDeviceSynchronize();
+cudaError_t cudaGetLastError();  // returns and clears this host thread's last error
+
+// ---- the cuBLAS subset ---------------------------------------------------------------------------
+// Values as in the toolkit's cublas_api.h.
+struct cublasContext;
+typedef cublasContext* cublasHandle_t;
+enum cublasStatus_t {
+  CUBLAS_STATUS_SUCCESS = 0,
+  CUBLAS_STATUS_NOT_INITIALIZED = 1,
+  CUBLAS_STATUS_ALLOC_FAILED = 3,
+  CUBLAS_STATUS_INVALID_VALUE = 7,
+  CUBLAS_STATUS_ARCH_MISMATCH = 8,
+  CUBLAS_STATUS_MAPPING_ERROR = 11,
+  CUBLAS_STATUS_EXECUTION_FAILED = 13,
+  CUBLAS_STATUS_INTERNAL_ERROR = 14,
+  CUBLAS_STATUS_NOT_SUPPORTED = 15,
+  CUBLAS_STATUS_LICENSE_ERROR = 16,
+};
+enum cublasOperation_t { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1, CUBLAS_OP_C = 2 };
+enum cublasMath_t { CUBLAS_DEFAULT_MATH = 0, CUBLAS_TF32_TENSOR_OP_MATH = 3 };
+cublasStatus_t cublasCreate(cublasHandle_t* handle);
+cublasStatus_t cublasDestroy(cublasHandle_t handle);
+cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode);
+// Column-major C(m, n) = alpha * op(A)(m, k) op(B)(k, n) + beta * C, as cuBLAS.
+cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa,
+                           cublasOperation_t transb, int m, int n, int k, const float* alpha,
+                           const float* A, int lda, const float* B, int ldb, const float* beta,
+                           float* C, int ldc);
+cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_t transa,
+                                         cublasOperation_t transb, int m, int n, int k,
+                                         const float* alpha, const float* A, int lda,
+                                         long long stride_a, const float* B, int ldb,
+                                         long long stride_b, const float* beta, float* C,
+                                         int ldc, long long stride_c, int batch_count);
+
+// ---- the launcher ------------------------------------------------------------------------------
+namespace clustr::cuda::emulation {
+
+// The threads of one block in barrier mode (defined in emulation.cpp).
+class Fibers;
+
+// t.sync(): the calling thread waits until every thread of its block has arrived.
+void block_sync(Fibers* block);
+
+// What the launcher hands to the kernel's trampoline for one thread.
+struct ThreadState {
+  unsigned thread[3], block[3], block_dim[3], grid_dim[3];
+  unsigned char* shared;
+  Fibers* fibers;  // null when the kernel declares no barrier
+  const char* kernel_name;
+};
+
+struct Launch {
+  const char* name = "";
+  unsigned grid[3] = {1, 1, 1}, block[3] = {1, 1, 1};
+  size_t shared_bytes = 0;
+  bool uses_barrier = false;
+  const void* kernel = nullptr;
+  void (*run)(const void* kernel, const ThreadState& s) = nullptr;
+};
+
+// Runs every thread of every block; a bad configuration is recorded for cudaGetLastError (and
+// nothing runs). A broken barrier or a failing body throws clustr::Error naming the kernel.
+void launch(const Launch& l);
+
+// t.sync() in a kernel that declared kUsesBarrier = false: throws clustr::Error.
+[[noreturn]] void sync_without_barrier(const char* kernel);
+
+// atomicAdd on a float: a compare-and-swap loop on its bits (blocks may run in parallel).
+float atomic_add_f32(float* p, float v);
+
+// How many bytes the emulated device holds in live cudaMalloc blocks.
+size_t device_bytes_in_use();
+
+}  // namespace clustr::cuda::emulation

@@ -1,0 +1,182 @@
+// The launch abstraction of the CUDA backend: every kernel is written once, as a functor, against
+// the few primitives below, and runs either on a GPU (compiled by nvcc) or in device emulation
+// (compiled by the host compiler with CLUSTR_CUDA_EMULATION; see core/cuda/emulation.h).
+//
+// A kernel is a struct holding its arguments by value, with
+//   static constexpr bool kUsesBarrier = ...;   // does the body call t.sync()?
+//   CLUSTR_DEVICE void operator()(const Thread& t) const { ... }
+// and is launched from host code with
+//   launch("softmax", grid, block, shared_bytes, SoftmaxKernel{...});
+// which is an ordinary <<<grid, block, shared_bytes>>> launch on the default stream under nvcc,
+// followed by the launch check (cudaGetLastError, the error named after the kernel; with
+// CLUSTR_CUDA_DEBUG_SYNC also a synchronize), and the host launcher in emulation, followed by
+// the same check.
+//
+// The primitives a body may use (and nothing else of CUDA's):
+//   t.thread_idx(), t.block_idx(), t.block_dim(), t.grid_dim()   threadIdx, blockIdx, ... (Dim3)
+//   t.shared<T>()          the block's dynamic shared memory (shared_bytes of the launch)
+//   t.sync()               block barrier, __syncthreads(); only when kUsesBarrier is true
+//   atomic_add(p, v)       atomicAdd on a float in global or shared memory
+//   block_reduce(t, v, scratch, op)   a reduction over the block (built on shared memory and
+//                          t.sync(), so no warp shuffles are needed)
+// plus the host+device math of core/math.h and core/philox.h. As on a GPU, t.sync() must be
+// reached by every thread of the block; the emulator reports a block where some threads wait at
+// a barrier while others have returned.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/hostdevice.h"
+
+#if defined(__CUDACC__)
+#define CLUSTR_DEVICE __device__ __forceinline__
+#else
+#define CLUSTR_DEVICE inline
+#endif
+
+#include "core/cuda/check.h"  // the toolkit's headers, or in emulation core/cuda/emulation.h
+
+namespace clustr::cuda {
+
+struct Dim3 {
+  unsigned x = 1, y = 1, z = 1;
+};
+
+#if defined(__CUDACC__)
+
+struct Thread {
+  CLUSTR_DEVICE Dim3 thread_idx() const { return {threadIdx.x, threadIdx.y, threadIdx.z}; }
+  CLUSTR_DEVICE Dim3 block_idx() const { return {blockIdx.x, blockIdx.y, blockIdx.z}; }
+  CLUSTR_DEVICE Dim3 block_dim() const { return {blockDim.x, blockDim.y, blockDim.z}; }
+  CLUSTR_DEVICE Dim3 grid_dim() const { return {gridDim.x, gridDim.y, gridDim.z}; }
+  template <class T>
+  CLUSTR_DEVICE T* shared() const {
+    extern __shared__ __align__(16) unsigned char clustr_dynamic_shared[];
+    return reinterpret_cast<T*>(clustr_dynamic_shared);
+  }
+  CLUSTR_DEVICE void sync() const { __syncthreads(); }
+};
+
+CLUSTR_DEVICE float atomic_add(float* p, float v) { return atomicAdd(p, v); }
+
+template <class K>
+__global__ void kernel_entry(K k) {
+  // Only the emulator acts on kUsesBarrier; requiring it here keeps GPU-only kernels honest.
+  constexpr bool declared = K::kUsesBarrier || !K::kUsesBarrier;
+  static_assert(declared, "a kernel declares static constexpr bool kUsesBarrier");
+  k(Thread{});
+}
+
+// Launches k over grid x block threads with shared_bytes of dynamic shared memory on the default
+// stream; an empty grid or block launches nothing.
+template <class K>
+void launch(const char* name, Dim3 grid, Dim3 block, size_t shared_bytes, const K& k) {
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0 || block.x == 0 || block.y == 0 ||
+      block.z == 0)
+    return;
+  kernel_entry<K><<<dim3(grid.x, grid.y, grid.z), dim3(block.x, block.y, block.z), shared_bytes,
+                    /*default stream*/ 0>>>(k);
+  CLUSTR_CUDA_CHECK_NAMED(cudaGetLastError(), name);
+#ifdef CLUSTR_CUDA_DEBUG_SYNC
+  CLUSTR_CUDA_CHECK_NAMED(cudaDeviceSynchronize(), name);
+#endif
+}
+
+#else  // device emulation: the same bodies, called by the host launcher
+
+struct Thread {
+  Dim3 thread_idx_, block_idx_, block_dim_, grid_dim_;
+  unsigned char* shared_ = nullptr;
+  emulation::Fibers* fibers_ = nullptr;  // null when the kernel declares no barrier
+  const char* kernel_ = "";
+
+  Dim3 thread_idx() const { return thread_idx_; }
+  Dim3 block_idx() const { return block_idx_; }
+  Dim3 block_dim() const { return block_dim_; }
+  Dim3 grid_dim() const { return grid_dim_; }
+  template <class T>
+  T* shared() const {
+    return reinterpret_cast<T*>(shared_);
+  }
+  void sync() const {
+    if (fibers_ == nullptr) emulation::sync_without_barrier(kernel_);
+    emulation::block_sync(fibers_);
+  }
+};
+
+inline float atomic_add(float* p, float v) { return emulation::atomic_add_f32(p, v); }
+
+template <class K>
+void launch(const char* name, Dim3 grid, Dim3 block, size_t shared_bytes, const K& k) {
+  emulation::Launch l;
+  l.name = name;
+  const unsigned g[3] = {grid.x, grid.y, grid.z}, b[3] = {block.x, block.y, block.z};
+  for (int d = 0; d < 3; ++d) {
+    l.grid[d] = g[d];
+    l.block[d] = b[d];
+  }
+  l.shared_bytes = shared_bytes;
+  l.uses_barrier = K::kUsesBarrier;
+  l.kernel = &k;
+  l.run = [](const void* kernel, const emulation::ThreadState& s) {
+    Thread t;
+    t.thread_idx_ = {s.thread[0], s.thread[1], s.thread[2]};
+    t.block_idx_ = {s.block[0], s.block[1], s.block[2]};
+    t.block_dim_ = {s.block_dim[0], s.block_dim[1], s.block_dim[2]};
+    t.grid_dim_ = {s.grid_dim[0], s.grid_dim[1], s.grid_dim[2]};
+    t.shared_ = s.shared;
+    t.fibers_ = s.fibers;
+    t.kernel_ = s.kernel_name;
+    (*static_cast<const K*>(kernel))(t);
+  };
+  emulation::launch(l);  // records a launch error for cudaGetLastError, as a GPU would
+  CLUSTR_CUDA_CHECK_NAMED(cudaGetLastError(), name);
+}
+
+#endif
+
+// ---- helpers built on the primitives -----------------------------------------------------------
+
+// The linear index of this thread in a 1-D launch, and the number of threads of the grid (for
+// grid-stride loops, which let a fixed, modest grid cover any n).
+CLUSTR_DEVICE int64_t global_x(const Thread& t) {
+  return static_cast<int64_t>(t.block_idx().x) * t.block_dim().x + t.thread_idx().x;
+}
+CLUSTR_DEVICE int64_t grid_stride_x(const Thread& t) {
+  return static_cast<int64_t>(t.block_dim().x) * t.grid_dim().x;
+}
+
+// op over the value v of every thread of a 1-D block, returned to every thread. scratch holds
+// block_dim().x values of T (shared memory, or a part of it). A tree over shared memory: at each
+// step the lower half adds the upper half (any block size, not only powers of two), with a
+// barrier between steps; the order of the combinations is fixed, so the result is deterministic.
+// Every thread of the block must call it (it contains barriers).
+template <class T, class Op>
+CLUSTR_DEVICE T block_reduce(const Thread& t, T v, T* scratch, Op op) {
+  const unsigned n = t.block_dim().x, i = t.thread_idx().x;
+  scratch[i] = v;
+  t.sync();
+  unsigned half = 1;
+  while (half * 2 < n) half *= 2;  // the largest power of two below n (1 when n <= 2)
+  for (unsigned s = n > 1 ? half : 0; s > 0; s /= 2) {
+    if (i < s && i + s < n) scratch[i] = op(scratch[i], scratch[i + s]);
+    t.sync();
+  }
+  const T r = scratch[0];
+  t.sync();  // every thread has read the result before the scratch is reused
+  return r;
+}
+
+// Threads per block for a grid-stride element-wise kernel, and its block count: a fixed cap of
+// blocks (several full waves on any current GPU); more would only add scheduling work to a
+// memory-bound loop.
+constexpr unsigned kElementwiseThreads = 256;
+inline unsigned elementwise_blocks(int64_t n, int64_t per_thread = 1) {
+  constexpr int64_t kMaxBlocks = 4096;
+  const int64_t work = (n + per_thread - 1) / per_thread;
+  const int64_t b = (work + kElementwiseThreads - 1) / kElementwiseThreads;
+  return static_cast<unsigned>(b < kMaxBlocks ? b : kMaxBlocks);
+}
+
+}  // namespace clustr::cuda

@@ -1,0 +1,191 @@
+// CUDA reductions over the middle axis of x viewed as (outer, len, inner), and softmax /
+// log-softmax over the last axis; the twins of core/cpu/reduce.cpp and core/cpu/softmax.cpp.
+//
+// A reduction over the last axis (inner == 1), and each row of softmax, is one block per row:
+// its threads stride over the row, each keeping a partial result, and block_reduce
+// (core/cuda/kernel.h) combines the partials in a fixed tree. A reduction over another axis
+// (inner > 1) is one thread per output, looping over the axis; that leaves a GPU underused when
+// there are few outputs and a long axis (a bias gradient over many rows), a case for a
+// two-pass kernel later. Sums accumulate in double, as on the CPU, so the two backends differ only in the
+// order of double additions, which almost never changes the rounded float. Max and min use the
+// NaN-propagating math::Maximum / math::Minimum and are exact.
+#include <cmath>
+#include <cstdint>
+
+#include "core/cuda/cuda.h"
+#include "core/cuda/kernel.h"
+#include "core/error.h"
+#include "core/math.h"
+
+namespace clustr::cuda {
+
+namespace {
+
+struct AddDouble {
+  CLUSTR_HD double operator()(double a, double b) const { return a + b; }
+};
+
+// Threads per block for a reduction over `len` elements: a power of two from 32 (one warp) to
+// 256, no more than the elements need.
+unsigned reduce_threads(int64_t len) {
+  unsigned t = 32;
+  while (t < 256 && t < len) t *= 2;
+  return t;
+}
+
+// Blocks: one per output, at most kMaxBlocks; the blocks stride over the outputs beyond that.
+constexpr int64_t kMaxBlocks = 65535;
+unsigned reduce_blocks(int64_t outputs) {
+  return static_cast<unsigned>(outputs < kMaxBlocks ? outputs : kMaxBlocks);
+}
+
+// The op's partial result over the elements xr[l * stride] of this thread's share, and the
+// combination of two partial results: sums in double, max and min in float.
+template <class T>
+struct Partial;
+template <>
+struct Partial<double> {
+  CLUSTR_DEVICE static double init(ReduceOp) { return 0.0; }
+  CLUSTR_DEVICE static double add(ReduceOp, double acc, float v) { return acc + v; }
+  CLUSTR_DEVICE static double combine(ReduceOp, double a, double b) { return a + b; }
+};
+template <>
+struct Partial<float> {
+  CLUSTR_DEVICE static float init(ReduceOp op) { return op == ReduceOp::max ? -INFINITY : INFINITY; }
+  CLUSTR_DEVICE static float add(ReduceOp op, float acc, float v) {
+    return op == ReduceOp::max ? math::Maximum{}(acc, v) : math::Minimum{}(acc, v);
+  }
+  CLUSTR_DEVICE static float combine(ReduceOp op, float a, float b) { return add(op, a, b); }
+};
+
+CLUSTR_DEVICE float finish(ReduceOp op, double r, int64_t len) {
+  return static_cast<float>(op == ReduceOp::mean ? r / static_cast<double>(len) : r);
+}
+CLUSTR_DEVICE float finish(ReduceOp, float r, int64_t) { return r; }
+
+// inner == 1, a reduction over contiguous rows: y[o] = op over l of x[o, l]. One block per row;
+// its threads stride over the row (coalesced) and block_reduce combines their partials.
+template <class T>
+struct RowReduceKernel {
+  static constexpr bool kUsesBarrier = true;
+  ReduceOp op;
+  const float* x;
+  float* y;
+  int64_t rows, len;
+  struct Combine {
+    ReduceOp op;
+    CLUSTR_DEVICE T operator()(T a, T b) const { return Partial<T>::combine(op, a, b); }
+  };
+  CLUSTR_DEVICE void operator()(const Thread& t) const {
+    const unsigned tid = t.thread_idx().x, nt = t.block_dim().x;
+    for (int64_t r = t.block_idx().x; r < rows; r += t.grid_dim().x) {
+      const float* xr = x + r * len;
+      T acc = Partial<T>::init(op);
+      for (int64_t l = tid; l < len; l += nt) acc = Partial<T>::add(op, acc, xr[l]);
+      const T total = block_reduce(t, acc, t.shared<T>(), Combine{op});
+      if (tid == 0) y[r] = finish(op, total, len);
+    }
+  }
+};
+
+// inner > 1, a reduction over a strided axis: y[o, i] = op over l of x[o, l, i]. One thread per
+// output; neighbouring threads read neighbouring columns, so each step of the loop over l is a
+// coalesced row read.
+template <class T>
+struct ColumnReduceKernel {
+  static constexpr bool kUsesBarrier = false;
+  ReduceOp op;
+  const float* x;
+  float* y;
+  int64_t outer, len, inner;
+  CLUSTR_DEVICE void operator()(const Thread& t) const {
+    for (int64_t out = global_x(t); out < outer * inner; out += grid_stride_x(t)) {
+      const int64_t o = out / inner, i = out - o * inner;
+      const float* xc = x + o * len * inner + i;
+      T acc = Partial<T>::init(op);
+      for (int64_t l = 0; l < len; ++l) acc = Partial<T>::add(op, acc, xc[l * inner]);
+      y[out] = finish(op, acc, len);
+    }
+  }
+};
+
+template <class T>
+void launch_reduce(ReduceOp op, const float* x, float* y, int64_t outer, int64_t len,
+                   int64_t inner) {
+  if (inner == 1) {
+    const unsigned threads = reduce_threads(len);
+    launch("cuda::reduce (rows)", {reduce_blocks(outer)}, {threads}, threads * sizeof(T),
+           RowReduceKernel<T>{op, x, y, outer, len});
+  } else {
+    launch("cuda::reduce (columns)", {elementwise_blocks(outer * inner)}, {kElementwiseThreads}, 0,
+           ColumnReduceKernel<T>{op, x, y, outer, len, inner});
+  }
+}
+
+// Per row r of x (rows, cols): m = max, s = sum exp(x - m) (double); softmax exp(x - m) / s or
+// log-softmax x - m - log(s). A fully masked row (m = -inf) gives 0 / -inf, as on the CPU;
+// every thread sees the same m, so the branch is taken by the whole block.
+struct SoftmaxKernel {
+  static constexpr bool kUsesBarrier = true;
+  const float* x;
+  float* y;
+  int64_t rows, cols;
+  bool as_log;
+  CLUSTR_DEVICE void operator()(const Thread& t) const {
+    const unsigned tid = t.thread_idx().x, nt = t.block_dim().x;
+    for (int64_t r = t.block_idx().x; r < rows; r += t.grid_dim().x) {
+      const float* xr = x + r * cols;
+      float* yr = y + r * cols;
+      float m = -INFINITY;
+      for (int64_t j = tid; j < cols; j += nt) m = math::Maximum{}(m, xr[j]);
+      m = block_reduce(t, m, t.shared<float>(), math::Maximum{});
+      if (math::fully_masked(m)) {
+        for (int64_t j = tid; j < cols; j += nt) yr[j] = as_log ? -INFINITY : 0.0f;
+        continue;
+      }
+      double acc = 0.0;
+      for (int64_t j = tid; j < cols; j += nt) acc += math::exp(xr[j] - m);
+      const double s = block_reduce(t, acc, t.shared<double>(), AddDouble{});
+      if (as_log) {
+        const float log_s = static_cast<float>(::log(s));
+        for (int64_t j = tid; j < cols; j += nt) yr[j] = math::log_softmax_value(xr[j], m, log_s);
+      } else {
+        const float inv = static_cast<float>(1.0 / s);  // s >= 1: the max itself contributes 1
+        for (int64_t j = tid; j < cols; j += nt) yr[j] = math::exp(xr[j] - m) * inv;
+      }
+    }
+  }
+};
+
+void softmax_like(const char* name, const float* x, float* y, int64_t rows, int64_t cols,
+                  bool as_log) {
+  if (rows == 0 || cols == 0) return;
+  require(name);
+  const unsigned threads = reduce_threads(cols);
+  launch(name, {reduce_blocks(rows)}, {threads}, threads * sizeof(double),
+         SoftmaxKernel{x, y, rows, cols, as_log});
+}
+
+}  // namespace
+
+void reduce(ReduceOp op, const float* x, float* y, int64_t outer, int64_t len, int64_t inner) {
+  const int64_t outputs = outer * inner;
+  if (outputs == 0) return;
+  require("cuda::reduce");
+  CLUSTR_CHECK(len > 0 || op == ReduceOp::sum, "cuda::reduce: an empty axis has no ",
+               op == ReduceOp::max ? "max" : op == ReduceOp::min ? "min" : "mean");
+  if (op == ReduceOp::sum || op == ReduceOp::mean)
+    launch_reduce<double>(op, x, y, outer, len, inner);
+  else
+    launch_reduce<float>(op, x, y, outer, len, inner);
+}
+
+void softmax(const float* x, float* y, int64_t rows, int64_t cols) {
+  softmax_like("cuda::softmax", x, y, rows, cols, false);
+}
+
+void log_softmax(const float* x, float* y, int64_t rows, int64_t cols) {
+  softmax_like("cuda::log_softmax", x, y, rows, cols, true);
+}
+
+}  // namespace clustr::cuda

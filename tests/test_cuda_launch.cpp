@@ -1,0 +1,248 @@
+// The launch abstraction (core/cuda/kernel.h) and the cuBLAS column-major semantics, checked
+// with small kernels written here. In a GPU build this file is compiled by nvcc (LANGUAGE CUDA
+// in tests/CMakeLists.txt), so the same tests run on the GPU and on the emulated device; the
+// ones that check what only the emulator can (a divergent barrier, pointer checks) return early
+// on a GPU. Part of the test_cuda program (tests/test_cuda.cpp has its main); empty in a build
+// without the CUDA backend.
+#include <doctest/doctest.h>
+
+// Without the CUDA backend there is no kernel.h to compile against (the program skips anyway).
+#if defined(CLUSTR_WITH_CUDA)
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/cuda/cuda.h"
+#include "core/cuda/kernel.h"
+#include "core/error.h"
+#include "core/tensor.h"
+
+using clustr::Device;
+using clustr::DType;
+using clustr::Tensor;
+namespace cuda = clustr::cuda;
+using cuda::Dim3;
+using cuda::Thread;
+
+// Every thread writes its index to shared memory, the block waits, then each reads its mirror
+// image: without a real barrier a thread would read a slot not yet written (in emulation, the
+// NaN bytes fresh shared memory holds).
+struct ReverseKernel {
+  static constexpr bool kUsesBarrier = true;
+  float* out;
+  CLUSTR_DEVICE void operator()(const Thread& t) const {
+    float* s = t.shared<float>();
+    const unsigned i = t.thread_idx().x, n = t.block_dim().x;
+    s[i] = static_cast<float>(t.block_idx().x * 10000 + i);
+    t.sync();
+    out[t.block_idx().x * n + i] = s[n - 1 - i];
+  }
+};
+
+struct AddFloat {
+  CLUSTR_DEVICE float operator()(float a, float b) const { return a + b; }
+};
+
+// out[block] = sum over the block's threads of (block + 1) * thread, through block_reduce.
+struct BlockSumKernel {
+  static constexpr bool kUsesBarrier = true;
+  float* out;
+  CLUSTR_DEVICE void operator()(const Thread& t) const {
+    const float v = static_cast<float>((t.block_idx().x + 1) * t.thread_idx().x);
+    const float r = cuda::block_reduce(t, v, t.shared<float>(), AddFloat{});
+    if (t.thread_idx().x == 0) out[t.block_idx().x] = r;
+  }
+};
+
+// Every thread of every block adds 1 to one counter; exact for counts below 2^24.
+struct CountKernel {
+  static constexpr bool kUsesBarrier = false;
+  float* counter;
+  CLUSTR_DEVICE void operator()(const Thread&) const { cuda::atomic_add(counter, 1.0f); }
+};
+
+// A 2-D grid of 3-D blocks writes each thread's coordinates to its own slot.
+struct CoordKernel {
+  static constexpr bool kUsesBarrier = false;
+  float* out;
+  CLUSTR_DEVICE void operator()(const Thread& t) const {
+    const Dim3 b = t.block_idx(), g = t.grid_dim(), th = t.thread_idx(), d = t.block_dim();
+    const unsigned block = b.x + g.x * (b.y + g.y * b.z);
+    const unsigned thread = th.x + d.x * (th.y + d.y * th.z);
+    out[block * d.x * d.y * d.z + thread] =
+        static_cast<float>(b.x * 1000000 + b.y * 10000 + th.x * 100 + th.y * 10 + th.z);
+  }
+};
+
+// Thread 0 returns early while the others wait at a barrier: undefined on a GPU, reported by
+// the emulator.
+struct DivergentKernel {
+  static constexpr bool kUsesBarrier = true;
+  float* out;
+  CLUSTR_DEVICE void operator()(const Thread& t) const {
+    if (t.thread_idx().x == 0) return;
+    t.sync();
+    out[t.thread_idx().x] = 1.0f;
+  }
+};
+
+// Calls t.sync() although it declares no barrier.
+struct UndeclaredBarrierKernel {
+  static constexpr bool kUsesBarrier = false;
+  CLUSTR_DEVICE void operator()(const Thread& t) const { t.sync(); }
+};
+
+TEST_CASE("cuda launch: t.sync() is a real barrier for awkward block sizes") {
+  for (unsigned threads : {1u, 3u, 17u, 129u, 256u}) {
+    CAPTURE(threads);
+    const unsigned blocks = 3;
+    Tensor out = Tensor::zeros({blocks * threads}, DType::f32, Device::cuda);
+    cuda::launch("reverse", {blocks}, {threads}, threads * sizeof(float),
+                 ReverseKernel{out.f32()});
+    std::vector<float> expected;
+    for (unsigned b = 0; b < blocks; ++b)
+      for (unsigned i = 0; i < threads; ++i)
+        expected.push_back(static_cast<float>(b * 10000 + (threads - 1 - i)));
+    CHECK(out.to_vector() == expected);
+  }
+}
+
+TEST_CASE("cuda launch: block_reduce sums over any block size") {
+  for (unsigned threads : {1u, 2u, 3u, 17u, 32u, 129u, 1024u}) {
+    CAPTURE(threads);
+    const unsigned blocks = 5;
+    Tensor out = Tensor::zeros({blocks}, DType::f32, Device::cuda);
+    cuda::launch("block sum", {blocks}, {threads}, threads * sizeof(float),
+                 BlockSumKernel{out.f32()});
+    std::vector<float> expected;
+    for (unsigned b = 0; b < blocks; ++b)
+      expected.push_back(static_cast<float>((b + 1) * threads * (threads - 1) / 2));
+    CHECK(out.to_vector() == expected);
+  }
+}
+
+TEST_CASE("cuda launch: atomic_add counts every thread, 2-D grids and 3-D blocks index right") {
+  Tensor counter = Tensor::zeros({1}, DType::f32, Device::cuda);
+  cuda::launch("count", {129}, {17}, 0, CountKernel{counter.f32()});
+  CHECK(counter.item() == 129.0f * 17.0f);
+
+  const Dim3 grid{3, 2, 1}, block{4, 3, 2};
+  Tensor out = Tensor::zeros({6 * 24}, DType::f32, Device::cuda);
+  cuda::launch("coords", grid, block, 0, CoordKernel{out.f32()});
+  std::vector<float> expected(6 * 24);
+  for (unsigned by = 0; by < 2; ++by)
+    for (unsigned bx = 0; bx < 3; ++bx)
+      for (unsigned tz = 0; tz < 2; ++tz)
+        for (unsigned ty = 0; ty < 3; ++ty)
+          for (unsigned tx = 0; tx < 4; ++tx)
+            expected[(bx + 3 * by) * 24 + tx + 4 * (ty + 3 * tz)] =
+                static_cast<float>(bx * 1000000 + by * 10000 + tx * 100 + ty * 10 + tz);
+  CHECK(out.to_vector() == expected);
+
+  // An empty grid launches nothing.
+  cuda::launch("count", {0}, {17}, 0, CountKernel{counter.f32()});
+  CHECK(counter.item() == 129.0f * 17.0f);
+}
+
+TEST_CASE("cuda launch: a configuration the GPU rejects is a clear error") {
+  Tensor counter = Tensor::zeros({1}, DType::f32, Device::cuda);
+  CHECK_THROWS_WITH_AS(cuda::launch("too wide", {1}, {2048}, 0, CountKernel{counter.f32()}),
+                       doctest::Contains("too wide failed"), clustr::Error);
+  CHECK_THROWS_WITH_AS(cuda::launch("too much shared", {1}, {32}, size_t(1) << 20,
+                                    CountKernel{counter.f32()}),
+                       doctest::Contains("too much shared failed"), clustr::Error);
+  cuda::launch("count", {1}, {32}, 0, CountKernel{counter.f32()});  // no stale error remains
+  CHECK(counter.item() == 32.0f);
+}
+
+TEST_CASE("cuda launch: the emulator reports a divergent barrier and an undeclared one") {
+  if (!cuda::emulated()) return;  // undefined behaviour on a GPU, not testable there
+  Tensor out = Tensor::zeros({17}, DType::f32, Device::cuda);
+  CHECK_THROWS_WITH_AS(cuda::launch("divergent", {2}, {17}, 0, DivergentKernel{out.f32()}),
+                       doctest::Contains("some threads wait at t.sync() while others have "
+                                         "returned"),
+                       clustr::Error);
+  CHECK_THROWS_WITH_AS(cuda::launch("undeclared", {1}, {4}, 0, UndeclaredBarrierKernel{}),
+                       doctest::Contains("declares kUsesBarrier = false"), clustr::Error);
+  Tensor counter = Tensor::zeros({1}, DType::f32, Device::cuda);  // the device still works
+  cuda::launch("count", {2}, {3}, 0, CountKernel{counter.f32()});
+  CHECK(counter.item() == 6.0f);
+}
+
+// cuBLAS called directly, with column-major data, against the textbook column-major loop: on a
+// GPU this is the real cuBLAS, in emulation its host stand-in, so the two are held to the same
+// contract (op N/T, m/n/k, padded leading dimensions, alpha/beta, strided batches).
+TEST_CASE("cuda launch: cublasSgemm(StridedBatched) follows the column-major contract") {
+  cublasHandle_t h = nullptr;
+  REQUIRE(cublasCreate(&h) == CUBLAS_STATUS_SUCCESS);
+  const int m = 5, n = 3, k = 4, pad = 2, batch = 2;
+  for (int t = 0; t < 4; ++t) {
+    const bool ta = t & 1, tb = t & 2;
+    CAPTURE(ta);
+    CAPTURE(tb);
+    const int a_rows = ta ? k : m, a_cols = ta ? m : k, b_rows = tb ? n : k, b_cols = tb ? k : n;
+    const int lda = a_rows + pad, ldb = b_rows + pad, ldc = m + pad;
+    const int sa = lda * a_cols, sb = ldb * b_cols, sc = ldc * n;
+    std::vector<float> A(size_t(sa) * batch), B(size_t(sb) * batch), C(size_t(sc) * batch);
+    for (size_t i = 0; i < A.size(); ++i) A[i] = static_cast<float>(int(i * 7 % 11) - 5);
+    for (size_t i = 0; i < B.size(); ++i) B[i] = static_cast<float>(int(i * 5 % 13) - 6);
+    for (size_t i = 0; i < C.size(); ++i) C[i] = static_cast<float>(int(i % 9) - 4);
+    const float alpha = 0.5f, beta = -2.0f;
+    std::vector<float> expected = C;
+    for (int b = 0; b < batch; ++b)
+      for (int j = 0; j < n; ++j)
+        for (int i = 0; i < m; ++i) {
+          float acc = 0.0f;  // small integers and halves: exact in any order
+          for (int l = 0; l < k; ++l) {
+            const float a = ta ? A[b * sa + l + i * lda] : A[b * sa + i + l * lda];
+            const float bv = tb ? B[b * sb + j + l * ldb] : B[b * sb + l + j * ldb];
+            acc += a * bv;
+          }
+          float& c = expected[b * sc + i + j * ldc];
+          c = alpha * acc + beta * c;
+        }
+    Tensor dA = Tensor::from_vector(A, {int64_t(A.size())}).to(Device::cuda);
+    Tensor dB = Tensor::from_vector(B, {int64_t(B.size())}).to(Device::cuda);
+    Tensor dC = Tensor::from_vector(C, {int64_t(C.size())}).to(Device::cuda);
+    Tensor dC1 = dC.clone();
+    const cublasOperation_t oa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, ob = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    REQUIRE(cublasSgemmStridedBatched(h, oa, ob, m, n, k, &alpha, dA.f32(), lda, sa, dB.f32(),
+                                      ldb, sb, &beta, dC.f32(), ldc, sc, batch) ==
+            CUBLAS_STATUS_SUCCESS);
+    CHECK(dC.to_vector() == expected);
+    REQUIRE(cublasSgemm(h, oa, ob, m, n, k, &alpha, dA.f32(), lda, dB.f32(), ldb, &beta,
+                        dC1.f32(), ldc) == CUBLAS_STATUS_SUCCESS);
+    std::vector<float> first = dC1.to_vector(), want = C;
+    std::copy(expected.begin(), expected.begin() + sc, want.begin());
+    CHECK(first == want);  // the second matrix of C untouched
+    // A leading dimension below the stored matrix's rows is refused.
+    CHECK(cublasSgemm(h, oa, ob, m, n, k, &alpha, dA.f32(), a_rows - 1, dB.f32(), ldb, &beta,
+                      dC1.f32(), ldc) == CUBLAS_STATUS_INVALID_VALUE);
+  }
+  cuda::synchronize();
+  cublasDestroy(h);
+}
+
+TEST_CASE("cuda launch: the emulator checks which side of a copy is device memory") {
+  if (!cuda::emulated()) return;  // a GPU's unified addressing would accept some of these
+  std::vector<float> host(16, 1.0f);
+  Tensor dev = Tensor::zeros({16}, DType::f32, Device::cuda);
+  CHECK(cudaMemcpy(host.data(), host.data() + 8, 32, cudaMemcpyHostToDevice) ==
+        cudaErrorInvalidValue);
+  CHECK(cudaMemcpy(dev.f32(), dev.f32() + 8, 32, cudaMemcpyDeviceToHost) ==
+        cudaErrorInvalidValue);
+  CHECK(cudaMemcpy(dev.f32(), host.data(), size_t(1) << 30, cudaMemcpyHostToDevice) ==
+        cudaErrorInvalidValue);  // past the end of the device block (nothing is copied)
+  cudaGetLastError();
+  // cuBLAS refuses matrices outside device memory rather than reading the host heap.
+  cublasHandle_t h = nullptr;
+  REQUIRE(cublasCreate(&h) == CUBLAS_STATUS_SUCCESS);
+  const float one = 1.0f;
+  CHECK(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, 4, 4, 4, &one, host.data(), 4, dev.f32(), 4,
+                    &one, dev.f32(), 4) == CUBLAS_STATUS_EXECUTION_FAILED);
+  cublasDestroy(h);
+}
+
+#endif  // CLUSTR_WITH_CUDA
