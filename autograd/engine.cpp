@@ -1,11 +1,13 @@
 // The backward engine. From the root's node it counts, for every reachable node, how many
 // edges lead into it; then it runs nodes in an order where each runs only after every node
 // that feeds it a gradient (a topological order, found with explicit stacks: no recursion, so
-// graph depth is unlimited). Gradients meeting at a node are summed; gradients reaching a
-// leaf are accumulated into leaf.grad (+=). Each node drops its saved tensors and its edges
-// as soon as it has run, so memory falls back while backward proceeds.
+// graph depth is unlimited). Gradients meeting at a node are summed (in place when nothing
+// else uses the partial sum); gradients reaching a leaf are accumulated into leaf.grad (+=).
+// Each node drops its saved tensors and its edges as soon as it has run, so memory falls back
+// while backward proceeds.
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 
 #include "autograd/node.h"
 #include "autograd/variable.h"
@@ -22,9 +24,12 @@ void check_grad_shape(const Tensor& g, const Shape& expected, const char* node, 
                to_string(expected));
 }
 
-void accumulate_leaf(VariableImpl& leaf, const Tensor& g) {
+// The first gradient of a leaf is taken over when nothing else uses its storage, and copied
+// otherwise (a gradient may be shared with other edges: add passes one tensor to both inputs;
+// and the caller's own gradient tensor must stay as it is). Later ones are added in place.
+void accumulate_leaf(VariableImpl& leaf, Tensor g) {
   if (!leaf.grad.defined())
-    leaf.grad = g.clone();  // a gradient may be shared with other edges: own a copy
+    leaf.grad = g.sole_owner() ? std::move(g) : g.clone();
   else
     add_(leaf.grad, g);
 }
@@ -72,6 +77,7 @@ void run_backward(const Variable& root, const Tensor& grad) {
       CLUSTR_CHECK(grads.size() == n->next.size(), "backward: ", n->name(), " returned ",
                    grads.size(), " gradients for ", n->next.size(), " inputs");
     }
+    g = Tensor();  // a gradient that is a view of g (reshape) may now be its storage's only user
     grads.resize(n->next.size());
     n->release();
     n->released = true;
@@ -83,13 +89,20 @@ void run_backward(const Variable& root, const Tensor& grad) {
       Tensor& gi = grads[i];
       if (e.leaf && gi.defined()) {
         check_grad_shape(gi, e.leaf->data.shape(), n->name(), i);
-        accumulate_leaf(*e.leaf, gi);
+        accumulate_leaf(*e.leaf, std::move(gi));
       }
       if (!e.node) continue;
       if (gi.defined()) {
         check_grad_shape(gi, e.node->output_shape, n->name(), i);
+        // Gradients meeting at a node are summed, in place when no one else sees the sum so
+        // far (the same bits as add: a + b rounded once).
         Tensor& slot = pending[e.node.get()];
-        slot = slot.defined() ? add(slot, gi) : gi;
+        if (!slot.defined())
+          slot = std::move(gi);
+        else if (slot.sole_owner())
+          add_(slot, gi);
+        else
+          slot = add(slot, gi);
       }
       if (--dependencies[e.node.get()] == 0) ready.push_back(std::move(e.node));
     }

@@ -10,11 +10,13 @@
 //
 // linear, x (..., in) viewed as X (R, in) with R the product of the leading sizes, W (out, in),
 // b (out): Y (R, out) = X W^T + b, and
-//   dX = dY W (R, in),   dW = dY^T X (out, in),   db = sum of the rows of dY (out).
+//   dX = dY W (R, in),   dW = dY^T X (out, in),   db = sum of the rows of dY (out)
+// (core linear_backward: db comes out of dW's GEMM).
 //
 // embedding, table (V, D), index i32 (...): y (..., D) = table[index]; dtable (V, D) = zeros
 // with dy's rows added at their indices (repeated indices add up).
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "autograd/node.h"
@@ -52,9 +54,11 @@ class LinearNode : public Node {
   std::vector<Tensor> backward(const Tensor& g) override {
     std::vector<Tensor> out(has_bias_ ? 3 : 2);
     const Tensor dy = g.reshape({rows_, out_});  // (R, out)
-    if (needs_grad(0)) out[0] = matmul(dy, W_).reshape(x_shape_);
-    if (needs_grad(1)) out[1] = matmul(dy, X_, true, false);
-    if (has_bias_ && needs_grad(2)) out[2] = sum(dy, 0);
+    LinearGrads d = linear_backward(dy, X_, W_, needs_grad(0), needs_grad(1),
+                                    has_bias_ && needs_grad(2));
+    if (needs_grad(0)) out[0] = d.dx.reshape(x_shape_);
+    out[1] = std::move(d.dW);
+    if (has_bias_) out[2] = std::move(d.db);
     return out;
   }
   void release() override { X_ = W_ = Tensor(); }
@@ -113,14 +117,8 @@ Variable linear(const Variable& x, const Variable& weight, const Variable& bias)
   int64_t rows = 1;
   for (int i = 0; i + 1 < X.rank(); ++i) rows *= X.shape()[i];
   const Tensor X2 = X.reshape({rows, in_features});
-  Tensor Y;
-  if (has_bias) {
-    // Y = b broadcast to every row, then Y = X W^T + 1 * Y in one GEMM.
-    Y = broadcast_to(bias.data(), {rows, out_features});
-    gemm(false, true, 1.0f, X2, W, 1.0f, Y);
-  } else {
-    Y = matmul(X2, W, false, true);
-  }
+  // With a bias, one GEMM that adds it as it stores each tile of Y.
+  Tensor Y = has_bias ? linear_forward(X2, W, bias.data()) : matmul(X2, W, false, true);
   Shape y_shape = X.shape();
   y_shape.back() = out_features;
   Y = Y.reshape(y_shape);

@@ -133,4 +133,44 @@ void gemm(bool trans_a, bool trans_b, float alpha, const Tensor& A, const Tensor
 // op(A) op(B) as a new tensor; rank 2 x rank 2 or rank 3 x rank 3.
 Tensor matmul(const Tensor& A, const Tensor& B, bool trans_a = false, bool trans_b = false);
 
+// ---- fused ops of the transformer layers (core/ops_fused.cpp) -----------------------------------
+// Each does in one pass what a chain of the ops above would do in several, with the same
+// result. CPU only for now.
+//
+// The linear layer's forward with the bias and the activation folded into the GEMM's store of
+// each tile: x (R, in), W (out, in), b (out) or undefined -> y (R, out) = x W^T + b, then
+// ReLU when `relu`.
+Tensor linear_forward(const Tensor& x, const Tensor& W, const Tensor& b, bool relu = false);
+// The linear layer's gradients for y = x W^T + b, x (R, in), W (out, in), dy (R, out):
+// dx = dy W (R, in), dW = dy^T x (out, in), db = the sums of dy's rows (out), each only when
+// asked for (x is needed for dW, W for dx). db comes out of dW's GEMM, which reads dy anyway;
+// dx and dW (the same flops) run side by side, one thread each on two.
+struct LinearGrads {
+  Tensor dx, dW, db;
+};
+LinearGrads linear_backward(const Tensor& dy, const Tensor& x, const Tensor& W, bool need_dx,
+                            bool need_dW, bool need_db);
+// The backward of the ReLU feed-forward block y = relu(x W1^T + b1) W2^T + b2 (autograd
+// feed_forward_relu), given dy (R, D_out), x (R, D), W1 (F, D), W2 (D_out, F) and the hidden
+// activation H = relu(x W1^T + b1) (R, F): dW2 = dy^T H, db2, dP = (dy W2) * [H > 0], then
+// dx = dP W1, dW1 = dP^T x, db1; each only when asked for. Products of equal size run side
+// by side (dW2 with dP, dx with dW1).
+struct FeedForwardNeeds {
+  bool dx = true, dW1 = true, db1 = true, dW2 = true, db2 = true;
+};
+struct FeedForwardGrads {
+  Tensor dx, dW1, db1, dW2, db2;
+};
+FeedForwardGrads feed_forward_relu_backward(const Tensor& dy, const Tensor& x, const Tensor& W1,
+                                            const Tensor& W2, const Tensor& H,
+                                            const FeedForwardNeeds& need);
+// Layer norm of the sum a + b over the last axis (a, b (..., D)), the sum never stored: the
+// post-norm transformer's x = norm(x + sublayer(x)). Backward returns dx, the gradient of both
+// a and b, and recomputes the sum from them.
+LayerNormOutput add_layer_norm(const Tensor& a, const Tensor& b, const Tensor& gamma,
+                               const Tensor& beta, float eps);
+LayerNormGrads add_layer_norm_backward(const Tensor& dy, const Tensor& a, const Tensor& b,
+                                       const Tensor& mean, const Tensor& rstd,
+                                       const Tensor& gamma);
+
 }  // namespace clustr

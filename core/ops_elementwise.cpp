@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "core/cpu/kernels.h"
+#include "core/cuda/cuda.h"
 #include "core/error.h"
 #include "core/ops.h"
 #include "core/ops_check.h"
@@ -57,14 +58,14 @@ Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
   detail::check_f32(name, "a", a);
   detail::check_f32(name, "b", b);
   detail::check_same_device(name, a, b);
-  detail::require_cpu(name, a);
   const Shape shape = broadcast_shapes(a.shape(), b.shape(), name);
   Tensor out = Tensor::empty(shape, DType::f32, a.device());
   if (out.numel() == 0) return out;
   const std::vector<int64_t> sa = broadcast_strides(a.shape(), shape.size());
   const std::vector<int64_t> sb = broadcast_strides(b.shape(), shape.size());
-  cpu::binary(op, static_cast<int>(shape.size()), shape.data(), a.f32(), sa.data(), b.f32(),
-              sb.data(), out.f32());
+  auto fn = a.device() == Device::cuda ? cuda::binary : cpu::binary;
+  fn(op, static_cast<int>(shape.size()), shape.data(), a.f32(), sa.data(), b.f32(), sb.data(),
+     out.f32());
   return out;
 }
 
@@ -79,9 +80,9 @@ Tensor minimum(const Tensor& a, const Tensor& b) { return binary(BinaryOp::minim
 Tensor binary_scalar(BinaryOp op, const Tensor& a, float s) {
   const char* name = op_name(op);
   detail::check_f32(name, "a", a);
-  detail::require_cpu(name, a);
   Tensor out = Tensor::empty(a.shape(), DType::f32, a.device());
-  if (out.numel() > 0) cpu::binary_scalar(op, a.f32(), s, out.f32(), out.numel());
+  auto fn = a.device() == Device::cuda ? cuda::binary_scalar : cpu::binary_scalar;
+  if (out.numel() > 0) fn(op, a.f32(), s, out.f32(), out.numel());
   return out;
 }
 
@@ -92,9 +93,9 @@ Tensor mul(const Tensor& a, float s) { return binary_scalar(BinaryOp::mul, a, s)
 Tensor unary(UnaryOp op, const Tensor& x) {
   const char* name = op_name(op);
   detail::check_f32(name, "x", x);
-  detail::require_cpu(name, x);
   Tensor y = Tensor::empty(x.shape(), DType::f32, x.device());
-  if (y.numel() > 0) cpu::unary(op, x.f32(), y.f32(), y.numel());
+  auto fn = x.device() == Device::cuda ? cuda::unary : cpu::unary;
+  if (y.numel() > 0) fn(op, x.f32(), y.f32(), y.numel());
   return y;
 }
 
@@ -112,10 +113,10 @@ void add_(Tensor& dst, const Tensor& src, float alpha) {
   detail::check_f32("add_", "dst", dst);
   detail::check_f32("add_", "src", src);
   detail::check_same_device("add_", dst, src);
-  detail::require_cpu("add_", dst);
   CLUSTR_CHECK(dst.shape() == src.shape(), "add_: expected src of the same shape as dst ",
                to_string(dst.shape()), ", got src ", describe(src));
-  if (dst.numel() > 0) cpu::axpy(alpha, src.f32(), dst.f32(), dst.numel());
+  auto fn = dst.device() == Device::cuda ? cuda::axpy : cpu::axpy;
+  if (dst.numel() > 0) fn(alpha, src.f32(), dst.f32(), dst.numel());
 }
 
 }  // namespace clustr

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "core/cpu/nn.h"
+#include "core/cuda/cuda.h"
 #include "core/error.h"
 #include "core/ops.h"
 #include "core/ops_check.h"
@@ -204,10 +205,10 @@ Tensor cross_entropy_backward(const Tensor& dloss, const Tensor& logits, const T
 Tensor dropout_apply(const Tensor& x, float p, uint64_t seed, uint64_t offset) {
   const char* op = "dropout";
   check_f32(op, "x", x);
-  require_cpu(op, x);
   CLUSTR_CHECK(p >= 0.0f && p < 1.0f, op, ": expected a drop probability p in [0, 1), got ", p);
   Tensor y = Tensor::empty(x.shape(), DType::f32, x.device());
-  if (y.numel() > 0) cpu::dropout(x.f32(), p, seed, offset, y.f32(), y.numel());
+  auto fn = x.device() == Device::cuda ? cuda::dropout : cpu::dropout;
+  if (y.numel() > 0) fn(x.f32(), p, seed, offset, y.f32(), y.numel());
   return y;
 }
 

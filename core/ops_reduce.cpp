@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "core/cpu/kernels.h"
+#include "core/cuda/cuda.h"
 #include "core/error.h"
 #include "core/ops.h"
 #include "core/ops_check.h"
@@ -56,10 +57,10 @@ AxisView axis_view(const char* op, const Tensor& x, int axis, bool keepdim, bool
 Tensor reduce(ReduceOp op, const Tensor& x, int axis, bool keepdim) {
   const char* name = op_name(op);
   detail::check_f32(name, "x", x);
-  detail::require_cpu(name, x);
   const AxisView v = axis_view(name, x, axis, keepdim, op != ReduceOp::sum);
   Tensor y = Tensor::empty(v.out_shape, DType::f32, x.device());
-  if (y.numel() > 0) cpu::reduce(op, x.f32(), y.f32(), v.outer, v.len, v.inner);
+  auto fn = x.device() == Device::cuda ? cuda::reduce : cpu::reduce;
+  if (y.numel() > 0) fn(op, x.f32(), y.f32(), v.outer, v.len, v.inner);
   return y;
 }
 
@@ -88,9 +89,9 @@ Tensor argmax(const Tensor& x, int axis, bool keepdim) {
 // x (any shape) -> () : the sum of every element (0 for an empty tensor).
 Tensor sum_all(const Tensor& x) {
   detail::check_f32("sum_all", "x", x);
-  detail::require_cpu("sum_all", x);
   Tensor y = Tensor::empty({}, DType::f32, x.device());
-  cpu::reduce(ReduceOp::sum, x.f32(), y.f32(), 1, x.numel(), 1);
+  auto fn = x.device() == Device::cuda ? cuda::reduce : cpu::reduce;
+  fn(ReduceOp::sum, x.f32(), y.f32(), 1, x.numel(), 1);
   return y;
 }
 
@@ -101,16 +102,16 @@ namespace {
 // x (..., C) -> y (..., C), computed as rows (numel / C, C).
 Tensor softmax_like(const char* op, const Tensor& x, bool log) {
   detail::check_f32(op, "x", x);
-  detail::require_cpu(op, x);
   CLUSTR_CHECK(x.rank() >= 1, op, ": expected a tensor with at least one axis (softmax runs ",
                "over the last), got ", describe(x));
   Tensor y = Tensor::empty(x.shape(), DType::f32, x.device());
   if (y.numel() == 0) return y;
   const int64_t cols = x.shape().back(), rows = x.numel() / cols;
+  const bool cuda = x.device() == Device::cuda;
   if (log)
-    cpu::log_softmax(x.f32(), y.f32(), rows, cols);
+    (cuda ? cuda::log_softmax : cpu::log_softmax)(x.f32(), y.f32(), rows, cols);
   else
-    cpu::softmax(x.f32(), y.f32(), rows, cols);
+    (cuda ? cuda::softmax : cpu::softmax)(x.f32(), y.f32(), rows, cols);
   return y;
 }
 

@@ -96,6 +96,9 @@ class Tensor {
 
   // True when both tensors use the same storage block.
   bool shares_storage(const Tensor& other) const { return storage_ == other.storage_; }
+  // True when no other tensor or view uses this one's storage, so that an in-place update
+  // cannot be seen anywhere else (the autograd engine then sums gradients in place).
+  bool sole_owner() const { return storage_ != nullptr && storage_.use_count() == 1; }
 
  private:
   std::shared_ptr<Storage> storage_;

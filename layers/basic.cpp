@@ -51,6 +51,14 @@ Variable LayerNorm::forward(const Variable& x) const {
   return layer_norm(x, weight_, bias_, eps_);
 }
 
+Variable LayerNorm::forward(const Variable& a, const Variable& b) const {
+  CLUSTR_CHECK(a.defined() && b.defined(), "LayerNorm(", dim_, "): a or b is undefined");
+  CLUSTR_CHECK(a.rank() >= 1 && a.shape().back() == dim_ && b.shape() == a.shape(), "LayerNorm(",
+               dim_, "): expected a and b of one shape (..., ", dim_, "), got ",
+               describe(a.data()), " and ", describe(b.data()));
+  return add_layer_norm(a, b, weight_, bias_, eps_);
+}
+
 // ---- Embedding ------------------------------------------------------------------------------
 
 Embedding::Embedding(int64_t num_embeddings, int64_t dim, Generator& gen)
@@ -146,6 +154,11 @@ Variable FeedForward::forward(const Variable& x, Generator& gen) const {
   CLUSTR_CHECK(x.defined(), "FeedForward(D=", D, ", F=", F, "): x is undefined");
   CLUSTR_CHECK(x.rank() >= 1 && x.shape().back() == D, "FeedForward(D=", D, ", F=", F,
                "): expected x (..., ", D, "), got ", describe(x.data()));
+  // Without dropout, ReLU's block is one fused op (bias and ReLU in the first GEMM's store,
+  // ReLU's gradient in the GEMM that makes it); the same result as the chain below.
+  if (activation_ == Activation::relu && (dropout_->p() == 0.0f || !dropout_->training()))
+    return feed_forward_relu(x, linear1_->weight(), linear1_->bias(), linear2_->weight(),
+                             linear2_->bias());
   Variable h = apply_activation(activation_, linear1_->forward(x));
   return linear2_->forward(dropout_->forward(h, gen));
 }

@@ -46,6 +46,9 @@ class LayerNorm : public Module {
 
   // x (..., D) -> (..., D).
   Variable forward(const Variable& x) const;
+  // The norm of the residual sum a + b, a and b (..., D) -> (..., D), as one fused op that
+  // never stores the sum.
+  Variable forward(const Variable& a, const Variable& b) const;
 
   int64_t dim() const { return dim_; }
   float eps() const { return eps_; }

@@ -30,8 +30,9 @@ Variable EncoderLayer::forward(const Variable& x, const Tensor& lengths, Generat
     Variable h = x + dropout1_->forward(attention_->forward(norm1_->forward(x), lengths, gen), gen);
     return h + dropout2_->forward(feedforward_->forward(norm2_->forward(h), gen), gen);
   }
-  Variable h = norm1_->forward(x + dropout1_->forward(attention_->forward(x, lengths, gen), gen));
-  return norm2_->forward(h + dropout2_->forward(feedforward_->forward(h, gen), gen));
+  // norm(a, b) is norm(a + b) in one fused op.
+  Variable h = norm1_->forward(x, dropout1_->forward(attention_->forward(x, lengths, gen), gen));
+  return norm2_->forward(h, dropout2_->forward(feedforward_->forward(h, gen), gen));
 }
 
 Encoder::Encoder(int64_t num_layers, int64_t dim, int64_t heads, int64_t hidden,

@@ -6,6 +6,7 @@
 #include "autograd/ops.h"
 #include "core/error.h"
 #include "layers/attention/attention.h"
+#include "layers/attention/full.h"
 
 namespace clustr {
 
@@ -33,6 +34,24 @@ Variable MultiHeadAttention::forward(const Variable& x, const Tensor& lengths,
     CLUSTR_CHECK(lengths.dtype() == DType::i32 && lengths.shape() == Shape{B},
                  "MultiHeadAttention(D=", dim_, ", H=", heads_, "): expected lengths i32 ",
                  to_string(Shape{B}), " for x ", to_string(x.shape()), ", got ", describe(lengths));
+  if (config.type == AttentionType::full) {
+    config.validate();
+    // One GEMM makes the three projections, [q | k | v] side by side in each token's row
+    // (B, N, 3D), and the attention reads its heads there and writes (B, N, D) with the heads
+    // merged: no permute either way. Stacking the weights copies 3 D^2 floats per call, far
+    // less than the activations it saves passing over.
+    const Variable w = concat({query_->weight(), key_->weight(), value_->weight()}, 0);
+    const Variable b = concat({query_->bias(), key_->bias(), value_->bias()}, 0);
+    const Variable qkv = linear(x, w, b);
+    FullAttentionOptions options;  // as attention() sets them for the split heads
+    options.causal = config.causal;
+    if (training() && config.dropout > 0.0f) {
+      options.dropout = config.dropout;
+      options.seed = gen.seed();
+      options.offset = gen.reserve(full_attention_dropout_blocks(B, H, N, N));
+    }
+    return out_->forward(full_attention_qkv(qkv, H, lengths, options));
+  }
   // (B, N, D) -> (B, N, H, E) -> (B, H, N, E)
   auto split_heads = [&](const Variable& t) {
     return permute(reshape(t, {B, N, H, E}), {0, 2, 1, 3});

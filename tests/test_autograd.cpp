@@ -76,6 +76,17 @@ Variable total(const Variable& x) {
   return attach(y, node, {&x});
 }
 
+// y = x, passing the incoming gradient itself on.
+struct IdentityNode : Node {
+  const char* name() const override { return "identity"; }
+  std::vector<Tensor> backward(const Tensor& g) override { return {g}; }
+};
+
+Variable identity(const Variable& x) {
+  if (!record_needed({&x})) return Variable(x.data());
+  return attach(x.data(), std::make_shared<IdentityNode>(), {&x});
+}
+
 // A node that returns a gradient of the wrong shape.
 struct BrokenNode : Node {
   const char* name() const override { return "broken"; }
@@ -104,6 +115,25 @@ TEST_CASE("a shared subgraph receives the sum of its gradients (diamond)") {
   Variable z(Tensor::from_vector({5}, {1}), true);
   total(plus(z, z)).backward();
   CHECK(z.grad().to_vector() == std::vector<float>{2});
+}
+
+TEST_CASE("gradients summed or kept in place never change a tensor seen elsewhere") {
+  // The engine adds gradients in place, and keeps a leaf's first gradient without a copy, only
+  // when no other tensor uses its storage. The caller's upstream gradient passed on untouched
+  // (identity) or to two edges (plus) must stay as it was through repeated backward passes.
+  const std::vector<float> d = {1, -2, 3};
+  const Tensor dout = Tensor::from_vector(d, {3});
+  Variable x(Tensor::from_vector({0, 0, 0}, {3}), true);
+  identity(x).backward(dout);
+  identity(x).backward(dout);
+  CHECK(x.grad().to_vector() == std::vector<float>{2, -4, 6});
+  plus(x, x).backward(dout);
+  CHECK(x.grad().to_vector() == std::vector<float>{4, -8, 12});
+  // One gradient fanned out to two nodes (a and b) that meet again at x.
+  Variable a = identity(x), b = identity(x);
+  plus(plus(a, b), a).backward(dout);
+  CHECK(x.grad().to_vector() == std::vector<float>{7, -14, 21});
+  CHECK(dout.to_vector() == d);
 }
 
 TEST_CASE("backward with an explicit upstream gradient") {

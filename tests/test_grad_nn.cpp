@@ -209,3 +209,47 @@ TEST_CASE("nn ops record nothing under NoGradGuard and keep leaves' flags") {
   for (const Variable& y : {exp(x), relu(x), softmax(x), log_softmax(x), gelu(x)})
     CHECK(!y.requires_grad());
 }
+
+TEST_CASE("gradcheck of the fused feed_forward_relu and add_layer_norm") {
+  // Pre-activations away from ReLU's kink: x and W1 small, b1 of size >= 0.2 (sign mixed).
+  const Tensor x = random_tensor({2, 3, 4}, 50, -0.1f, 0.1f);
+  const Tensor w1 = random_tensor({5, 4}, 51, -0.1f, 0.1f), b1 = away_from_zero({5}, 52);
+  const Tensor w2 = random_tensor({3, 5}, 53), b2 = random_tensor({3}, 54);
+  CHECK_GRAD(Fn([](const std::vector<Variable>& v) {
+               return feed_forward_relu(v[0], v[1], v[2], v[3], v[4]);
+             }),
+             (std::vector<Tensor>{x, w1, b1, w2, b2}));
+  const Tensor a = random_tensor({2, 3, 6}, 55), b = random_tensor({2, 3, 6}, 56);
+  const Tensor gamma = random_tensor({6}, 57, 0.5f, 1.5f), beta = random_tensor({6}, 58);
+  CHECK_GRAD(Fn([](const std::vector<Variable>& v) {
+               return add_layer_norm(v[0], v[1], v[2], v[3]);
+             }),
+             (std::vector<Tensor>{a, b, gamma, beta}));
+}
+
+TEST_CASE("feed_forward_relu and add_layer_norm equal the chains of single ops") {
+  const Tensor x = random_tensor({3, 5, 8}, 60), dout = random_tensor({3, 5, 8}, 61);
+  const Tensor w1 = random_tensor({16, 8}, 62, -0.5f, 0.5f), b1 = random_tensor({16}, 63);
+  const Tensor w2 = random_tensor({8, 16}, 64, -0.5f, 0.5f), b2 = random_tensor({8}, 65);
+  const Tensor gamma = random_tensor({8}, 66, 0.5f, 1.5f), beta = random_tensor({8}, 67);
+  // out = add_layer_norm(x, ff(x)), fused or composed; every input gets a gradient.
+  auto run = [&](bool fused) {
+    std::vector<Variable> v;
+    for (const Tensor& t : {x, w1, b1, w2, b2, gamma, beta}) v.emplace_back(t.clone(), true);
+    Variable y = fused ? add_layer_norm(v[0], feed_forward_relu(v[0], v[1], v[2], v[3], v[4]),
+                                        v[5], v[6])
+                       : layer_norm(v[0] + linear(relu(linear(v[0], v[1], v[2])), v[3], v[4]),
+                                    v[5], v[6]);
+    y.backward(dout);
+    std::vector<std::vector<float>> r{y.data().to_vector()};
+    for (const Variable& p : v) r.push_back(p.grad().to_vector());
+    return r;
+  };
+  const auto fused = run(true), plain = run(false);
+  // The forward does the same operations; db1 and db2 are summed in another order.
+  CHECK(fused[0] == plain[0]);
+  for (size_t i = 1; i < fused.size(); ++i) {
+    INFO("gradient of input ", i - 1);
+    CHECK_CLOSE(fused[i], plain[i], 1e-6, 1e-5);
+  }
+}

@@ -14,6 +14,7 @@
 #include "autograd/variable.h"
 #include "check.h"
 #include "core/random.h"
+#include "layers/attention/full.h"
 #include "layers/basic.h"
 #include "layers/encoder.h"
 #include "layers/multihead_attention.h"
@@ -345,6 +346,82 @@ TEST_CASE("multi-head attention: one head over one valid key returns that key's 
     const std::vector<float> row(y.begin() + 32 + n * 8, y.begin() + 40 + n * 8);
     CHECK_CLOSE(row, bias, 1e-6, 0.0);
   }
+}
+
+TEST_CASE("multi-head attention: the fused projections equal split heads and full_attention") {
+  // With full attention the layer runs one GEMM for q, k and v and attends over the heads in
+  // place (full_attention_qkv). The reference splits and permutes the heads of three Linears
+  // and runs full_attention, as the other attention types do. Padded queries, causal masking
+  // and attention dropout (the same Philox blocks from the same Generator state) included.
+  const int64_t B = 3, N = 7, D = 12, H = 3, E = D / H;
+  const Tensor lengths = Tensor::from_int_vector({7, 4, 1}, {3});
+  const Tensor x0 = random_tensor({B, N, D}, 70), dout = random_tensor({B, N, D}, 71);
+  for (int variant = 0; variant < 3; ++variant) {
+    AttentionConfig config;
+    config.causal = variant == 1;
+    config.dropout = variant == 2 ? 0.3f : 0.0f;
+    Generator init(7);
+    MultiHeadAttention mha(D, H, config, init);
+    auto params = [&] {
+      std::vector<std::vector<float>> g;
+      for (const auto& [name, p] : mha.named_parameters()) g.push_back(p.grad().to_vector());
+      return g;
+    };
+    // The layer.
+    Generator gen(8);
+    Variable x(x0.clone(), true);
+    const Variable y = mha.forward(x, lengths, gen);
+    y.backward(dout);
+    const std::vector<float> y_fused = y.data().to_vector(), dx_fused = x.grad().to_vector();
+    const auto dp_fused = params();
+    mha.zero_grad();
+    // The reference.
+    Generator gen2(8);
+    Variable x2(x0.clone(), true);
+    auto split = [&](const Variable& t) { return permute(reshape(t, {B, N, H, E}), {0, 2, 1, 3}); };
+    FullAttentionOptions options;
+    options.causal = config.causal;
+    if (config.dropout > 0.0f) {
+      options.dropout = config.dropout;
+      options.seed = gen2.seed();
+      options.offset = gen2.reserve(full_attention_dropout_blocks(B, H, N, N));
+    }
+    const Variable heads =
+        full_attention(split(mha.query().forward(x2)), split(mha.key().forward(x2)),
+                       split(mha.value().forward(x2)), lengths, options);
+    const Variable y2 = mha.out().forward(reshape(permute(heads, {0, 2, 1, 3}), {B, N, D}));
+    y2.backward(dout);
+    INFO("variant ", variant);
+    // Forward: the same products and the same attention arithmetic, so the same bits.
+    CHECK(y_fused == y2.data().to_vector());
+    // Backward: dx sums over q, k and v in one GEMM (K = 3D) rather than three.
+    CHECK_CLOSE(dx_fused, x2.grad().to_vector(), 1e-6, 1e-5);
+    const auto dp_ref = params();
+    for (size_t i = 0; i < dp_ref.size(); ++i) CHECK_CLOSE(dp_fused[i], dp_ref[i], 1e-6, 1e-5);
+  }
+}
+
+TEST_CASE("multi-head attention results are identical at 1 and 2 threads") {
+  Generator init(9);
+  MultiHeadAttention mha(192, 6, AttentionConfig{}, init);
+  const Tensor x0 = random_tensor({4, 33, 192}, 72), dout = random_tensor({4, 33, 192}, 73);
+  const Tensor lengths = Tensor::from_int_vector({33, 20, 1, 32}, {4});
+  auto run = [&](int threads) {
+    clustr::test::ThreadCount tc(threads);
+    Generator gen(10);
+    Variable x(x0.clone(), true);
+    const Variable y = mha.forward(x, lengths, gen);
+    y.backward(dout);
+    std::vector<float> r = y.data().to_vector(), dx = x.grad().to_vector();
+    r.insert(r.end(), dx.begin(), dx.end());
+    for (const auto& [name, p] : mha.named_parameters()) {
+      const std::vector<float> g = p.grad().to_vector();
+      r.insert(r.end(), g.begin(), g.end());
+    }
+    mha.zero_grad();
+    return r;
+  };
+  CHECK(run(1) == run(2));
 }
 
 TEST_CASE("encoder: layer names, counts, train/eval and the final norm of pre-norm stacks") {

@@ -468,3 +468,68 @@ TEST_CASE("softmax_backward rejects mismatched shapes") {
   CHECK_ERROR(log_softmax_backward(Tensor::zeros({}), Tensor::zeros({})), "log_softmax_backward",
               "at least one axis");
 }
+
+// ---- the fused ops of the transformer layers (core/ops_fused.cpp) ----------------------------
+
+TEST_CASE("add_layer_norm is layer_norm of the sum, forward and backward, bit for bit") {
+  for (auto [R, D] : {std::pair<int64_t, int64_t>{1, 1}, {5, 7}, {70, 192}}) {
+    const Tensor a = random_tensor({R, D}, 30), b = random_tensor({R, D}, 31);
+    const Tensor gamma = random_tensor({D}, 32, 0.5f, 1.5f), beta = random_tensor({D}, 33);
+    const Tensor dy = random_tensor({R, D}, 34);
+    const Tensor sum = add(a, b);
+    const LayerNormOutput want = layer_norm(sum, gamma, beta, 1e-5f);
+    const LayerNormOutput got = add_layer_norm(a, b, gamma, beta, 1e-5f);
+    INFO("R ", R, " D ", D);
+    CHECK(got.y.to_vector() == want.y.to_vector());
+    CHECK(got.mean.to_vector() == want.mean.to_vector());
+    CHECK(got.rstd.to_vector() == want.rstd.to_vector());
+    const LayerNormGrads gw = layer_norm_backward(dy, sum, want.mean, want.rstd, gamma);
+    const LayerNormGrads gg = add_layer_norm_backward(dy, a, b, got.mean, got.rstd, gamma);
+    CHECK(gg.dx.to_vector() == gw.dx.to_vector());
+    CHECK(gg.dgamma.to_vector() == gw.dgamma.to_vector());
+    CHECK(gg.dbeta.to_vector() == gw.dbeta.to_vector());
+  }
+  CHECK_ERROR(add_layer_norm(Tensor::zeros({2, 3}), Tensor::zeros({3, 2}), Tensor::zeros({3}),
+                             Tensor::zeros({3}), 1e-5f),
+              "add_layer_norm", "(2, 3)", "(3, 2)");
+}
+
+TEST_CASE("linear_forward, linear_backward and feed_forward_relu_backward against plain ops") {
+  const int64_t R = 29, in = 40, out = 35;
+  const Tensor x = random_tensor({R, in}, 40), W = random_tensor({out, in}, 41);
+  const Tensor b = random_tensor({out}, 42), dy = random_tensor({R, out}, 43);
+  // Forward: x W^T + b, then ReLU. The bias goes in with the product's store: the same bits as
+  // adding it afterwards.
+  const Tensor pre = add(matmul(x, W, false, true), b);
+  CHECK(linear_forward(x, W, b).to_vector() == pre.to_vector());
+  CHECK(linear_forward(x, W, b, true).to_vector() == relu(pre).to_vector());
+  CHECK(linear_forward(x, W, Tensor()).to_vector() == matmul(x, W, false, true).to_vector());
+  // Backward: db comes out of dW's GEMM, summed in double.
+  const LinearGrads g = linear_backward(dy, x, W, true, true, true);
+  CHECK(g.dx.to_vector() == matmul(dy, W).to_vector());
+  CHECK(g.dW.to_vector() == matmul(dy, x, true, false).to_vector());
+  CHECK_CLOSE(g.db.to_vector(), sum(dy, 0).to_vector(), 1e-6, 1e-6);
+  const LinearGrads only_db = linear_backward(dy, Tensor(), Tensor(), false, false, true);
+  CHECK(!only_db.dx.defined());
+  CHECK(!only_db.dW.defined());
+  CHECK_CLOSE(only_db.db.to_vector(), sum(dy, 0).to_vector(), 1e-6, 1e-6);
+  // The feed-forward block z = h W2^T + b2 after h = relu(pre): ReLU's gradient is the mask of
+  // the product dz W2, and every product is the plain one.
+  const Tensor h = relu(pre), W2 = random_tensor({11, out}, 44), dz = random_tensor({R, 11}, 45);
+  const FeedForwardGrads f = feed_forward_relu_backward(dz, x, W, W2, h, FeedForwardNeeds{});
+  const Tensor dp = unary_backward(UnaryOp::relu, pre, Tensor(), matmul(dz, W2));
+  CHECK(f.dW2.to_vector() == matmul(dz, h, true, false).to_vector());
+  CHECK_CLOSE(f.db2.to_vector(), sum(dz, 0).to_vector(), 1e-6, 1e-6);
+  CHECK(f.dx.to_vector() == matmul(dp, W).to_vector());
+  CHECK(f.dW1.to_vector() == matmul(dp, x, true, false).to_vector());
+  CHECK_CLOSE(f.db1.to_vector(), sum(dp, 0).to_vector(), 1e-6, 1e-6);
+  FeedForwardNeeds only_dw2;
+  only_dw2.dx = only_dw2.dW1 = only_dw2.db1 = only_dw2.db2 = false;
+  const FeedForwardGrads f2 = feed_forward_relu_backward(dz, x, W, W2, h, only_dw2);
+  CHECK(f2.dW2.to_vector() == f.dW2.to_vector());
+  CHECK((!f2.dx.defined() && !f2.dW1.defined() && !f2.db1.defined() && !f2.db2.defined()));
+  CHECK_ERROR(linear_forward(x, W, Tensor::zeros({out + 1})), "linear_forward", "b of shape");
+  CHECK_ERROR(feed_forward_relu_backward(dz, x, W, W2, Tensor::zeros({R, out + 1}),
+                                         FeedForwardNeeds{}),
+              "feed_forward_relu_backward", "H (29, 35)");
+}

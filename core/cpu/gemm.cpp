@@ -15,6 +15,9 @@ namespace clustr::cpu {
 void gemm_avx512(const gemm_impl::Problem& g, int nthreads);
 void gemm_avx2(const gemm_impl::Problem& g, int nthreads);
 void gemm_generic(const gemm_impl::Problem& g, int nthreads);
+void gemm_avx512_many(const gemm_impl::Problem* g, int count, int nthreads);
+void gemm_avx2_many(const gemm_impl::Problem* g, int count, int nthreads);
+void gemm_generic_many(const gemm_impl::Problem* g, int count, int nthreads);
 
 namespace gemm_impl {
 void throw_out_of_memory(size_t bytes) {
@@ -25,9 +28,11 @@ void throw_out_of_memory(size_t bytes) {
 namespace {
 
 using KernelFn = void (*)(const gemm_impl::Problem&, int);
+using ManyFn = void (*)(const gemm_impl::Problem*, int, int);
 
 struct Choice {
   KernelFn fn;
+  ManyFn many;
   const char* name;
 };
 
@@ -39,8 +44,9 @@ bool cpu_has(const char* isa) {
 }
 
 Choice choose_kernel() {
-  static const Choice table[] = {
-      {gemm_avx512, "avx512"}, {gemm_avx2, "avx2"}, {gemm_generic, "generic"}};
+  static const Choice table[] = {{gemm_avx512, gemm_avx512_many, "avx512"},
+                                 {gemm_avx2, gemm_avx2_many, "avx2"},
+                                 {gemm_generic, gemm_generic_many, "generic"}};
   const char* forced = std::getenv("CLUSTR_GEMM_KERNEL");
   if (forced && *forced) {
     for (const Choice& c : table)
@@ -69,13 +75,35 @@ constexpr double kParallelFlops = 2.0 * 64 * 64 * 64;
 
 const char* gemm_kernel_name() { return kernel().name; }
 
+void gemm_fused(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+                int64_t ldc, const GemmEpilogue& epilogue) {
+  check_gemm_args("gemm", trans_a, trans_b, M, N, K, lda, ldb, ldc);
+  CLUSTR_CHECK(!epilogue.mask || epilogue.ldm >= N, "gemm: the epilogue's mask row stride ldm=",
+               epilogue.ldm, " is smaller than a row of C (", N, " elements)");
+  double flops = 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
+  int threads = flops < kParallelFlops ? 1 : num_threads();
+  kernel().fn({trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, epilogue},
+              threads);
+}
+
+void gemm_many(const GemmCall* calls, int count) {
+  double flops = 0;
+  for (int c = 0; c < count; ++c) {
+    const GemmCall& g = calls[c];
+    check_gemm_args("gemm", g.trans_a, g.trans_b, g.M, g.N, g.K, g.lda, g.ldb, g.ldc);
+    CLUSTR_CHECK(!g.epilogue.mask || g.epilogue.ldm >= g.N, "gemm: the epilogue's mask row ",
+                 "stride ldm=", g.epilogue.ldm, " is smaller than a row of C (", g.N,
+                 " elements)");
+    flops += 2.0 * static_cast<double>(g.M) * static_cast<double>(g.N) * static_cast<double>(g.K);
+  }
+  kernel().many(calls, count, flops < kParallelFlops ? 1 : num_threads());
+}
+
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
           const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
           int64_t ldc) {
-  check_gemm_args("gemm", trans_a, trans_b, M, N, K, lda, ldb, ldc);
-  double flops = 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
-  int threads = flops < kParallelFlops ? 1 : num_threads();
-  kernel().fn({trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc}, threads);
+  gemm_fused(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, GemmEpilogue{});
 }
 
 void gemm_strided_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
@@ -93,13 +121,13 @@ void gemm_strided_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int6
 #pragma omp parallel for schedule(static)
     for (int64_t b = 0; b < batch; ++b)
       fn({trans_a, trans_b, M, N, K, alpha, A + b * stride_a, lda, B + b * stride_b, ldb, beta,
-          C + b * stride_c, ldc},
+          C + b * stride_c, ldc, GemmEpilogue{}},
          1);
     return;
   }
   for (int64_t b = 0; b < batch; ++b)
     fn({trans_a, trans_b, M, N, K, alpha, A + b * stride_a, lda, B + b * stride_b, ldb, beta,
-        C + b * stride_c, ldc},
+        C + b * stride_c, ldc, GemmEpilogue{}},
        flops < kParallelFlops ? 1 : threads);
 }
 

@@ -6,6 +6,13 @@
 // row's result is the same whichever thread computes it. The one sum across rows, layer norm's
 // dgamma and dbeta, is split into row blocks whose number depends only on R, and the block
 // partials are added in block order.
+//
+// The per-row layer-norm functions are compiled for AVX-512, AVX2 and plain x86-64
+// (target_clones; the loader picks one for this CPU): they are the hot loops of a transformer
+// layer's normalisation, and the baseline build would run their double sums two lanes at a
+// time. Each version sums in the same order and none fuses a multiply-add (fp-contract=off:
+// with D = 1, a fused dy * gamma - mean(dy * gamma) would not cancel to 0), so every version
+// gives the same bits as the plain one.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -13,6 +20,16 @@
 #include "core/cpu/nn.h"
 #include "core/math.h"
 #include "core/philox.h"
+
+#if defined(__x86_64__) && defined(__ELF__) && defined(__has_attribute)
+#if __has_attribute(target_clones)
+#define CLUSTR_ROW_CLONES \
+  __attribute__((target_clones("avx512f", "avx2", "default"), optimize("fp-contract=off")))
+#endif
+#endif
+#ifndef CLUSTR_ROW_CLONES
+#define CLUSTR_ROW_CLONES
+#endif
 
 namespace clustr::cpu {
 
@@ -24,8 +41,9 @@ constexpr int kLanes = 8;                // independent partial sums (ILP, SIMD)
 constexpr int64_t kMaxBlocks = 64;
 
 // sum over j < n of term(j), in double, with kLanes partial sums combined in a fixed order.
+// Always inlined, so that it is compiled for the instruction set of the clone that calls it.
 template <class Term>
-double row_sum(int64_t n, Term term) {
+__attribute__((always_inline)) inline double row_sum(int64_t n, Term term) {
   double acc[kLanes] = {};
   int64_t j = 0;
   for (; j + kLanes <= n; j += kLanes)
@@ -57,6 +75,32 @@ void with_unary_grad(UnaryOp op, Fn&& fn) {
   }
 }
 
+// The layer-norm input row: x itself, or x + x2 (float sums, as the add op would give) in
+// `scratch` (D floats).
+inline const float* input_row(const float* x, const float* x2, float* scratch, int64_t D) {
+  if (!x2) return x;
+  for (int64_t j = 0; j < D; ++j) scratch[j] = x[j] + x2[j];
+  return scratch;
+}
+
+// One row of layer norm forward: x, y (D). Two passes in double (mean, then the mean square
+// deviation from it): no cancellation even for rows like 1e4 + small noise, where E[x^2] -
+// E[x]^2 in float is noise.
+CLUSTR_ROW_CLONES
+void layer_norm_row(const float* x, const float* gamma, const float* beta, float eps, float* y,
+                    float* mean, float* rstd, int64_t D) {
+  const double mu = row_sum(D, [&](int64_t j) { return double(x[j]); }) / double(D);
+  const double var = row_sum(D, [&](int64_t j) {
+                       const double d = x[j] - mu;
+                       return d * d;
+                     }) / double(D);
+  const double rs = 1.0 / std::sqrt(var + double(eps));
+  *mean = static_cast<float>(mu);
+  *rstd = static_cast<float>(rs);
+  for (int64_t j = 0; j < D; ++j)
+    y[j] = static_cast<float>((x[j] - mu) * rs) * gamma[j] + beta[j];
+}
+
 // One row of layer norm backward: dy, x, dx (D); dx is written, and dy * xhat and dy are added
 // to the block partials pg and pb (D).
 //
@@ -64,6 +108,7 @@ void with_unary_grad(UnaryOp op, Fn&& fn) {
 // (up to half an ulp of 1e4, 5e-4) would shift every xhat by a visible amount. So the exact
 // remainder c = mean(x - mean_f) is recomputed here, in double, and xhat = (x - mean_f - c) *
 // rstd agrees with the forward pass, which centred with the double mean.
+CLUSTR_ROW_CLONES
 void layer_norm_backward_row(const float* dy, const float* x, float mean_f, float rstd,
                              const float* gamma, float* dx, double* pg, double* pb, int64_t D) {
   const double m = mean_f;
@@ -132,30 +177,25 @@ void log_softmax_backward(const float* y, const float* dy, float* dx, int64_t ro
   }
 }
 
-// Two passes per row in double (mean, then the mean square deviation from it): no
-// cancellation even for rows like 1e4 + small noise, where E[x^2] - E[x]^2 in float is noise.
-void layer_norm(const float* x, const float* gamma, const float* beta, float eps, float* y,
-                float* mean, float* rstd, int64_t R, int64_t D) {
-#pragma omp parallel for schedule(static) if (R * D >= kParallelMin)
-  for (int64_t r = 0; r < R; ++r) {
-    const float* xr = x + r * D;
-    float* yr = y + r * D;
-    const double mu = row_sum(D, [&](int64_t j) { return double(xr[j]); }) / double(D);
-    const double var = row_sum(D, [&](int64_t j) {
-                         const double d = xr[j] - mu;
-                         return d * d;
-                       }) / double(D);
-    const double rs = 1.0 / std::sqrt(var + double(eps));
-    mean[r] = static_cast<float>(mu);
-    rstd[r] = static_cast<float>(rs);
-    for (int64_t j = 0; j < D; ++j)
-      yr[j] = static_cast<float>((xr[j] - mu) * rs) * gamma[j] + beta[j];
+namespace {
+
+// The input rows are x, or x + x2 when x2 is not null.
+void layer_norm_rows(const float* x, const float* x2, const float* gamma, const float* beta,
+                     float eps, float* y, float* mean, float* rstd, int64_t R, int64_t D) {
+#pragma omp parallel if (R * D >= kParallelMin)
+  {
+    std::vector<float> scratch(x2 ? static_cast<size_t>(D) : 0);
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < R; ++r) {
+      const float* xr = input_row(x + r * D, x2 ? x2 + r * D : nullptr, scratch.data(), D);
+      layer_norm_row(xr, gamma, beta, eps, y + r * D, mean + r, rstd + r, D);
+    }
   }
 }
 
-void layer_norm_backward(const float* dy, const float* x, const float* mean, const float* rstd,
-                         const float* gamma, float* dx, float* dgamma, float* dbeta, int64_t R,
-                         int64_t D) {
+void layer_norm_rows_backward(const float* dy, const float* x, const float* x2,
+                              const float* mean, const float* rstd, const float* gamma,
+                              float* dx, float* dgamma, float* dbeta, int64_t R, int64_t D) {
   // Block b holds rows [b * block_rows, (b + 1) * block_rows); the split depends on R only.
   const int64_t block_rows = std::max<int64_t>(1, (R + kMaxBlocks - 1) / kMaxBlocks);
   const int64_t blocks = (R + block_rows - 1) / block_rows;
@@ -163,14 +203,16 @@ void layer_norm_backward(const float* dy, const float* x, const float* mean, con
   std::vector<double> partial(static_cast<size_t>(2 * blocks * D), 0.0);
 #pragma omp parallel if (R * D >= kParallelMin)
   {
+    std::vector<float> scratch(x2 ? static_cast<size_t>(D) : 0);
 #pragma omp for schedule(static)
     for (int64_t b = 0; b < blocks; ++b) {
       double* pg = partial.data() + 2 * b * D;
       double* pb = pg + D;
       const int64_t r1 = std::min(R, (b + 1) * block_rows);
-      for (int64_t r = b * block_rows; r < r1; ++r)
-        layer_norm_backward_row(dy + r * D, x + r * D, mean[r], rstd[r], gamma, dx + r * D, pg,
-                                pb, D);
+      for (int64_t r = b * block_rows; r < r1; ++r) {
+        const float* xr = input_row(x + r * D, x2 ? x2 + r * D : nullptr, scratch.data(), D);
+        layer_norm_backward_row(dy + r * D, xr, mean[r], rstd[r], gamma, dx + r * D, pg, pb, D);
+      }
     }
 #pragma omp for schedule(static)
     for (int64_t j = 0; j < D; ++j) {
@@ -183,6 +225,30 @@ void layer_norm_backward(const float* dy, const float* x, const float* mean, con
       dbeta[j] = static_cast<float>(s);
     }
   }
+}
+
+}  // namespace
+
+void layer_norm(const float* x, const float* gamma, const float* beta, float eps, float* y,
+                float* mean, float* rstd, int64_t R, int64_t D) {
+  layer_norm_rows(x, nullptr, gamma, beta, eps, y, mean, rstd, R, D);
+}
+
+void layer_norm_backward(const float* dy, const float* x, const float* mean, const float* rstd,
+                         const float* gamma, float* dx, float* dgamma, float* dbeta, int64_t R,
+                         int64_t D) {
+  layer_norm_rows_backward(dy, x, nullptr, mean, rstd, gamma, dx, dgamma, dbeta, R, D);
+}
+
+void add_layer_norm(const float* a, const float* b, const float* gamma, const float* beta,
+                    float eps, float* y, float* mean, float* rstd, int64_t R, int64_t D) {
+  layer_norm_rows(a, b, gamma, beta, eps, y, mean, rstd, R, D);
+}
+
+void add_layer_norm_backward(const float* dy, const float* a, const float* b, const float* mean,
+                             const float* rstd, const float* gamma, float* dx, float* dgamma,
+                             float* dbeta, int64_t R, int64_t D) {
+  layer_norm_rows_backward(dy, a, b, mean, rstd, gamma, dx, dgamma, dbeta, R, D);
 }
 
 CrossEntropySums cross_entropy(const float* logits, const int32_t* target, const float* weight,

@@ -36,6 +36,13 @@ void layer_norm(const float* x, const float* gamma, const float* beta, float eps
 void layer_norm_backward(const float* dy, const float* x, const float* mean, const float* rstd,
                          const float* gamma, float* dx, float* dgamma, float* dbeta, int64_t R,
                          int64_t D);
+// The same for the residual sum x = a + b (a, b (R, D); float sums, as the add op gives them),
+// which is never stored: backward recomputes it. dx is the gradient of both a and b.
+void add_layer_norm(const float* a, const float* b, const float* gamma, const float* beta,
+                    float eps, float* y, float* mean, float* rstd, int64_t R, int64_t D);
+void add_layer_norm_backward(const float* dy, const float* a, const float* b, const float* mean,
+                             const float* rstd, const float* gamma, float* dx, float* dgamma,
+                             float* dbeta, int64_t R, int64_t D);
 
 // Sums over the rows of a cross-entropy, in double.
 struct CrossEntropySums {

@@ -14,8 +14,11 @@ namespace clustr::cpu {
 
 namespace {
 
-constexpr int64_t kChunk = 16384;        // words per parallel work item
-constexpr int64_t kParallelMin = 32768;  // fewer words than this: stay serial
+constexpr int64_t kChunk = 16384;  // words per parallel work item
+// Fewer words than this: stay serial. A copy is bound by memory, which one thread nearly
+// saturates, while a parallel region's fork and join (waking the other thread) costs about as
+// much as copying 100 KB; a layer's weights (D x D = 147 KB for D = 192) are copied serially.
+constexpr int64_t kParallelMin = 262144;
 
 // For r < rows, c < width: dst[r * dst_pitch + c] = src[r * src_pitch + c], or += with Add.
 // The rows x width words are cut into chunks of kChunk words, so that one long row and many

@@ -1,4 +1,4 @@
-// Front doors of the fused full attention (full.h) and its autograd node. They check dtypes,
+// Front doors of the fused full attention (full.h) and its autograd nodes. They check dtypes,
 // shapes, devices, lengths and options once, allocate the outputs and the kernels' scratch
 // (as tensors, so that memory_stats counts it) on the inputs' device, and call the CPU kernels
 // (full_cpu.cpp). There is no CUDA kernel yet.
@@ -21,6 +21,14 @@ namespace clustr {
 namespace {
 
 using detail::check_f32;
+
+void check_options(const char* op, const FullAttentionOptions& options) {
+  CLUSTR_CHECK(options.dropout >= 0.0f && options.dropout < 1.0f, op,
+               ": expected a dropout probability in [0, 1), got ", options.dropout);
+  CLUSTR_CHECK(std::isfinite(options.temperature), op,
+               ": expected a finite temperature (<= 0 for 1/sqrt(E)), got ",
+               options.temperature);
+}
 
 // Q (B, H, N, E), K (B, H, S, E), V (B, H, S, M), lengths i32 (B) with values in [0, S] or
 // undefined, and the options; returns the sizes.
@@ -48,13 +56,33 @@ cpu::FullAttentionDims check_inputs(const char* op, const Tensor& Q, const Tenso
   CLUSTR_CHECK(!options.causal || d.N == d.S, op,
                ": causal masking needs as many queries as keys (N == S), got Q ", describe(Q),
                " and K ", describe(K));
-  CLUSTR_CHECK(options.dropout >= 0.0f && options.dropout < 1.0f, op,
-               ": expected a dropout probability in [0, 1), got ", options.dropout);
-  CLUSTR_CHECK(std::isfinite(options.temperature), op,
-               ": expected a finite temperature (<= 0 for 1/sqrt(E)), got ",
-               options.temperature);
+  check_options(op, options);
   if (lengths.defined()) detail::check_lengths(op, lengths, d.B, d.S, "S", "K", K);
   return d;
+}
+
+// qkv (B, N, 3 D) with D = heads E, lengths and the options; returns the sizes (S = N, M = E).
+cpu::FullAttentionDims check_qkv(const char* op, const Tensor& qkv, int64_t heads,
+                                 const Tensor& lengths, const FullAttentionOptions& options) {
+  check_f32(op, "qkv", qkv);
+  detail::require_cpu(op, qkv);
+  CLUSTR_CHECK(heads >= 1, op, ": expected at least one head, got ", heads);
+  CLUSTR_CHECK(qkv.rank() == 3 && qkv.size(2) % (3 * heads) == 0 && qkv.size(2) > 0, op,
+               ": expected qkv of shape (B, N, 3 D) with D a multiple of the ", heads,
+               " heads, got ", describe(qkv));
+  cpu::FullAttentionDims d;
+  d.B = qkv.size(0), d.H = heads, d.N = d.S = qkv.size(1), d.E = d.M = qkv.size(2) / 3 / heads;
+  check_options(op, options);
+  if (lengths.defined()) detail::check_lengths(op, lengths, d.B, d.N, "N", "qkv", qkv);
+  return d;
+}
+
+// Where the heads of qkv (and dqkv) and of out (and dout) live: q, k, v at column offsets 0,
+// D and 2 D of each token's row of 3 D.
+cpu::FullAttentionLayout qkv_layout(const cpu::FullAttentionDims& d) {
+  const int64_t D = d.H * d.E;
+  const cpu::HeadStrides in = cpu::heads_interleaved(d.N, d.E, 3 * D);
+  return {in, in, in, cpu::heads_interleaved(d.N, d.E, D)};
 }
 
 cpu::FullAttentionParams params_of(const cpu::FullAttentionDims& d, const Tensor& lengths,
@@ -98,6 +126,19 @@ class FullAttentionNode : public Node {
   FullAttentionOptions options_;
 };
 
+class FullAttentionQkvNode : public Node {
+ public:
+  const char* name() const override { return "full_attention_qkv"; }
+  std::vector<Tensor> backward(const Tensor& g) override {
+    return {full_attention_qkv_backward(g, qkv_, heads_, out_, lse_, lengths_, options_)};
+  }
+  void release() override { qkv_ = out_ = lse_ = lengths_ = Tensor(); }
+
+  Tensor qkv_, out_, lse_, lengths_;
+  int64_t heads_ = 1;
+  FullAttentionOptions options_;
+};
+
 }  // namespace
 
 FullAttentionOutput full_attention_forward(const Tensor& Q, const Tensor& K, const Tensor& V,
@@ -111,9 +152,9 @@ FullAttentionOutput full_attention_forward(const Tensor& Q, const Tensor& K, con
   if (d.B * d.H * d.N == 0) return r;
   const int threads = num_threads();
   Tensor ws = workspace(cpu::full_attention_forward_workspace(d, threads), Q.device());
-  cpu::full_attention_forward(d, params_of(d, lengths, options), Q.f32(), K.f32(), V.f32(),
-                              r.out.f32(), r.logsumexp.f32(), ws.defined() ? ws.f32() : nullptr,
-                              threads);
+  cpu::full_attention_forward(d, cpu::contiguous_layout(d), params_of(d, lengths, options),
+                              Q.f32(), K.f32(), V.f32(), r.out.f32(), r.logsumexp.f32(),
+                              ws.defined() ? ws.f32() : nullptr, threads);
   return r;
 }
 
@@ -137,9 +178,10 @@ FullAttentionGrads full_attention_backward(const Tensor& dout, const Tensor& Q, 
   }
   const int threads = num_threads();
   Tensor ws = workspace(cpu::full_attention_backward_workspace(d, threads), Q.device());
-  cpu::full_attention_backward(d, params_of(d, lengths, options), Q.f32(), K.f32(), V.f32(),
-                               out.f32(), logsumexp.f32(), dout.f32(), g.dQ.f32(), g.dK.f32(),
-                               g.dV.f32(), ws.defined() ? ws.f32() : nullptr, threads);
+  cpu::full_attention_backward(d, cpu::contiguous_layout(d), params_of(d, lengths, options),
+                               Q.f32(), K.f32(), V.f32(), out.f32(), logsumexp.f32(), dout.f32(),
+                               g.dQ.f32(), g.dK.f32(), g.dV.f32(),
+                               ws.defined() ? ws.f32() : nullptr, threads);
   return g;
 }
 
@@ -158,12 +200,70 @@ Variable full_attention(const Variable& Q, const Variable& K, const Variable& V,
   return attach(std::move(r.out), std::move(node), {&Q, &K, &V});
 }
 
+FullAttentionOutput full_attention_qkv_forward(const Tensor& qkv, int64_t heads,
+                                               const Tensor& lengths,
+                                               const FullAttentionOptions& options) {
+  const char* op = "full_attention_qkv";
+  const cpu::FullAttentionDims d = check_qkv(op, qkv, heads, lengths, options);
+  FullAttentionOutput r;
+  r.out = Tensor::empty({d.B, d.N, d.H * d.E});
+  r.logsumexp = Tensor::empty({d.B, d.H, d.N});
+  if (d.B * d.N == 0) return r;
+  const int threads = num_threads();
+  Tensor ws = workspace(cpu::full_attention_forward_workspace(d, threads), Device::cpu);
+  const float* q = qkv.f32();
+  const int64_t D = d.H * d.E;
+  cpu::full_attention_forward(d, qkv_layout(d), params_of(d, lengths, options), q, q + D,
+                              q + 2 * D, r.out.f32(), r.logsumexp.f32(),
+                              ws.defined() ? ws.f32() : nullptr, threads);
+  return r;
+}
+
+Tensor full_attention_qkv_backward(const Tensor& dout, const Tensor& qkv, int64_t heads,
+                                   const Tensor& out, const Tensor& logsumexp,
+                                   const Tensor& lengths, const FullAttentionOptions& options) {
+  const char* op = "full_attention_qkv_backward";
+  const cpu::FullAttentionDims d = check_qkv(op, qkv, heads, lengths, options);
+  const int64_t D = d.H * d.E;
+  check_shape(op, "dout", dout, qkv, {d.B, d.N, D});
+  check_shape(op, "out", out, qkv, {d.B, d.N, D});
+  check_shape(op, "logsumexp", logsumexp, qkv, {d.B, d.H, d.N});
+  Tensor dqkv = Tensor::empty(qkv.shape());
+  if (d.B * d.N == 0) return dqkv;
+  const int threads = num_threads();
+  Tensor ws = workspace(cpu::full_attention_backward_workspace(d, threads), Device::cpu);
+  const float* q = qkv.f32();
+  float* dq = dqkv.f32();
+  cpu::full_attention_backward(d, qkv_layout(d), params_of(d, lengths, options), q, q + D,
+                               q + 2 * D, out.f32(), logsumexp.f32(), dout.f32(), dq, dq + D,
+                               dq + 2 * D, ws.defined() ? ws.f32() : nullptr, threads);
+  return dqkv;
+}
+
+Variable full_attention_qkv(const Variable& qkv, int64_t heads, const Tensor& lengths,
+                            const FullAttentionOptions& options) {
+  FullAttentionOutput r = full_attention_qkv_forward(qkv.data(), heads, lengths, options);
+  if (!record_needed({&qkv})) return Variable(std::move(r.out));
+  auto node = std::make_shared<FullAttentionQkvNode>();
+  node->qkv_ = qkv.data();
+  node->out_ = r.out;
+  node->lse_ = std::move(r.logsumexp);
+  node->lengths_ = lengths;
+  node->heads_ = heads;
+  node->options_ = options;
+  return attach(std::move(r.out), std::move(node), {&qkv});
+}
+
 uint64_t full_attention_dropout_blocks(const Tensor& Q, const Tensor& K) {
   CLUSTR_CHECK(Q.defined() && Q.rank() == 4 && K.defined() && K.rank() == 4,
                "full_attention_dropout_blocks: expected Q (B, H, N, E) and K (B, H, S, E), got ",
                Q.defined() ? describe(Q) : "undefined", " and ",
                K.defined() ? describe(K) : "undefined");
-  const uint64_t elements = static_cast<uint64_t>(Q.size(0) * Q.size(1) * Q.size(2) * K.size(2));
+  return full_attention_dropout_blocks(Q.size(0), Q.size(1), Q.size(2), K.size(2));
+}
+
+uint64_t full_attention_dropout_blocks(int64_t B, int64_t H, int64_t N, int64_t S) {
+  const uint64_t elements = static_cast<uint64_t>(B * H * N * S);
   return (elements + 3) / 4;
 }
 

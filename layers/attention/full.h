@@ -44,7 +44,25 @@ FullAttentionGrads full_attention_backward(const Tensor& dout, const Tensor& Q, 
 Variable full_attention(const Variable& Q, const Variable& K, const Variable& V,
                         const Tensor& lengths, const FullAttentionOptions& options);
 
-// Counter blocks the dropout mask of one call uses (reserve them from the run's Generator).
+// Self-attention over the heads of a fused projection, with no permute either way:
+// qkv (B, N, 3D) holds each token's query, key and value side by side ([q | k | v], each
+// D = heads E wide, head h at columns [h E, (h + 1) E) of its part), as one GEMM of x with
+// the stacked weights [Wq; Wk; Wv] makes them; out (B, N, D) has the heads side by side again
+// (merged, as the output projection takes them). lengths and options as above (S = N). The
+// same result as full_attention on the split and permuted heads; the gradient is dqkv
+// (B, N, 3D) in qkv's layout.
+FullAttentionOutput full_attention_qkv_forward(const Tensor& qkv, int64_t heads,
+                                               const Tensor& lengths,
+                                               const FullAttentionOptions& options);
+Tensor full_attention_qkv_backward(const Tensor& dout, const Tensor& qkv, int64_t heads,
+                                   const Tensor& out, const Tensor& logsumexp,
+                                   const Tensor& lengths, const FullAttentionOptions& options);
+Variable full_attention_qkv(const Variable& qkv, int64_t heads, const Tensor& lengths,
+                            const FullAttentionOptions& options);
+
+// Counter blocks the dropout mask of one call uses (reserve them from the run's Generator):
+// one element per (b, h, query, key).
 uint64_t full_attention_dropout_blocks(const Tensor& Q, const Tensor& K);
+uint64_t full_attention_dropout_blocks(int64_t B, int64_t H, int64_t N, int64_t S);
 
 }  // namespace clustr

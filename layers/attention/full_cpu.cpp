@@ -18,7 +18,11 @@
 // (b, h) are dealt round-robin into G chunks (G from the shape only: enough (b, h, chunk) tasks
 // for kBackwardTasks threads). Chunk 0 accumulates into dK, dV themselves, chunk g > 0 into a
 // scratch copy, and the copies are added in chunk order at the end. With B H >= kBackwardTasks,
-// G = 1 and no copy is made.
+// G = 1 and no copy is made. A chunk of a single query block (short sequences) writes its dK
+// and dV rows with its products instead of adding to zeroed rows.
+//
+// Each tensor's rows are found through its HeadStrides (full_cpu.h): the same kernels serve
+// contiguous (B, H, N, E) heads and the heads of a fused q | k | v projection in place.
 //
 // The per-row loops are compiled for AVX-512, AVX2 and plain x86-64 (target_clones: the loader
 // picks one for this CPU, as gemm.cpp picks its micro-kernel). They sum in the same order in
@@ -117,6 +121,15 @@ Block block_of(const FullAttentionDims& d, const FullAttentionParams& p, const L
   return k;
 }
 
+// The sum of the kLanes partial sums, as a tree (pairs of halves): four dependent additions
+// rather than a chain of sixteen, which the short rows of short sequences (64 keys: four
+// vectors) would otherwise wait on.
+inline float lanes_sum(float* acc) {
+  for (int w = kLanes / 2; w > 0; w /= 2)
+    for (int k = 0; k < w; ++k) acc[k] += acc[k + w];
+  return acc[0];
+}
+
 // Dropout words of one row: bits[c] for the element idx0 + c, c < n (full_cpu.h).
 void dropout_bits(uint64_t seed, uint64_t offset, uint64_t idx0, int64_t n, uint32_t* bits) {
   uint64_t idx = idx0;
@@ -171,9 +184,10 @@ void softmax_tile(float* s, int64_t ld, int64_t rows, RowLimits lim, float* m, f
       acc[0] += e;
     }
     for (; c < lim.tc; ++c) x[c] = 0.0f;
-    float sum = 0.0f;
-    for (int k = 0; k < kLanes; ++k) sum += acc[k];
-    corr[r] = math::exp(m[r] - mx);
+    const float sum = lanes_sum(acc);
+    // exp(-inf) = 0 without the scalar exp: the row's first tile, and so every row of a
+    // sequence that fits in one tile.
+    corr[r] = m[r] == -INFINITY ? 0.0f : math::exp(m[r] - mx);
     l[r] = l[r] * corr[r] + sum;
     m[r] = mx;
   }
@@ -191,16 +205,37 @@ struct TileDropout {
 // Pd = P keep scale; dp holds dO V^T and becomes dS = P (dp keep scale - D). P = exp(s - lse)
 // on the visible columns; every other column of both is 0, as is every column of a row with
 // lse = -inf (it saw no key).
+// With d_from_tile (no dropout, and the tile holds every key the rows see), D is computed here
+// as D_i = sum_j P_ij dP_ij, which equals dO_i . O_i (O = P V) and needs no pass over dO and
+// O: their rows are strided and cold in memory, and that pass cost as much as this one.
 CLUSTR_ROW_CLONES
 void backward_tile(float* s, float* dp, int64_t ld, int64_t rows, RowLimits lim,
-                   const float* lse, const float* D, const TileDropout& drop) {
+                   const float* lse, float* D, bool d_from_tile, const TileDropout& drop) {
   for (int64_t r = 0; r < rows; ++r) {
     float* x = s + r * ld;
     float* g = dp + r * ld;
-    const float lr = lse[r], dr = D[r];
+    const float lr = lse[r];
     const int64_t n = lr == -INFINITY ? 0 : lim.limit(r);
     int64_t c = 0;
-    if (drop.p > 0.0f) {
+    if (d_from_tile) {
+      float acc[kLanes] = {};
+      for (; c + kLanes <= n; c += kLanes)
+        for (int k = 0; k < kLanes; ++k) {
+          const float pr = math::exp(x[c + k] - lr);
+          x[c + k] = pr;
+          acc[k] += pr * g[c + k];
+        }
+      for (; c < n; ++c) {
+        x[c] = math::exp(x[c] - lr);
+        acc[0] += x[c] * g[c];
+      }
+      D[r] = lanes_sum(acc);
+    }
+    const float dr = D[r];
+    c = 0;
+    if (d_from_tile) {
+      for (; c < n; ++c) g[c] = x[c] * (g[c] - dr);
+    } else if (drop.p > 0.0f) {
       dropout_bits(drop.seed, drop.offset, drop.idx0 + r * drop.row_stride, n, drop.bits);
       const uint32_t* bits = drop.bits;
       const float p = drop.p, scale = drop.scale;
@@ -221,25 +256,28 @@ void backward_tile(float* s, float* dp, int64_t ld, int64_t rows, RowLimits lim,
   }
 }
 
-// D (rows) = the dot products of the rows of a and b (rows, M).
+// D (rows) = the dot products of the rows of a and b (rows, M), rows ld apart.
 CLUSTR_ROW_CLONES
-void row_dots(const float* a, const float* b, int64_t rows, int64_t M, float* D) {
+void row_dots(const float* a, const float* b, int64_t rows, int64_t M, int64_t ld, float* D) {
   for (int64_t r = 0; r < rows; ++r) {
     float acc[kLanes] = {};
-    const float* x = a + r * M;
-    const float* y = b + r * M;
+    const float* x = a + r * ld;
+    const float* y = b + r * ld;
     int64_t c = 0;
     for (; c + kLanes <= M; c += kLanes)
       for (int k = 0; k < kLanes; ++k) acc[k] += x[c + k] * y[c + k];
     for (; c < M; ++c) acc[0] += x[c] * y[c];
-    float sum = 0.0f;
-    for (int k = 0; k < kLanes; ++k) sum += acc[k];
-    D[r] = sum;
+    D[r] = lanes_sum(acc);
   }
 }
 
 void fill_rows(float* x, int64_t n, float value) {
   for (int64_t i = 0; i < n; ++i) x[i] = value;
+}
+
+// rows x width elements, rows ld apart, = value.
+void fill_strided(float* x, int64_t rows, int64_t width, int64_t ld, float value) {
+  for (int64_t r = 0; r < rows; ++r) fill_rows(x + r * ld, width, value);
 }
 
 // Per-thread scratch of forward: scores tile, m, l, corr, dropout words.
@@ -251,16 +289,21 @@ int64_t backward_scratch(const Layout& lay) {
   return 2 * round16(lay.bq * lay.bk) + round16(lay.bq) + round16(lay.bk);
 }
 
-void forward_block(const FullAttentionDims& d, const FullAttentionParams& p, const Layout& lay,
-                   const Block& k, const float* Q, const float* K, const float* V, float* out,
-                   float* logsumexp, float* scratch) {
-  const int64_t row0 = k.bh * d.N + k.i0;
-  float* o = out + row0 * d.M;
+void forward_block(const FullAttentionDims& d, const FullAttentionLayout& hl,
+                   const FullAttentionParams& p, const Layout& lay, const Block& k,
+                   const float* Q, const float* K, const float* V, float* out, float* logsumexp,
+                   float* scratch) {
+  const int64_t b = k.bh / d.H, h = k.bh % d.H;
+  const int64_t row0 = k.bh * d.N + k.i0;  // (b, h, i0) in logsumexp and the dropout index
+  const int64_t ldo = hl.o.row;
+  float* o = out + hl.o.at(b, h) + k.i0 * ldo;
   float* lse = logsumexp + row0;
-  // Padding rows, and rows that see no key: 0 and -inf.
-  fill_rows(o, (k.i1 - k.i0) * d.M, 0.0f);
+  // Padding rows, and rows that see no key: 0 and -inf. (The first key tile's product
+  // overwrites the other rows.)
+  const int64_t real = k.key_end == 0 ? 0 : k.rows;
+  fill_strided(o + real * ldo, k.i1 - k.i0 - real, d.M, ldo, 0.0f);
   fill_rows(lse, k.i1 - k.i0, -INFINITY);
-  if (k.rows == 0 || k.key_end == 0) return;
+  if (real == 0) return;
 
   float* s = scratch;
   float* m = s + round16(lay.bq * lay.bk);
@@ -269,13 +312,15 @@ void forward_block(const FullAttentionDims& d, const FullAttentionParams& p, con
   uint32_t* bits = reinterpret_cast<uint32_t*>(corr + round16(lay.bq));
   fill_rows(m, k.rows, -INFINITY);
   fill_rows(l, k.rows, 0.0f);
-  const float* q = Q + row0 * d.E;
+  const float* q = Q + hl.q.at(b, h) + k.i0 * hl.q.row;
+  const float* kh = K + hl.k.at(b, h);
+  const float* vh = V + hl.v.at(b, h);
   const float scale = 1.0f / (1.0f - p.dropout);
   for (int64_t k0 = 0; k0 < k.key_end; k0 += lay.bk) {
     const int64_t tc = min64(lay.bk, k.key_end - k0);
     const RowLimits lim{k.i0, k0, k.length, p.causal, tc};
-    gemm(false, true, k.rows, tc, d.E, p.temperature, q, d.E, K + (k.bh * d.S + k0) * d.E, d.E,
-         0.0f, s, lay.bk);
+    gemm(false, true, k.rows, tc, d.E, p.temperature, q, hl.q.row, kh + k0 * hl.k.row,
+         hl.k.row, 0.0f, s, lay.bk);
     softmax_tile(s, lay.bk, k.rows, lim, m, l, corr);
     // The normalised weights are dropped (the sum l above is over all of them), so dropping
     // the unnormalised ones now is the same.
@@ -287,34 +332,48 @@ void forward_block(const FullAttentionDims& d, const FullAttentionParams& p, con
         for (int64_t c = 0; c < n; ++c)
           x[c] = math::dropout_value(x[c], bits[c], p.dropout, scale);
       }
-    for (int64_t r = 0; r < k.rows; ++r)
-      if (corr[r] != 1.0f)
-        for (int64_t c = 0; c < d.M; ++c) o[r * d.M + c] *= corr[r];
-    gemm(false, false, k.rows, d.M, tc, 1.0f, s, lay.bk, V + (k.bh * d.S + k0) * d.M, d.M, 1.0f,
-         o, d.M);
+    if (k0 > 0)  // rescale what the earlier tiles accumulated
+      for (int64_t r = 0; r < k.rows; ++r)
+        if (corr[r] != 1.0f)
+          for (int64_t c = 0; c < d.M; ++c) o[r * ldo + c] *= corr[r];
+    gemm(false, false, k.rows, d.M, tc, 1.0f, s, lay.bk, vh + k0 * hl.v.row, hl.v.row,
+         k0 == 0 ? 0.0f : 1.0f, o, ldo);
   }
   for (int64_t r = 0; r < k.rows; ++r) {
     // l >= 1 for a row that saw a key (its max contributes exp(0)); 0 for one that did not.
     if (l[r] == 0.0f) continue;
     const float inv = 1.0f / l[r];
-    for (int64_t c = 0; c < d.M; ++c) o[r * d.M + c] *= inv;
+    for (int64_t c = 0; c < d.M; ++c) o[r * ldo + c] *= inv;
     lse[r] = m[r] + std::log(l[r]);
   }
 }
 
+// Where one chunk's gradients of one (b, h) go: dQ rows (the head's own; every chunk writes
+// only its own query blocks), and the chunk's dK and dV accumulators, with their row strides.
 struct Grads {
-  float *dQ, *dK, *dV;  // dK, dV: this chunk's accumulators for (b, h), (S, E) and (S, M)
+  float* dq;
+  int64_t ldq;
+  float *dk, *dv;
+  int64_t ldk, ldv;
 };
 
-void backward_block(const FullAttentionDims& d, const FullAttentionParams& p, const Layout& lay,
-                    const Block& k, const float* Q, const float* K, const float* V,
-                    const float* out, const float* logsumexp, const float* dout, Grads g,
+// With `overwrite` this block is the only one adding into g.dk and g.dv: its products
+// overwrite the rows of the keys it sees, and it zeroes the others.
+void backward_block(const FullAttentionDims& d, const FullAttentionLayout& hl,
+                    const FullAttentionParams& p, const Layout& lay, const Block& k,
+                    const float* Q, const float* K, const float* V, const float* out,
+                    const float* logsumexp, const float* dout, Grads g, bool overwrite,
                     float* scratch) {
+  const int64_t b = k.bh / d.H, h = k.bh % d.H;
   const int64_t row0 = k.bh * d.N + k.i0;
-  float* dq = g.dQ + row0 * d.E;
-  fill_rows(dq + k.rows * d.E, (k.i1 - k.i0 - k.rows) * d.E, 0.0f);  // padding rows
+  if (overwrite) {  // keys no query of the block sees
+    fill_strided(g.dk + k.key_end * g.ldk, d.S - k.key_end, d.E, g.ldk, 0.0f);
+    fill_strided(g.dv + k.key_end * g.ldv, d.S - k.key_end, d.M, g.ldv, 0.0f);
+  }
+  float* dq = g.dq + k.i0 * g.ldq;
+  fill_strided(dq + k.rows * g.ldq, k.i1 - k.i0 - k.rows, d.E, g.ldq, 0.0f);  // padding rows
   if (k.rows == 0) return;
-  if (k.key_end == 0) return fill_rows(dq, k.rows * d.E, 0.0f);
+  if (k.key_end == 0) return fill_strided(dq, k.rows, d.E, g.ldq, 0.0f);
 
   float* s = scratch;
   float* dp = s + round16(lay.bq * lay.bk);
@@ -328,23 +387,29 @@ void backward_block(const FullAttentionDims& d, const FullAttentionParams& p, co
     drop.row_stride = static_cast<uint64_t>(d.S);
     drop.bits = reinterpret_cast<uint32_t*>(D + round16(lay.bq));
   }
-  const float* q = Q + row0 * d.E;
-  const float* dO = dout + row0 * d.M;
-  row_dots(dO, out + row0 * d.M, k.rows, d.M, D);
+  const int64_t ldq = hl.q.row, ldk = hl.k.row, ldv = hl.v.row, ldo = hl.o.row;
+  const float* q = Q + hl.q.at(b, h) + k.i0 * ldq;
+  const float* dO = dout + hl.o.at(b, h) + k.i0 * ldo;
+  const bool d_from_tile = k.key_end <= lay.bk && p.dropout == 0.0f;  // see backward_tile
+  if (!d_from_tile) row_dots(dO, out + hl.o.at(b, h) + k.i0 * ldo, k.rows, d.M, ldo, D);
   const float t = p.temperature;
   for (int64_t k0 = 0; k0 < k.key_end; k0 += lay.bk) {
     const int64_t tc = min64(lay.bk, k.key_end - k0);
-    const float* kt = K + (k.bh * d.S + k0) * d.E;
-    const float* vt = V + (k.bh * d.S + k0) * d.M;
-    gemm(false, true, k.rows, tc, d.E, t, q, d.E, kt, d.E, 0.0f, s, lay.bk);
-    gemm(false, true, k.rows, tc, d.M, 1.0f, dO, d.M, vt, d.M, 0.0f, dp, lay.bk);
+    const float* kt = K + hl.k.at(b, h) + k0 * ldk;
+    const float* vt = V + hl.v.at(b, h) + k0 * ldv;
+    gemm(false, true, k.rows, tc, d.E, t, q, ldq, kt, ldk, 0.0f, s, lay.bk);
+    gemm(false, true, k.rows, tc, d.M, 1.0f, dO, ldo, vt, ldv, 0.0f, dp, lay.bk);
     drop.idx0 = static_cast<uint64_t>(row0 * d.S + k0);
     backward_tile(s, dp, lay.bk, k.rows, RowLimits{k.i0, k0, k.length, p.causal, tc},
-                  logsumexp + row0, D, drop);
+                  logsumexp + row0, D, d_from_tile, drop);
     // dV_tile += Pd^T dO, dQ_blk (+)= t dS K_tile, dK_tile += t dS^T Q_blk.
-    gemm(true, false, tc, d.M, k.rows, 1.0f, s, lay.bk, dO, d.M, 1.0f, g.dV + k0 * d.M, d.M);
-    gemm(false, false, k.rows, d.E, tc, t, dp, lay.bk, kt, d.E, k0 == 0 ? 0.0f : 1.0f, dq, d.E);
-    gemm(true, false, tc, d.E, k.rows, t, dp, lay.bk, q, d.E, 1.0f, g.dK + k0 * d.E, d.E);
+    const float beta_kv = overwrite ? 0.0f : 1.0f;
+    gemm(true, false, tc, d.M, k.rows, 1.0f, s, lay.bk, dO, ldo, beta_kv, g.dv + k0 * g.ldv,
+         g.ldv);
+    gemm(false, false, k.rows, d.E, tc, t, dp, lay.bk, kt, ldk, k0 == 0 ? 0.0f : 1.0f, dq,
+         g.ldq);
+    gemm(true, false, tc, d.E, k.rows, t, dp, lay.bk, q, ldq, beta_kv, g.dk + k0 * g.ldk,
+         g.ldk);
   }
 }
 
@@ -364,9 +429,10 @@ int64_t full_attention_backward_workspace(const FullAttentionDims& d, int thread
   return copies * d.B * d.H * d.S * (d.E + d.M) + backward_scratch(layout_of(d)) * threads;
 }
 
-void full_attention_forward(const FullAttentionDims& d, const FullAttentionParams& p,
-                            const float* Q, const float* K, const float* V, float* out,
-                            float* logsumexp, float* workspace, int threads) {
+void full_attention_forward(const FullAttentionDims& d, const FullAttentionLayout& hl,
+                            const FullAttentionParams& p, const float* Q, const float* K,
+                            const float* V, float* out, float* logsumexp, float* workspace,
+                            int threads) {
   const Layout lay = layout_of(d);
   const int64_t tasks = d.B * d.H * lay.qblocks;
 #pragma omp parallel num_threads(threads)
@@ -375,49 +441,69 @@ void full_attention_forward(const FullAttentionDims& d, const FullAttentionParam
     float* scratch = workspace + thread_id() * forward_scratch(lay);
 #pragma omp for schedule(dynamic)
     for (int64_t task = 0; task < tasks; ++task)
-      forward_block(d, p, lay, block_of(d, p, lay, task / lay.qblocks, task % lay.qblocks), Q, K,
-                    V, out, logsumexp, scratch);
+      forward_block(d, hl, p, lay, block_of(d, p, lay, task / lay.qblocks, task % lay.qblocks),
+                    Q, K, V, out, logsumexp, scratch);
   }
 }
 
-void full_attention_backward(const FullAttentionDims& d, const FullAttentionParams& p,
-                             const float* Q, const float* K, const float* V, const float* out,
-                             const float* logsumexp, const float* dout, float* dQ, float* dK,
-                             float* dV, float* workspace, int threads) {
+void full_attention_backward(const FullAttentionDims& d, const FullAttentionLayout& hl,
+                             const FullAttentionParams& p, const float* Q, const float* K,
+                             const float* V, const float* out, const float* logsumexp,
+                             const float* dout, float* dQ, float* dK, float* dV, float* workspace,
+                             int threads) {
   const Layout lay = layout_of(d);
   const int64_t G = full_attention_backward_chunks(d);
   const int64_t pairs = d.B * d.H;
-  const int64_t nk = pairs * d.S * d.E, nv = pairs * d.S * d.M;  // floats of dK, dV
-  float* copies = workspace;  // chunk g > 0: its dK (nk floats), then its dV (nv floats)
+  // Chunk g > 0 accumulates into contiguous copies: its dK (pairs, S, E), then its dV
+  // (pairs, S, M).
+  const int64_t nk = pairs * d.S * d.E, nv = pairs * d.S * d.M;
+  float* copies = workspace;
   float* scratch0 = workspace + (G - 1) * (nk + nv);
+  auto dk_row = [&](int64_t pair, int64_t j) {  // row j of dK for (b, h) = pair
+    return dK + hl.k.at(pair / d.H, pair % d.H) + j * hl.k.row;
+  };
+  auto dv_row = [&](int64_t pair, int64_t j) {
+    return dV + hl.v.at(pair / d.H, pair % d.H) + j * hl.v.row;
+  };
+  // A chunk that holds one query block (every chunk when qblocks <= G) writes its dK and dV
+  // rows with its products; the others start from zero.
+  const bool one_block = lay.qblocks <= G;
 #pragma omp parallel num_threads(threads)
   {
     set_num_threads(1);  // for cpu::gemm inside this region (this thread's ICV only)
     float* scratch = scratch0 + thread_id() * backward_scratch(lay);
-    // dK, dV and the chunks' copies start at 0 (keys no query sees stay 0).
-#pragma omp for schedule(static) nowait
-    for (int64_t i = 0; i < nk; ++i) dK[i] = 0.0f;
-#pragma omp for schedule(static) nowait
-    for (int64_t i = 0; i < nv; ++i) dV[i] = 0.0f;
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < (G - 1) * (nk + nv); ++i) copies[i] = 0.0f;
 #pragma omp for schedule(dynamic)
     for (int64_t task = 0; task < pairs * G; ++task) {
       const int64_t bh = task / G, chunk = task % G;
-      float* base = chunk == 0 ? nullptr : copies + (chunk - 1) * (nk + nv);
-      const Grads grads{dQ, (chunk == 0 ? dK : base) + bh * d.S * d.E,
-                        (chunk == 0 ? dV : base + nk) + bh * d.S * d.M};
+      Grads grads{dQ + hl.q.at(bh / d.H, bh % d.H), hl.q.row, dk_row(bh, 0), dv_row(bh, 0),
+                  hl.k.row, hl.v.row};
+      if (chunk > 0) {
+        float* base = copies + (chunk - 1) * (nk + nv);
+        grads.dk = base + bh * d.S * d.E;
+        grads.dv = base + nk + bh * d.S * d.M;
+        grads.ldk = d.E;
+        grads.ldv = d.M;
+      } else if (!one_block) {  // this (b, h)'s rows of dK and dV start at 0
+        fill_strided(grads.dk, d.S, d.E, grads.ldk, 0.0f);
+        fill_strided(grads.dv, d.S, d.M, grads.ldv, 0.0f);
+      }
       for (int64_t qb = chunk; qb < lay.qblocks; qb += G)
-        backward_block(d, p, lay, block_of(d, p, lay, bh, qb), Q, K, V, out, logsumexp, dout,
-                       grads, scratch);
+        backward_block(d, hl, p, lay, block_of(d, p, lay, bh, qb), Q, K, V, out, logsumexp,
+                       dout, grads, chunk == 0 && one_block, scratch);
     }
     if (G > 1) {
+      // The copies, added in chunk order, row by row.
 #pragma omp for schedule(static)
-      for (int64_t i = 0; i < nk + nv; ++i) {
-        float* dst = i < nk ? dK + i : dV + (i - nk);
-        float acc = *dst;
-        for (int64_t chunk = 1; chunk < G; ++chunk) acc += copies[(chunk - 1) * (nk + nv) + i];
-        *dst = acc;
+      for (int64_t r = 0; r < pairs * d.S; ++r) {
+        float* k_dst = dk_row(r / d.S, r % d.S);
+        float* v_dst = dv_row(r / d.S, r % d.S);
+        for (int64_t chunk = 1; chunk < G; ++chunk) {
+          const float* base = copies + (chunk - 1) * (nk + nv);
+          for (int64_t c = 0; c < d.E; ++c) k_dst[c] += base[r * d.E + c];
+          for (int64_t c = 0; c < d.M; ++c) v_dst[c] += base[nk + r * d.M + c];
+        }
       }
     }
   }

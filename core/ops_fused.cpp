@@ -1,0 +1,207 @@
+// Front doors of the fused ops of the transformer layers (core/ops.h, "fused ops"): the linear
+// layer's forward (bias and ReLU in the GEMM's store) and backward (the bias gradient from
+// dW's GEMM), the ReLU feed-forward block's backward, and layer norm of a residual sum. Each
+// checks its arguments once, allocates the results and calls the CPU kernels
+// (core/cpu/gemm.h, core/cpu/nn.h).
+//
+// Legend: R rows, D layer-norm width.
+#include <utility>
+
+#include "core/cpu/gemm.h"
+#include "core/cpu/nn.h"
+#include "core/error.h"
+#include "core/ops.h"
+#include "core/ops_check.h"
+
+namespace clustr {
+
+using detail::check_f32;
+using detail::require_cpu;
+
+namespace {
+
+void check_cpu_f32(const char* op, const char* what, const Tensor& t) {
+  check_f32(op, what, t);
+  require_cpu(op, t);
+}
+
+Shape row_shape(const Tensor& x) { return Shape(x.shape().begin(), x.shape().end() - 1); }
+
+// a, b (..., D) of the same shape; gamma (D) -> D.
+int64_t check_add_layer_norm(const char* op, const Tensor& a, const Tensor& b,
+                             const Tensor& gamma) {
+  check_cpu_f32(op, "a", a);
+  check_cpu_f32(op, "b", b);
+  CLUSTR_CHECK(a.rank() >= 1 && a.shape().back() >= 1, op,
+               ": expected a (..., D) with D >= 1, got ", describe(a));
+  CLUSTR_CHECK(b.shape() == a.shape(), op, ": expected b of a's shape ", to_string(a.shape()),
+               ", got ", describe(b));
+  const int64_t D = a.shape().back();
+  check_cpu_f32(op, "gamma", gamma);
+  CLUSTR_CHECK(gamma.shape() == Shape{D}, op, ": expected gamma of shape (", D, ",), got ",
+               describe(gamma));
+  return D;
+}
+
+}  // namespace
+
+// x (R, in), W (out, in), b (out) or undefined -> (R, out).
+Tensor linear_forward(const Tensor& x, const Tensor& W, const Tensor& b, bool relu) {
+  const char* op = "linear_forward";
+  check_cpu_f32(op, "x", x);
+  check_cpu_f32(op, "W", W);
+  CLUSTR_CHECK(W.rank() == 2 && x.rank() == 2 && x.size(1) == W.size(1), op,
+               ": expected x (R, in) and W (out, in), got x ", describe(x), " and W ",
+               describe(W));
+  const int64_t R = x.size(0), out = W.size(0), in = W.size(1);
+  cpu::GemmEpilogue epilogue{};
+  if (b.defined()) {
+    check_cpu_f32(op, "b", b);
+    CLUSTR_CHECK(b.shape() == Shape{out}, op, ": expected b of shape (", out, ",) for W ",
+                 describe(W), ", got ", describe(b));
+    epilogue.bias = b.f32();
+  }
+  epilogue.relu = relu;
+  Tensor y = Tensor::empty({R, out});
+  cpu::gemm_fused(false, true, R, out, in, 1.0f, x.f32(), in, W.f32(), in, 0.0f, y.f32(), out,
+                  epilogue);
+  return y;
+}
+
+// dy (R, out), x (R, in) or undefined, W (out, in) or undefined -> dx (R, in), dW (out, in),
+// db (out).
+LinearGrads linear_backward(const Tensor& dy, const Tensor& x, const Tensor& W, bool need_dx,
+                            bool need_dW, bool need_db) {
+  const char* op = "linear_backward";
+  check_cpu_f32(op, "dy", dy);
+  CLUSTR_CHECK(dy.rank() == 2, op, ": expected dy (R, out), got ", describe(dy));
+  const int64_t R = dy.size(0), out = dy.size(1);
+  LinearGrads g;
+  cpu::GemmCall calls[2];
+  int count = 0;
+  if (need_dx) {  // dx = dy W: (R, out) (out, in)
+    check_cpu_f32(op, "W", W);
+    CLUSTR_CHECK(W.rank() == 2 && W.size(0) == out, op, ": expected W (", out, ", in) for dy ",
+                 describe(dy), ", got ", describe(W));
+    const int64_t in = W.size(1);
+    g.dx = Tensor::empty({R, in});
+    calls[count++] = {false, false, R, in, out, 1.0f, dy.f32(), out, W.f32(), in, 0.0f,
+                      g.dx.f32(), in, cpu::GemmEpilogue{}};
+  }
+  if (need_dW) {  // dW = dy^T x: (out, R) (R, in), and db = the row sums of dy^T
+    check_cpu_f32(op, "x", x);
+    CLUSTR_CHECK(x.rank() == 2 && x.size(0) == R, op, ": expected x (", R, ", in) for dy ",
+                 describe(dy), ", got ", describe(x));
+    const int64_t in = x.size(1);
+    g.dW = Tensor::empty({out, in});
+    cpu::GemmEpilogue epilogue{};
+    if (need_db) {
+      g.db = Tensor::empty({out});
+      epilogue.a_row_sums = g.db.f32();
+    }
+    calls[count++] = {true, false, out, in, R, 1.0f, dy.f32(), out, x.f32(), in, 0.0f,
+                      g.dW.f32(), in, epilogue};
+  } else if (need_db) {
+    g.db = sum(dy, 0);
+  }
+  cpu::gemm_many(calls, count);  // the two products (same flops) side by side
+  return g;
+}
+
+// dy (R, D_out), x (R, D), W1 (F, D), W2 (D_out, F), H (R, F) -> the five gradients.
+FeedForwardGrads feed_forward_relu_backward(const Tensor& dy, const Tensor& x, const Tensor& W1,
+                                            const Tensor& W2, const Tensor& H,
+                                            const FeedForwardNeeds& need) {
+  const char* op = "feed_forward_relu_backward";
+  for (const Tensor* t : {&dy, &x, &W1, &W2, &H})
+    check_cpu_f32(op, t == &dy ? "dy" : t == &x ? "x" : t == &W1 ? "W1" : t == &W2 ? "W2" : "H",
+                  *t);
+  CLUSTR_CHECK(dy.rank() == 2 && x.rank() == 2 && W1.rank() == 2 && W2.rank() == 2 &&
+                   H.rank() == 2,
+               op, ": expected matrices, got dy ", describe(dy), ", x ", describe(x), ", W1 ",
+               describe(W1), ", W2 ", describe(W2), ", H ", describe(H));
+  const int64_t R = dy.size(0), D_out = dy.size(1), F = W1.size(0), D = W1.size(1);
+  CLUSTR_CHECK(x.shape() == (Shape{R, D}) && W2.shape() == (Shape{D_out, F}) &&
+                   H.shape() == (Shape{R, F}),
+               op, ": expected x (", R, ", ", D, "), W2 (", D_out, ", ", F, ") and H (", R, ", ",
+               F, ") for dy ", describe(dy), " and W1 ", describe(W1), ", got x ", describe(x),
+               ", W2 ", describe(W2), ", H ", describe(H));
+  FeedForwardGrads g;
+  const bool need_dp = need.dx || need.dW1 || need.db1;
+  Tensor dp;
+  cpu::GemmCall calls[2];
+  int count = 0;
+  if (need.dW2) {  // dW2 = dy^T H, db2 = the row sums of dy^T
+    g.dW2 = Tensor::empty({D_out, F});
+    cpu::GemmEpilogue epilogue{};
+    if (need.db2) {
+      g.db2 = Tensor::empty({D_out});
+      epilogue.a_row_sums = g.db2.f32();
+    }
+    calls[count++] = {true, false, D_out, F, R, 1.0f, dy.f32(), D_out, H.f32(), F, 0.0f,
+                      g.dW2.f32(), F, epilogue};
+  } else if (need.db2) {
+    g.db2 = sum(dy, 0);
+  }
+  if (need_dp) {  // dP = (dy W2) * [H > 0]
+    dp = Tensor::empty({R, F});
+    cpu::GemmEpilogue epilogue{};
+    epilogue.mask = H.f32();
+    epilogue.ldm = F;
+    calls[count++] = {false, false, R, F, D_out, 1.0f, dy.f32(), D_out, W2.f32(), F, 0.0f,
+                      dp.f32(), F, epilogue};
+  }
+  cpu::gemm_many(calls, count);  // dW2 beside dP: the same flops
+  if (need_dp) {
+    LinearGrads d1 = linear_backward(dp, x, W1, need.dx, need.dW1, need.db1);
+    g.dx = std::move(d1.dx);
+    g.dW1 = std::move(d1.dW);
+    g.db1 = std::move(d1.db);
+  }
+  return g;
+}
+
+// a, b (..., D), gamma, beta (D) -> y (..., D), mean, rstd (...).
+LayerNormOutput add_layer_norm(const Tensor& a, const Tensor& b, const Tensor& gamma,
+                               const Tensor& beta, float eps) {
+  const char* op = "add_layer_norm";
+  const int64_t D = check_add_layer_norm(op, a, b, gamma);
+  check_cpu_f32(op, "beta", beta);
+  CLUSTR_CHECK(beta.shape() == Shape{D}, op, ": expected beta of shape (", D, ",), got ",
+               describe(beta));
+  CLUSTR_CHECK(eps >= 0.0f, op, ": expected eps >= 0, got ", eps);
+  LayerNormOutput out;
+  out.y = Tensor::empty(a.shape());
+  out.mean = Tensor::empty(row_shape(a));
+  out.rstd = Tensor::empty(row_shape(a));
+  const int64_t R = a.numel() / D;
+  if (R > 0)
+    cpu::add_layer_norm(a.f32(), b.f32(), gamma.f32(), beta.f32(), eps, out.y.f32(),
+                        out.mean.f32(), out.rstd.f32(), R, D);
+  return out;
+}
+
+// dy, a, b (..., D), mean, rstd (...), gamma (D) -> dx (..., D), dgamma, dbeta (D).
+LayerNormGrads add_layer_norm_backward(const Tensor& dy, const Tensor& a, const Tensor& b,
+                                       const Tensor& mean, const Tensor& rstd,
+                                       const Tensor& gamma) {
+  const char* op = "add_layer_norm_backward";
+  const int64_t D = check_add_layer_norm(op, a, b, gamma);
+  check_cpu_f32(op, "dy", dy);
+  CLUSTR_CHECK(dy.shape() == a.shape(), op, ": expected dy of shape ", to_string(a.shape()),
+               ", got ", describe(dy));
+  for (const Tensor* t : {&mean, &rstd}) {
+    check_cpu_f32(op, t == &mean ? "mean" : "rstd", *t);
+    CLUSTR_CHECK(t->shape() == row_shape(a), op, ": expected ", t == &mean ? "mean" : "rstd",
+                 " of shape ", to_string(row_shape(a)), ", got ", describe(*t));
+  }
+  LayerNormGrads g;
+  g.dx = Tensor::empty(a.shape());
+  g.dgamma = Tensor::empty({D});
+  g.dbeta = Tensor::empty({D});
+  cpu::add_layer_norm_backward(dy.f32(), a.f32(), b.f32(), mean.f32(), rstd.f32(), gamma.f32(),
+                               g.dx.f32(), g.dgamma.f32(), g.dbeta.f32(), a.numel() / D, D);
+  return g;
+}
+
+}  // namespace clustr
