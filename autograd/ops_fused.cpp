@@ -8,8 +8,8 @@
 //   dW2 = dY^T H,   db2 = sum of the rows of dY,
 //   dP = (dY W2) * [H > 0]       (the gradient of the pre-activation; the mask in the GEMM),
 //   dW1 = dP^T X,   db1 = sum of the rows of dP,   dX = dP W1
-// (core feed_forward_relu_backward: each db from its dW's GEMM, products of equal size side
-// by side).
+// (core feed_forward_relu_backward: each db from its dW's GEMM, the products in pairs in one
+// parallel region each).
 // It saves X, W1, W2 and H; the unfused chain saves H twice (ReLU's input and linear2's).
 //
 // add_layer_norm, y = layer_norm(a + b): da = db = the layer-norm gradient of the sum, which

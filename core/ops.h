@@ -135,7 +135,7 @@ Tensor matmul(const Tensor& A, const Tensor& B, bool trans_a = false, bool trans
 
 // ---- fused ops of the transformer layers (core/ops_fused.cpp) -----------------------------------
 // Each does in one pass what a chain of the ops above would do in several, with the same
-// result. CPU only for now.
+// result. CPU only for now (linear_backward falls back to the plain ops elsewhere).
 //
 // The linear layer's forward with the bias and the activation folded into the GEMM's store of
 // each tile: x (R, in), W (out, in), b (out) or undefined -> y (R, out) = x W^T + b, then
@@ -144,7 +144,8 @@ Tensor linear_forward(const Tensor& x, const Tensor& W, const Tensor& b, bool re
 // The linear layer's gradients for y = x W^T + b, x (R, in), W (out, in), dy (R, out):
 // dx = dy W (R, in), dW = dy^T x (out, in), db = the sums of dy's rows (out), each only when
 // asked for (x is needed for dW, W for dx). db comes out of dW's GEMM, which reads dy anyway;
-// dx and dW (the same flops) run side by side, one thread each on two.
+// dx and dW run in one parallel region (cpu::gemm_many). On another device than the cpu: the
+// plain matmul and sum.
 struct LinearGrads {
   Tensor dx, dW, db;
 };
@@ -153,8 +154,8 @@ LinearGrads linear_backward(const Tensor& dy, const Tensor& x, const Tensor& W, 
 // The backward of the ReLU feed-forward block y = relu(x W1^T + b1) W2^T + b2 (autograd
 // feed_forward_relu), given dy (R, D_out), x (R, D), W1 (F, D), W2 (D_out, F) and the hidden
 // activation H = relu(x W1^T + b1) (R, F): dW2 = dy^T H, db2, dP = (dy W2) * [H > 0], then
-// dx = dP W1, dW1 = dP^T x, db1; each only when asked for. Products of equal size run side
-// by side (dW2 with dP, dx with dW1).
+// dx = dP W1, dW1 = dP^T x, db1; each only when asked for. Two parallel regions: dW2 with
+// dP, then dx with dW1.
 struct FeedForwardNeeds {
   bool dx = true, dW1 = true, db1 = true, dW2 = true, db2 = true;
 };

@@ -73,7 +73,14 @@ Tensor linear_forward(const Tensor& x, const Tensor& W, const Tensor& b, bool re
 LinearGrads linear_backward(const Tensor& dy, const Tensor& x, const Tensor& W, bool need_dx,
                             bool need_dW, bool need_db) {
   const char* op = "linear_backward";
-  check_cpu_f32(op, "dy", dy);
+  check_f32(op, "dy", dy);
+  if (dy.device() != Device::cpu) {  // no fused kernel on this device: the plain ops
+    LinearGrads g;
+    if (need_dx) g.dx = matmul(dy, W);
+    if (need_dW) g.dW = matmul(dy, x, true, false);
+    if (need_db) g.db = sum(dy, 0);
+    return g;
+  }
   CLUSTR_CHECK(dy.rank() == 2, op, ": expected dy (R, out), got ", describe(dy));
   const int64_t R = dy.size(0), out = dy.size(1);
   LinearGrads g;
@@ -104,7 +111,7 @@ LinearGrads linear_backward(const Tensor& dy, const Tensor& x, const Tensor& W, 
   } else if (need_db) {
     g.db = sum(dy, 0);
   }
-  cpu::gemm_many(calls, count);  // the two products (same flops) side by side
+  cpu::gemm_many(calls, count);  // both products in one parallel region
   return g;
 }
 
@@ -151,7 +158,7 @@ FeedForwardGrads feed_forward_relu_backward(const Tensor& dy, const Tensor& x, c
     calls[count++] = {false, false, R, F, D_out, 1.0f, dy.f32(), D_out, W2.f32(), F, 0.0f,
                       dp.f32(), F, epilogue};
   }
-  cpu::gemm_many(calls, count);  // dW2 beside dP: the same flops
+  cpu::gemm_many(calls, count);  // dW2 and dP in one parallel region
   if (need_dp) {
     LinearGrads d1 = linear_backward(dp, x, W1, need.dx, need.dW1, need.db1);
     g.dx = std::move(d1.dx);

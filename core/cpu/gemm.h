@@ -52,9 +52,9 @@ struct GemmCall {
   int64_t ldc;
   GemmEpilogue epilogue;
 };
-// Independent products computed together, in one parallel region: the threads are shared out
-// among them in proportion to their flops (two products of one size on two threads: one
-// each). Each C is exactly what gemm_fused gives. No product may write what another reads.
+// Independent products computed together, in one parallel region (one fork and join instead
+// of one per product): the threads take the products' rectangles in turn. Each C is exactly
+// what gemm_fused gives. No product may write what another reads.
 void gemm_many(const GemmCall* calls, int count);
 
 // batch independent GEMMs; matrix b of each operand starts stride_x elements after matrix b-1.

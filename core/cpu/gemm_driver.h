@@ -366,25 +366,6 @@ void add_row_sums(const APanel& a, int64_t kc, int64_t mv, double* sums) {
   for (int64_t r = 0; r < mv; ++r) sums[r] += acc[r];
 }
 
-// Asks for the next full A micro-panel (rows [i, i + MR), depth [p0, p0 + kc)) to be brought
-// into L2 while the kernels work on this one: read in place, it is MR rows (or kc rows) of a
-// tensor that usually comes from memory, more streams than the hardware prefetcher follows.
-template <int MR>
-void prefetch_a_panel(const Problem& g, int64_t i, int64_t p0, int64_t kc) {
-  constexpr int64_t kLine = 16;  // floats per cache line
-  if (g.trans_a) {  // kc rows of MR consecutive floats (one or two lines each)
-    for (int64_t p = 0; p < kc; ++p) {
-      const float* row = g.A + (p0 + p) * g.lda + i;
-      __builtin_prefetch(row, 0, 2);
-      __builtin_prefetch(row + MR - 1, 0, 2);
-    }
-  } else {  // MR rows of kc floats
-    for (int64_t r = 0; r < MR; ++r)
-      for (int64_t p = 0; p < kc; p += kLine)
-        __builtin_prefetch(g.A + (i + r) * g.lda + p0 + p, 0, 2);
-  }
-}
-
 // Rows [i0, i1) x columns [j0, j1) of C (i0 and j0 multiples of MR and NR) on the calling
 // thread, with its own packing buffers. kc_max: the depth blocking. With `row_sums`, this
 // thread also owns the epilogue's row sums of op(A) for rows [i0, i1): each A micro-panel is
@@ -424,7 +405,6 @@ void gemm_rect(const Problem& g, int64_t kc_max, int64_t i0, int64_t i1, int64_t
       for (int64_t ir = 0; ir < mpanels; ++ir) {
         const int64_t i = i0 + ir * MR, mv = min64(MR, g.M - i);
         const int rows = edge_rows<MR>(mv);
-        if (i + 2 * MR <= g.M) prefetch_a_panel<MR>(g, i + MR, p0, kc);
         APanel a;
         if (mv == rows) {  // every row the kernel reads is in A
           a = g.trans_a ? APanel{g.A + p0 * g.lda + i, 1, g.lda}
@@ -503,46 +483,32 @@ void gemm_blocked(const Problem& g, int nthreads) {
   plan.run(g, thread_id());
 }
 
-// Independent products in one parallel region: each gets a share of the threads in proportion
-// to its flops (at least one), so that two products of one size on two threads take one
-// thread each. (Each fork and join costs a wake-up of the sleeping threads; a layer's
-// backward has pairs of products, dX and dW, of exactly the same size.) Each C is what
-// gemm_blocked would give, whatever the shares.
+// Independent products in one parallel region: each product is cut into the rectangles it
+// would have on all the threads, and the threads take the rectangles of all products in turn,
+// so that each does a share of every product. (A fork and join costs a wake-up of the sleeping
+// threads, and a layer's backward has pairs of products, dX and dW, of the same size. Giving
+// each product a thread of its own was slower: the two kinds run at different speeds.) Each C
+// is what gemm_blocked would give, whoever computes its rectangles.
 template <typename Kernel>
 void gemm_many_blocked(const Problem* g, int count, int nthreads) {
   constexpr int kMax = 4;
-  if (count > kMax || count > nthreads) {
+  if (count > kMax || nthreads == 1) {
     for (int c = 0; c < count; ++c) gemm_blocked<Kernel>(g[c], nthreads);
     return;
   }
-  double work[kMax];
-  for (int c = 0; c < count; ++c)
-    work[c] = static_cast<double>(g[c].M) * static_cast<double>(g[c].N) *
-              static_cast<double>(g[c].K);
-  // Shares: one each, then the rest by largest remaining work per thread.
-  int share[kMax];
-  for (int c = 0; c < count; ++c) share[c] = 1;
-  for (int t = count; t < nthreads; ++t) {
-    int best = 0;
-    for (int c = 1; c < count; ++c)
-      if (work[c] / share[c] > work[best] / share[best]) best = c;
-    ++share[best];
-  }
   Plan<Kernel> plan[kMax];
-  int first[kMax + 1];  // product c runs on threads [first[c], first[c + 1])
+  int first[kMax + 1];  // product c's rectangles are pieces [first[c], first[c + 1])
   first[0] = 0;
   for (int c = 0; c < count; ++c)
-    first[c + 1] = first[c] + (plan[c].make(g[c], share[c]) ? plan[c].threads() : 0);
-  if (first[count] == 0) return;
-#pragma omp parallel num_threads(first[count]) if (first[count] > 1)
-  {
-    const int tid = thread_id();
+    first[c + 1] = first[c] + (plan[c].make(g[c], nthreads) ? plan[c].threads() : 0);
+  const int pieces = first[count];
+#pragma omp parallel for schedule(dynamic) num_threads(nthreads) if (pieces > 1)
+  for (int piece = 0; piece < pieces; ++piece)
     for (int c = 0; c < count; ++c)
-      if (tid < first[c + 1]) {
-        plan[c].run(g[c], tid - first[c]);
+      if (piece < first[c + 1]) {
+        plan[c].run(g[c], piece - first[c]);
         break;
       }
-  }
 }
 
 }  // namespace

@@ -474,8 +474,7 @@ void full_attention_backward(const FullAttentionDims& d, const FullAttentionLayo
     float* scratch = scratch0 + thread_id() * backward_scratch(lay);
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < (G - 1) * (nk + nv); ++i) copies[i] = 0.0f;
-#pragma omp for schedule(dynamic)
-    for (int64_t task = 0; task < pairs * G; ++task) {
+    auto run_task = [&](int64_t task) {
       const int64_t bh = task / G, chunk = task % G;
       Grads grads{dQ + hl.q.at(bh / d.H, bh % d.H), hl.q.row, dk_row(bh, 0), dv_row(bh, 0),
                   hl.k.row, hl.v.row};
@@ -492,7 +491,9 @@ void full_attention_backward(const FullAttentionDims& d, const FullAttentionLayo
       for (int64_t qb = chunk; qb < lay.qblocks; qb += G)
         backward_block(d, hl, p, lay, block_of(d, p, lay, bh, qb), Q, K, V, out, logsumexp,
                        dout, grads, chunk == 0 && one_block, scratch);
-    }
+    };
+#pragma omp for schedule(dynamic)
+    for (int64_t task = 0; task < pairs * G; ++task) run_task(task);
     if (G > 1) {
       // The copies, added in chunk order, row by row.
 #pragma omp for schedule(static)
