@@ -1,4 +1,4 @@
-// Per-element math shared by the CPU kernels and (later) the CUDA kernels: every formula is
+// Per-element and per-row math shared by the CPU kernels and the CUDA kernels: every formula is
 // written once here as a CLUSTR_HD inline function or functor, so both backends compute the
 // same thing and a CUDA kernel can be tested against its CPU twin element for element.
 //
@@ -222,12 +222,76 @@ CLUSTR_HD float softmax_dx(float y, float dy, float s) { return y * (dy - s); }
 CLUSTR_HD float log_softmax_dx(float y, float dy, float s) { return dy - exp(y) * s; }
 
 // ---- layer norm, cross-entropy and dropout pieces ----------------------------------------------
+// Layer norm forward of a row with mean mu and variance var (both in double, biased, from two
+// passes over the row): rstd = 1 / sqrt(var + eps), and each element
+// y = float((x - mu) rstd) gamma + beta, centred in double so that rows like 1e4 + noise keep
+// their noise. (::sqrt: the double one, not a float overload.)
+CLUSTR_HD double layer_norm_rstd(double var, float eps) { return 1.0 / ::sqrt(var + double(eps)); }
+CLUSTR_HD float layer_norm_value(float x, double mu, double rstd, float gamma, float beta) {
+  return static_cast<float>((x - mu) * rstd) * gamma + beta;
+}
+
+// The per-row constants of layer norm backward, from three sums over the row (double):
+// sum_g = sum(g), sum_d = sum(d), sum_gd = sum(g d), with g = dy * gamma and d = x - mean_f.
+// The saved mean is the float rounding mean_f of the row's mean; with rows like 1e4 + noise its
+// error (up to half an ulp of 1e4, 5e-4) would shift every xhat by a visible amount. So the
+// exact remainder c = mean(d) is recomputed, in double, and xhat = (x - shift) rstd with
+// shift = mean_f + c agrees with the forward pass, which centred with the double mean.
+// mean(g xhat) = rstd (mean(g d) - c mean(g)).
+struct LayerNormRowGrad {
+  double shift;           // mean_f + c
+  float mean_g, mean_gx;  // mean(g), mean(g * xhat)
+};
+CLUSTR_HD LayerNormRowGrad layer_norm_row_grad(double sum_g, double sum_d, double sum_gd,
+                                               float mean_f, float rstd, int64_t D) {
+  const double c = sum_d / double(D);
+  const double mean_g = sum_g / double(D);
+  const double mean_gx = double(rstd) * (sum_gd / double(D) - c * mean_g);
+  return {double(mean_f) + c, static_cast<float>(mean_g), static_cast<float>(mean_gx)};
+}
+CLUSTR_HD float layer_norm_xhat(float x, double shift, float rstd) {
+  return static_cast<float>((double(x) - shift) * rstd);
+}
+// Layer norm backward sums dgamma and dbeta over the rows in groups of this many consecutive
+// rows (at most 64 groups, their number a function of R alone) and then adds the group sums in
+// group order; both backends split the rows this way, so they add the same terms in the same
+// order and neither result depends on the thread count.
+CLUSTR_HD int64_t layer_norm_group_rows(int64_t R) {
+  const int64_t q = (R + 63) / 64;
+  return q > 1 ? q : 1;
+}
+// g = dy * gamma of layer norm backward, rounded on its own. With D = 1, g - mean(g) must
+// cancel to exactly 0 (the CPU compiles these rows with fp-contract=off); nvcc would otherwise
+// fuse the product into that subtraction, leaving the product's rounding error, which rstd
+// (up to 1 / sqrt(eps)) then amplifies.
+CLUSTR_HD float layer_norm_g(float dy, float gamma) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(dy, gamma);
+#else
+  return dy * gamma;
+#endif
+}
 // Layer norm backward for one element of a row, with g = dy * gamma, mean_g = mean(g) and
 // mean_gx = mean(g * xhat) over the row: dx = rstd (g - mean_g - xhat mean_gx).
 CLUSTR_HD float layer_norm_dx(float g, float xhat, float mean_g, float mean_gx, float rstd) {
   return rstd * (g - mean_g - xhat * mean_gx);
 }
 
+// The weight w_r of cross-entropy row r: 0 when its target is ignore_index, else weight[r]
+// (1 when weight is null).
+CLUSTR_HD float cross_entropy_weight(int32_t target, int32_t ignore_index, const float* weight,
+                                     int64_t r) {
+  return target == ignore_index ? 0.0f : (weight ? weight[r] : 1.0f);
+}
+// A row's logsumexp = m + log_s, with m its max and log_s = log(sum_j exp(x_j - m)) (every exp
+// <= 1, so logits of 1e4 do not overflow; log_s = 0 for a fully masked row), and its loss
+// w ((m - x_t) + log_s) rather than w (lse - x_t): both parts are small when x_t is near the
+// max. Kernels skip a row with w = 0 (it adds 0, even when its loss is inf, and its target may
+// be ignore_index, which is no column).
+CLUSTR_HD float cross_entropy_lse(float m, double log_s) { return static_cast<float>(m + log_s); }
+CLUSTR_HD double cross_entropy_row_loss(double w, float m, float x_t, double log_s) {
+  return w * ((double(m) - x_t) + log_s);
+}
 // d loss / d logit_j of one cross-entropy row, scale = dloss * w_r / norm:
 // scale (softmax_j - [j == target]), softmax_j = exp(x_j - logsumexp).
 CLUSTR_HD float cross_entropy_dlogit(float x, float lse, bool is_target, float scale) {

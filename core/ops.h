@@ -113,6 +113,12 @@ struct CrossEntropyOutput {
 };
 CrossEntropyOutput cross_entropy(const Tensor& logits, const Tensor& target, const Tensor& weight,
                                  int ignore_index, Reduction reduction);
+// The sums over the rows of a cross-entropy, in double, as the kernels (cpu::cross_entropy,
+// cuda::cross_entropy) return them to the front door.
+struct CrossEntropySums {
+  double loss = 0;    // sum of w_r * (lse_r - logits[r, target_r]) over counted rows
+  double weight = 0;  // sum of w_r over counted rows
+};
 // dlogits = dloss * w_r / norm * (softmax(logits_r) - onehot(target_r)); dloss is shape ().
 Tensor cross_entropy_backward(const Tensor& dloss, const Tensor& logits, const Tensor& target,
                               const Tensor& weight, const Tensor& logsumexp, int ignore_index,

@@ -35,6 +35,20 @@ inline void require_cpu(const char* op, const Tensor& t) {
                describe(t), " (copy it to the cpu with .to(Device::cpu))");
 }
 
+// The elements of t for a check that reads values on the host (targets, indices, weights): t's
+// own memory on the cpu; for a device tensor a host copy, kept in `copy`. A device pointer is
+// never dereferenced on the host, and the copy is small next to the op's data.
+inline const int32_t* host_i32(const Tensor& t, std::vector<int32_t>& copy) {
+  if (t.device() == Device::cpu) return t.i32();
+  copy = t.to_int_vector();
+  return copy.data();
+}
+inline const float* host_f32(const Tensor& t, std::vector<float>& copy) {
+  if (t.device() == Device::cpu) return t.f32();
+  copy = t.to_vector();
+  return copy.data();
+}
+
 // Sequence lengths: i32 (batch) on `like`'s device, every value in [0, limit]. The messages
 // name the bound ("S", "N") and the tensor whose axis it bounds (`like_name` and `like`).
 inline void check_lengths(const char* op, const Tensor& lengths, int64_t batch, int64_t limit,

@@ -1,11 +1,13 @@
 // Front doors of the layout ops: permute / transpose (any rank, f32 or i32) and the embedding
-// row ops gather_rows / scatter_add_rows_. Kernels in core/cpu/layout.cpp.
+// row ops gather_rows / scatter_add_rows_. Kernels in core/cpu/layout.cpp and
+// core/cuda/layout.cu.
 //
 // Shapes: table (V, D): V rows (vocabulary), D columns (model width); index i32 of any shape.
 #include <string>
 #include <vector>
 
 #include "core/cpu/kernels.h"
+#include "core/cuda/cuda.h"
 #include "core/error.h"
 #include "core/ops.h"
 #include "core/ops_check.h"
@@ -32,23 +34,27 @@ std::string position(const Shape& s, int64_t i) {
   return out + "]";
 }
 
-// Every index in [0, V); otherwise names the first bad one, where it is and what it is.
+bool on_cuda(const Tensor& t) { return t.device() == Device::cuda; }
+
+// Every index in [0, V); otherwise names the first bad one, where it is and what it is. The
+// values are read on the host: from a copy when the index is on the device (n numbers, small
+// next to the n x D rows they select).
 void check_indices(const char* op, const Tensor& table, const Tensor& index) {
   const int64_t V = table.shape()[0];
-  const int32_t* p = index.i32();
+  std::vector<int32_t> copy;
+  const int32_t* p = detail::host_i32(index, copy);
   for (int64_t i = 0; i < index.numel(); ++i)
     CLUSTR_CHECK(p[i] >= 0 && p[i] < V, op, ": ", position(index.shape(), i), " = ", p[i],
                  " is outside [0, ", V, ") for table ", describe(table), " (index ",
                  describe(index), ")");
 }
 
-// table (V, D) f32, index i32 (any shape), both on the cpu.
+// table (V, D) f32, index i32 (any shape), both on one device.
 void check_rows_op(const char* op, const Tensor& table, const Tensor& index) {
   detail::check_dtype(op, "table", table, DType::f32);
   detail::check_dtype(op, "index", index, DType::i32);
   CLUSTR_CHECK(table.rank() == 2, op, ": expected table of rank 2 (V, D), got ", describe(table));
   detail::check_same_device(op, table, index);
-  detail::require_cpu(op, table);
 }
 
 // x (s) -> (s[perm[0]], ..., s[perm[r-1]]); `op` names the caller in errors.
@@ -56,7 +62,6 @@ Tensor permute_as(const char* op, const Tensor& x, const std::vector<int>& perm)
   detail::check_defined(op, "x", x);
   CLUSTR_CHECK(x.dtype() == DType::f32 || x.dtype() == DType::i32, op,
                ": expected an f32 or i32 tensor, got ", describe(x));
-  detail::require_cpu(op, x);
   const int r = x.rank();
   CLUSTR_CHECK(static_cast<int>(perm.size()) == r, op, ": perm ", perm_string(perm), " has ",
                perm.size(), " entries but x ", describe(x), " has rank ", r);
@@ -73,9 +78,10 @@ Tensor permute_as(const char* op, const Tensor& x, const std::vector<int>& perm)
   Shape out_shape(perm.size());
   for (int i = 0; i < r; ++i) out_shape[i] = x.shape()[p[i]];
   Tensor y = Tensor::empty(out_shape, x.dtype(), x.device());
+  auto fn = on_cuda(x) ? cuda::permute : cpu::permute;
   if (y.numel() > 0)
-    cpu::permute(static_cast<const uint32_t*>(x.raw()), static_cast<uint32_t*>(y.raw()), r,
-                 x.shape().data(), p.data());
+    fn(static_cast<const uint32_t*>(x.raw()), static_cast<uint32_t*>(y.raw()), r,
+       x.shape().data(), p.data());
   return y;
 }
 
@@ -104,7 +110,8 @@ Tensor gather_rows(const Tensor& table, const Tensor& index) {
   Shape out_shape = index.shape();
   out_shape.push_back(D);
   Tensor out = Tensor::empty(out_shape, DType::f32, table.device());
-  if (out.numel() > 0) cpu::gather_rows(table.f32(), D, index.i32(), index.numel(), out.f32());
+  auto fn = on_cuda(table) ? cuda::gather_rows : cpu::gather_rows;
+  if (out.numel() > 0) fn(table.f32(), D, index.i32(), index.numel(), out.f32());
   return out;
 }
 
@@ -120,9 +127,9 @@ void scatter_add_rows_(Tensor& table, const Tensor& index, const Tensor& src) {
                " (index shape ", to_string(index.shape()), " then D of table ", describe(table),
                "), got ", describe(src));
   check_indices(op, table, index);
+  auto fn = on_cuda(table) ? cuda::scatter_add_rows : cpu::scatter_add_rows;
   if (src.numel() > 0)
-    cpu::scatter_add_rows(table.f32(), table.shape()[0], table.shape()[1], index.i32(),
-                          index.numel(), src.f32());
+    fn(table.f32(), table.shape()[0], table.shape()[1], index.i32(), index.numel(), src.f32());
 }
 
 }  // namespace clustr

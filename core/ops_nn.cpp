@@ -1,10 +1,11 @@
 // Front doors of the nn kernels: the unary derivatives, softmax / log-softmax backward, layer
 // norm, cross-entropy and dropout (core/ops.h documents each). Each validates dtypes, shapes,
-// devices and values, allocates its results on the inputs' device and calls the kernel
-// (core/cpu/nn.cpp).
+// devices and values, allocates its results on the inputs' device and calls the kernel of that
+// device (core/cpu/nn.cpp or core/cuda/nn.cu, layer_norm.cu, cross_entropy.cu).
 //
 // Legend: R rows, D layer-norm width, V classes.
 #include <string>
+#include <vector>
 
 #include "core/cpu/nn.h"
 #include "core/cuda/cuda.h"
@@ -15,17 +16,16 @@
 namespace clustr {
 
 using detail::check_f32;
-using detail::require_cpu;
 
 namespace {
 
+bool on_cuda(const Tensor& t) { return t.device() == Device::cuda; }
 
-// f32, on the cpu (the only backend of these ops so far), on `like`'s device, of shape `shape`.
+// f32, on `like`'s device, of shape `shape`.
 void check_arg(const char* op, const char* what, const Tensor& t, const Tensor& like,
                const Shape& shape) {
   check_f32(op, what, t);
   detail::check_same_device(op, like, t);
-  require_cpu(op, t);
   CLUSTR_CHECK(t.shape() == shape, op, ": expected ", what, " of shape ", to_string(shape),
                ", got ", describe(t));
 }
@@ -36,17 +36,17 @@ Shape row_shape(const Tensor& x) { return Shape(x.shape().begin(), x.shape().end
 // The rank >= 1 input whose last axis is the one the op works over.
 void check_rows(const char* op, const char* what, const Tensor& x) {
   check_f32(op, what, x);
-  require_cpu(op, x);
   CLUSTR_CHECK(x.rank() >= 1, op, ": expected ", what, " with at least one axis (the op runs ",
                "over the last), got ", describe(x));
 }
 
 // Cross-entropy arguments: logits (R, V) with V >= 1, target i32 (R) with every value in
-// [0, V) or ignore_index, weight undefined or f32 (R) (>= 0 when check_weight_values).
+// [0, V) or ignore_index, weight undefined or f32 (R) (>= 0 when check_weight_values). The
+// values are read on the host: from a copy when the tensors are on the device (R numbers, small
+// next to the R x V logits).
 void check_cross_entropy(const char* op, const Tensor& logits, const Tensor& target,
                          const Tensor& weight, int ignore_index, bool check_weight_values) {
   check_f32(op, "logits", logits);
-  require_cpu(op, logits);
   CLUSTR_CHECK(logits.rank() == 2 && logits.size(1) >= 1, op,
                ": expected logits of shape (R, V) with V >= 1, got ", describe(logits));
   const int64_t R = logits.size(0), V = logits.size(1);
@@ -54,14 +54,16 @@ void check_cross_entropy(const char* op, const Tensor& logits, const Tensor& tar
   detail::check_same_device(op, logits, target);
   CLUSTR_CHECK(target.shape() == Shape{R}, op, ": expected target of shape (", R,
                ",) to match logits ", describe(logits), ", got ", describe(target));
-  const int32_t* t = target.i32();
+  std::vector<int32_t> target_copy;
+  const int32_t* t = detail::host_i32(target, target_copy);
   for (int64_t r = 0; r < R; ++r)
     CLUSTR_CHECK(t[r] == ignore_index || (t[r] >= 0 && t[r] < V), op, ": target[", r, "] = ",
                  t[r], " is outside [0, ", V, ") and is not ignore_index (", ignore_index, ")");
   if (!weight.defined()) return;
   check_arg(op, "weight", weight, logits, Shape{R});
   if (!check_weight_values) return;
-  const float* w = weight.f32();
+  std::vector<float> weight_copy;
+  const float* w = detail::host_f32(weight, weight_copy);
   for (int64_t r = 0; r < R; ++r)
     CLUSTR_CHECK(w[r] >= 0.0f, op, ": weight[", r, "] = ", w[r], " is not >= 0");
 }
@@ -79,7 +81,6 @@ Tensor unary_backward(UnaryOp op, const Tensor& x, const Tensor& y, const Tensor
   const std::string name_s = std::string(op_name(op)) + "_backward";
   const char* name = name_s.c_str();
   check_f32(name, "dy", dy);
-  require_cpu(name, dy);
   const cpu::UnaryGradInputs need = cpu::unary_grad_inputs(op);
   CLUSTR_CHECK(!need.x || x.defined(), name, ": x is an undefined tensor (the derivative of ",
                op_name(op), " is computed from x)");
@@ -88,9 +89,10 @@ Tensor unary_backward(UnaryOp op, const Tensor& x, const Tensor& y, const Tensor
   if (x.defined()) check_arg(name, "x", x, dy, dy.shape());
   if (y.defined()) check_arg(name, "y", y, dy, dy.shape());
   Tensor dx = Tensor::empty(dy.shape(), DType::f32, dy.device());
+  auto fn = on_cuda(dy) ? cuda::unary_backward : cpu::unary_backward;
   if (dx.numel() > 0)
-    cpu::unary_backward(op, need.x ? x.f32() : nullptr, need.y ? y.f32() : nullptr, dy.f32(),
-                        dx.f32(), dx.numel());
+    fn(op, need.x ? x.f32() : nullptr, need.y ? y.f32() : nullptr, dy.f32(), dx.f32(),
+       dx.numel());
   return dx;
 }
 
@@ -103,10 +105,9 @@ Tensor softmax_backward_like(const char* op, const Tensor& y, const Tensor& dy, 
   Tensor dx = Tensor::empty(y.shape(), DType::f32, y.device());
   if (dx.numel() == 0) return dx;
   const int64_t cols = y.shape().back(), rows = y.numel() / cols;
-  if (log)
-    cpu::log_softmax_backward(y.f32(), dy.f32(), dx.f32(), rows, cols);
-  else
-    cpu::softmax_backward(y.f32(), dy.f32(), dx.f32(), rows, cols);
+  auto fn = log ? (on_cuda(y) ? cuda::log_softmax_backward : cpu::log_softmax_backward)
+                : (on_cuda(y) ? cuda::softmax_backward : cpu::softmax_backward);
+  fn(y.f32(), dy.f32(), dx.f32(), rows, cols);
   return dx;
 }
 
@@ -134,8 +135,9 @@ LayerNormOutput layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& b
   out.mean = Tensor::empty(row_shape(x), DType::f32, x.device());
   out.rstd = Tensor::empty(row_shape(x), DType::f32, x.device());
   const int64_t R = x.numel() / D;
+  auto fn = on_cuda(x) ? cuda::layer_norm : cpu::layer_norm;
   if (R > 0)
-    cpu::layer_norm(x.f32(), gamma.f32(), beta.f32(), eps, out.y.f32(), out.mean.f32(),
+    fn(x.f32(), gamma.f32(), beta.f32(), eps, out.y.f32(), out.mean.f32(),
                     out.rstd.f32(), R, D);
   return out;
 }
@@ -155,8 +157,9 @@ LayerNormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, const Tens
   g.dx = Tensor::empty(x.shape(), DType::f32, x.device());
   g.dgamma = Tensor::empty({D}, DType::f32, x.device());
   g.dbeta = Tensor::empty({D}, DType::f32, x.device());
-  cpu::layer_norm_backward(dy.f32(), x.f32(), mean.f32(), rstd.f32(), gamma.f32(), g.dx.f32(),
-                           g.dgamma.f32(), g.dbeta.f32(), x.numel() / D, D);
+  auto fn = on_cuda(x) ? cuda::layer_norm_backward : cpu::layer_norm_backward;
+  fn(dy.f32(), x.f32(), mean.f32(), rstd.f32(), gamma.f32(), g.dx.f32(), g.dgamma.f32(),
+     g.dbeta.f32(), x.numel() / D, D);
   return g;
 }
 
@@ -169,9 +172,10 @@ CrossEntropyOutput cross_entropy(const Tensor& logits, const Tensor& target, con
   const int64_t R = logits.size(0), V = logits.size(1);
   CrossEntropyOutput out;
   out.logsumexp = Tensor::empty({R}, DType::f32, logits.device());
-  const cpu::CrossEntropySums sums =
-      cpu::cross_entropy(logits.f32(), target.i32(), weight.defined() ? weight.f32() : nullptr,
-                         ignore_index, out.logsumexp.f32(), R, V);
+  auto fn = on_cuda(logits) ? cuda::cross_entropy : cpu::cross_entropy;
+  const CrossEntropySums sums = fn(logits.f32(), target.i32(),
+                                  weight.defined() ? weight.f32() : nullptr, ignore_index,
+                                  out.logsumexp.f32(), R, V);
   out.total_weight = sums.weight;
   // Mean over no weight at all (every row ignored or weighted 0) is 0: nothing to learn.
   double loss = sums.loss;
@@ -194,10 +198,11 @@ Tensor cross_entropy_backward(const Tensor& dloss, const Tensor& logits, const T
   const double norm = reduction == Reduction::mean ? total_weight : 1.0;
   if (norm == 0.0) return Tensor::zeros(logits.shape(), DType::f32, logits.device());
   Tensor dlogits = Tensor::empty(logits.shape(), DType::f32, logits.device());
+  // item() reads the one element on any device (a host copy of dloss on the device).
   const float scale = static_cast<float>(double(dloss.item()) / norm);
-  cpu::cross_entropy_backward(scale, logits.f32(), target.i32(),
-                              weight.defined() ? weight.f32() : nullptr, logsumexp.f32(),
-                              ignore_index, dlogits.f32(), R, V);
+  auto fn = on_cuda(logits) ? cuda::cross_entropy_backward : cpu::cross_entropy_backward;
+  fn(scale, logits.f32(), target.i32(), weight.defined() ? weight.f32() : nullptr,
+     logsumexp.f32(), ignore_index, dlogits.f32(), R, V);
   return dlogits;
 }
 
@@ -207,7 +212,7 @@ Tensor dropout_apply(const Tensor& x, float p, uint64_t seed, uint64_t offset) {
   check_f32(op, "x", x);
   CLUSTR_CHECK(p >= 0.0f && p < 1.0f, op, ": expected a drop probability p in [0, 1), got ", p);
   Tensor y = Tensor::empty(x.shape(), DType::f32, x.device());
-  auto fn = x.device() == Device::cuda ? cuda::dropout : cpu::dropout;
+  auto fn = on_cuda(x) ? cuda::dropout : cpu::dropout;
   if (y.numel() > 0) fn(x.f32(), p, seed, offset, y.f32(), y.numel());
   return y;
 }

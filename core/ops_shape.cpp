@@ -1,5 +1,5 @@
 // Front doors of the shape ops: broadcast_to and its gradient sum_to, slice and its gradient
-// slice_add_, and concat. Kernels in core/cpu/shape_ops.cpp.
+// slice_add_, and concat. Kernels in core/cpu/shape_ops.cpp and core/cuda/shape_ops.cu.
 //
 // The axis ops view a tensor around `axis` as (outer, len, inner):
 //   outer = prod(shape[:axis]), len = shape[axis], inner = prod(shape[axis+1:]).
@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/cpu/shape_ops.h"
+#include "core/cuda/cuda.h"
 #include "core/error.h"
 #include "core/ops.h"
 #include "core/ops_check.h"
@@ -17,9 +18,10 @@ namespace clustr {
 using detail::check_defined;
 using detail::check_f32;
 using detail::check_same_device;
-using detail::require_cpu;
 
 namespace {
+
+bool on_cuda(const Tensor& t) { return t.device() == Device::cuda; }
 
 // f32 or i32: the copies move 4-byte words.
 void check_words(const char* op, const char* what, const Tensor& t) {
@@ -55,7 +57,6 @@ int axis_of(const char* op, const Tensor& x, int axis) {
 Tensor broadcast_to(const Tensor& x, const Shape& shape) {
   const char* op = "broadcast_to";
   check_words(op, "x", x);
-  require_cpu(op, x);
   const Shape& s = x.shape();
   CLUSTR_CHECK(s.size() <= shape.size(), op, ": cannot broadcast x ", describe(x), " to ",
                to_string(shape), " of lower rank");
@@ -71,10 +72,10 @@ Tensor broadcast_to(const Tensor& x, const Shape& shape) {
   const std::vector<int64_t> st = contiguous_strides(s);
   for (size_t i = 0; i < s.size(); ++i) strides[lead + i] = s[i] == 1 ? 0 : st[i];
   Tensor out = Tensor::empty(shape, x.dtype(), x.device());
+  auto fn = on_cuda(x) ? cuda::broadcast_to : cpu::broadcast_to;
   if (out.numel() > 0)
-    cpu::broadcast_to(static_cast<const uint32_t*>(x.raw()), strides.data(),
-                      static_cast<int>(shape.size()), shape.data(),
-                      static_cast<uint32_t*>(out.raw()));
+    fn(static_cast<const uint32_t*>(x.raw()), strides.data(), static_cast<int>(shape.size()),
+       shape.data(), static_cast<uint32_t*>(out.raw()));
   return out;
 }
 
@@ -83,7 +84,6 @@ Tensor broadcast_to(const Tensor& x, const Shape& shape) {
 Tensor sum_to(const Tensor& x, const Shape& shape) {
   const char* op = "sum_to";
   check_f32(op, "x", x);
-  require_cpu(op, x);
   const Shape& s = x.shape();
   CLUSTR_CHECK(shape.size() <= s.size(), op, ": target shape ", to_string(shape),
                " has a higher rank than x ", describe(x), " (it must broadcast to x's shape)");
@@ -96,7 +96,8 @@ Tensor sum_to(const Tensor& x, const Shape& shape) {
     keep[lead + i] = shape[i] == s[lead + i] ? 1 : 0;
   }
   Tensor y = Tensor::empty(shape, DType::f32, x.device());
-  if (y.numel() > 0) cpu::sum_to(x.f32(), x.rank(), s.data(), keep.data(), y.f32());
+  auto fn = on_cuda(x) ? cuda::sum_to : cpu::sum_to;
+  if (y.numel() > 0) fn(x.f32(), x.rank(), s.data(), keep.data(), y.f32());
   return y;
 }
 
@@ -104,7 +105,6 @@ Tensor sum_to(const Tensor& x, const Shape& shape) {
 Tensor slice(const Tensor& x, int axis, int64_t start, int64_t length) {
   const char* op = "slice";
   check_words(op, "x", x);
-  require_cpu(op, x);
   const AxisView v = axis_view(x.shape(), axis_of(op, x, axis));
   CLUSTR_CHECK(start >= 0 && length >= 0 && start + length <= v.len, op, ": elements [", start,
                ", ", start + length, ") along axis ", axis, " are not within [0, ", v.len,
@@ -112,9 +112,10 @@ Tensor slice(const Tensor& x, int axis, int64_t start, int64_t length) {
   Shape out_shape = x.shape();
   out_shape[v.axis] = length;
   Tensor y = Tensor::empty(out_shape, x.dtype(), x.device());
+  auto fn = on_cuda(x) ? cuda::slice : cpu::slice;
   if (y.numel() > 0)
-    cpu::slice(static_cast<const uint32_t*>(x.raw()), v.outer, v.len, v.inner, start, length,
-               static_cast<uint32_t*>(y.raw()));
+    fn(static_cast<const uint32_t*>(x.raw()), v.outer, v.len, v.inner, start, length,
+       static_cast<uint32_t*>(y.raw()));
   return y;
 }
 
@@ -124,7 +125,6 @@ void slice_add_(Tensor& dst, int axis, int64_t start, const Tensor& src) {
   check_f32(op, "dst", dst);
   check_f32(op, "src", src);
   check_same_device(op, dst, src);
-  require_cpu(op, dst);
   const AxisView v = axis_view(dst.shape(), axis_of(op, dst, axis));
   bool agree = src.rank() == dst.rank();
   for (int i = 0; agree && i < dst.rank(); ++i)
@@ -135,8 +135,8 @@ void slice_add_(Tensor& dst, int axis, int64_t start, const Tensor& src) {
   CLUSTR_CHECK(start >= 0 && start + length <= v.len, op, ": elements [", start, ", ",
                start + length, ") along axis ", axis, " (src ", describe(src),
                ") are not within [0, ", v.len, ") of dst ", describe(dst));
-  if (src.numel() > 0)
-    cpu::slice_add(dst.f32(), v.outer, v.len, v.inner, start, src.f32(), length);
+  auto fn = on_cuda(dst) ? cuda::slice_add : cpu::slice_add;
+  if (src.numel() > 0) fn(dst.f32(), v.outer, v.len, v.inner, start, src.f32(), length);
 }
 
 // xs[k] (..., len_k, ...) -> (..., sum_k len_k, ...).
@@ -145,7 +145,6 @@ Tensor concat(const std::vector<Tensor>& xs, int axis) {
   CLUSTR_CHECK(!xs.empty(), op, ": expected at least one tensor, got none");
   const Tensor& x0 = xs[0];
   check_words(op, "xs[0]", x0);
-  require_cpu(op, x0);
   const int a = axis_of(op, x0, axis);
   Shape out_shape = x0.shape();
   out_shape[a] = 0;
@@ -169,8 +168,9 @@ Tensor concat(const std::vector<Tensor>& xs, int axis) {
   Tensor y = Tensor::empty(out_shape, x0.dtype(), x0.device());
   if (y.numel() > 0) {
     const AxisView v = axis_view(out_shape, a);
-    cpu::concat(static_cast<int>(xs.size()), ptrs.data(), lens.data(), v.outer, v.inner,
-                static_cast<uint32_t*>(y.raw()));
+    auto fn = on_cuda(x0) ? cuda::concat : cpu::concat;
+    fn(static_cast<int>(xs.size()), ptrs.data(), lens.data(), v.outer, v.inner,
+       static_cast<uint32_t*>(y.raw()));
   }
   return y;
 }

@@ -2,9 +2,12 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
+#include "core/cuda/cuda.h"
 #include "core/error.h"
 #include "core/ops_check.h"
+#include "optim/cuda/update.h"
 #include "optim/optimizer.h"
 
 namespace clustr::optim {
@@ -12,15 +15,33 @@ namespace clustr::optim {
 double clip_grad_norm(const std::vector<Variable>& params, double max_norm) {
   CLUSTR_CHECK(std::isfinite(max_norm) && max_norm > 0.0,
                "clip_grad_norm: max_norm must be a finite number > 0, got ", max_norm);
-  // One sequential double sum: the norm is the same whatever the thread count.
-  double sum_sq = 0.0;
+  std::vector<const Tensor*> grads;  // every gradient, in the order of params
+  std::vector<const float*> device_x;
+  std::vector<int64_t> device_n;
   for (const Variable& p : params) {
     if (!p.defined() || !p.grad().defined()) continue;
     const Tensor& g = p.grad();
-    detail::require_cpu("clip_grad_norm", g);
     detail::check_f32("clip_grad_norm", "gradient", g);
-    const float* x = g.f32();
-    for (int64_t i = 0; i < g.numel(); ++i) sum_sq += double(x[i]) * double(x[i]);
+    grads.push_back(&g);
+    if (g.device() == Device::cuda) {
+      device_x.push_back(g.f32());
+      device_n.push_back(g.numel());
+    }
+  }
+  // Device gradients are summed on the device, all before a single copy back; then one double
+  // sum in the order of params (each device gradient adds its own sum): the norm is the same
+  // whatever the thread count, and for cpu gradients alone it is one sequential sum.
+  const std::vector<double> device_sums =
+      device_x.empty() ? std::vector<double>{} : cuda::sum_squares(device_x, device_n);
+  double sum_sq = 0.0;
+  size_t next_device = 0;
+  for (const Tensor* g : grads) {
+    if (g->device() == Device::cuda) {
+      sum_sq += device_sums[next_device++];
+      continue;
+    }
+    const float* x = g->f32();
+    for (int64_t i = 0; i < g->numel(); ++i) sum_sq += double(x[i]) * double(x[i]);
   }
   const double norm = std::sqrt(sum_sq);
   // As torch.nn.utils.clip_grad_norm_: the 1e-6 keeps the factor finite for a zero norm and
@@ -28,10 +49,12 @@ double clip_grad_norm(const std::vector<Variable>& params, double max_norm) {
   const double coef = max_norm / (norm + 1e-6);
   if (coef < 1.0) {  // also false for a NaN norm, which is returned for the caller to see
     const float c = static_cast<float>(coef);
-    for (const Variable& p : params) {
-      if (!p.defined() || !p.grad().defined()) continue;
-      float* x = p.grad().f32();
-      for (int64_t i = 0; i < p.grad().numel(); ++i) x[i] *= c;
+    for (const Tensor* g : grads) {
+      float* x = g->f32();
+      if (g->device() == Device::cuda)  // in place: each element is read, then written, once
+        ::clustr::cuda::binary_scalar(BinaryOp::mul, x, c, x, g->numel());
+      else
+        for (int64_t i = 0; i < g->numel(); ++i) x[i] *= c;
     }
   }
   return norm;

@@ -1,11 +1,12 @@
 // The optimizer base (state, checkpoints) and the SGD / Adam-family updates. Per-step scalars
-// are computed here on the host; the per-element formulas live in optim/update_math.h.
+// are computed here on the host; the per-element formulas live in optim/update_math.h and run
+// in the CPU loops below or in the CUDA kernels of optim/cuda/update.h, by parameter device.
 #include "optim/optimizer.h"
 
 #include <cmath>
 
 #include "core/error.h"
-#include "core/ops_check.h"
+#include "optim/cuda/update.h"
 #include "optim/update_math.h"
 
 namespace clustr::optim {
@@ -75,11 +76,10 @@ void Optimizer::step() {
   for (const auto& [pname, p] : params_) {
     const Tensor& g = p.grad();
     if (!g.defined()) continue;
-    detail::require_cpu(name_, p.data());
-    detail::require_cpu(name_, g);
-    CLUSTR_CHECK(g.dtype() == DType::f32 && g.shape() == p.shape(), name_, ": gradient of '",
-                 pname, "' must be f32 of the parameter's shape ", describe(p.data()), ", got ",
-                 describe(g));
+    CLUSTR_CHECK(g.dtype() == DType::f32 && g.shape() == p.shape() && g.device() == p.device(),
+                 name_, ": gradient of '", pname,
+                 "' must be f32 of the parameter's shape and device, ", describe(p.data()),
+                 ", got ", describe(g));
   }
   ++step_count_;
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -93,7 +93,7 @@ void Optimizer::step() {
     ++st.step;
     std::vector<float*> slots;
     for (const Tensor& s : st.slots) slots.push_back(s.f32());
-    update(st.step, p.data().f32(), g.f32(), slots, p.numel());
+    update(p.device(), st.step, p.data().f32(), g.f32(), slots, p.numel());
   }
 }
 
@@ -180,11 +180,12 @@ Sgd::Sgd(NamedParameters params, const SgdOptions& o)
                o.momentum);
 }
 
-void Sgd::update(int64_t t, float* p, const float* g, const std::vector<float*>& slots,
-                 int64_t n) {
+void Sgd::update(Device device, int64_t t, float* p, const float* g,
+                 const std::vector<float*>& slots, int64_t n) {
   const math::SgdScalars s{lr(), options_.momentum, options_.weight_decay, options_.nesterov,
                            t == 1};
   float* buf = slots.empty() ? nullptr : slots[0];
+  if (device == Device::cuda) return cuda::sgd_update(p, g, buf, s, n);
 #pragma omp parallel for schedule(static) if (n >= kParallelMin)
   for (int64_t i = 0; i < n; ++i) {
     float dummy = 0.0f;
@@ -214,8 +215,8 @@ AdamBase::AdamBase(const char* name, AdamVariant variant, NamedParameters params
   // With beta2 this small rho_inf <= 5 and R-Adam would never rectify (PyTorch accepts it).
 }
 
-void AdamBase::update(int64_t t, float* p, const float* g, const std::vector<float*>& slots,
-                      int64_t n) {
+void AdamBase::update(Device device, int64_t t, float* p, const float* g,
+                      const std::vector<float*>& slots, int64_t n) {
   const AdamOptions& o = options_;
   const double td = static_cast<double>(t);
   const double bc1 = 1.0 - std::pow(static_cast<double>(o.beta1), td);
@@ -232,6 +233,7 @@ void AdamBase::update(int64_t t, float* p, const float* g, const std::vector<flo
   float* m = slots[0];
   float* v = slots[1];
   if (variant_ == AdamVariant::adam) {
+    if (device == Device::cuda) return cuda::adam_update(p, g, m, v, s, n);
 #pragma omp parallel for schedule(static) if (n >= kParallelMin)
     for (int64_t i = 0; i < n; ++i) math::adam_update(p[i], g[i], m[i], v[i], s);
     return;
@@ -243,6 +245,7 @@ void AdamBase::update(int64_t t, float* p, const float* g, const std::vector<flo
   s.rect = s.rectified ? static_cast<float>(std::sqrt((rho_t - 4) * (rho_t - 2) * rho_inf /
                                                       ((rho_inf - 4) * (rho_inf - 2) * rho_t)))
                        : 1.0f;
+  if (device == Device::cuda) return cuda::radam_update(p, g, m, v, s, n);
 #pragma omp parallel for schedule(static) if (n >= kParallelMin)
   for (int64_t i = 0; i < n; ++i) math::radam_update(p[i], g[i], m[i], v[i], s);
 }

@@ -17,7 +17,10 @@
 //   optimizer.<param>.step          i32 (), steps this parameter has taken
 //   optimizer.<param>.<slot>        f32, the parameter's shape: exp_avg, exp_avg_sq (Adam family),
 //                                   momentum_buffer (SGD with momentum)
-// Parameters on a CUDA device throw (no CUDA kernel yet).
+// Parameters may live on the cpu or a CUDA device, each its own (a model may mix them): a
+// parameter's update runs on its device (optim/cuda/update.h for CUDA) with the same per-element
+// formula, and its state lives beside it; state_dict() copies state to the cpu and
+// load_state_dict() copies it back to each parameter's device.
 #pragma once
 
 #include <cstdint>
@@ -61,10 +64,10 @@ class Optimizer {
 
  protected:
   Optimizer(const char* name, NamedParameters params, float lr, std::vector<std::string> slots);
-  // Updates one parameter: p, g and slots[i] (slot_names()[i]) hold n floats on the cpu; t is
+  // Updates one parameter: p, g and slots[i] (slot_names()[i]) hold n floats on `device`; t is
   // this parameter's step number, counted from 1.
-  virtual void update(int64_t t, float* p, const float* g, const std::vector<float*>& slots,
-                      int64_t n) = 0;
+  virtual void update(Device device, int64_t t, float* p, const float* g,
+                      const std::vector<float*>& slots, int64_t n) = 0;
 
  private:
   struct ParamState {
@@ -93,8 +96,8 @@ class Sgd : public Optimizer {
       : Sgd(number_parameters(params), options) {}
 
  protected:
-  void update(int64_t t, float* p, const float* g, const std::vector<float*>& slots,
-              int64_t n) override;
+  void update(Device device, int64_t t, float* p, const float* g,
+              const std::vector<float*>& slots, int64_t n) override;
 
  private:
   SgdOptions options_;
@@ -119,8 +122,8 @@ class AdamBase : public Optimizer {
  protected:
   AdamBase(const char* name, AdamVariant variant, NamedParameters params,
            const AdamOptions& options);
-  void update(int64_t t, float* p, const float* g, const std::vector<float*>& slots,
-              int64_t n) override;
+  void update(Device device, int64_t t, float* p, const float* g,
+              const std::vector<float*>& slots, int64_t n) override;
 
  private:
   AdamVariant variant_;
@@ -158,7 +161,9 @@ double radam_rho(double beta2, int64_t t);
 // ---- gradient clipping ------------------------------------------------------------------------
 // The global 2-norm of all gradients (parameters without one are skipped), computed in double
 // in a fixed order; when max_norm / (norm + 1e-6) < 1 every gradient is scaled by that factor in
-// place (as torch.nn.utils.clip_grad_norm_). Returns the norm before clipping.
+// place (as torch.nn.utils.clip_grad_norm_). Returns the norm before clipping. Gradients on a
+// CUDA device are summed there (in double, per block, the block sums added on the host in a
+// fixed order) and scaled there; cpu and device gradients may be mixed.
 double clip_grad_norm(const std::vector<Variable>& params, double max_norm);
 double clip_grad_norm(const NamedParameters& params, double max_norm);
 

@@ -1,7 +1,8 @@
-// Per-element optimizer updates, shared by the CPU loops (optim/optimizer.cpp) and a future CUDA
-// kernel. Everything that depends only on the step number (bias corrections, the R-Adam
-// rectification) is computed once per step on the host into a *Scalars struct; the functions
-// here are the per-element part. Each updates p and its state in place (=, not +=).
+// Per-element optimizer updates, shared by the CPU loops (optim/optimizer.cpp) and the CUDA
+// kernels (optim/cuda/update.cu). Everything that depends only on the step number (bias
+// corrections, the R-Adam rectification) is computed once per step on the host into a *Scalars
+// struct, passed to the kernels by value; the functions here are the per-element part. Each
+// updates p and its state in place (=, not +=).
 //
 // Formulas follow PyTorch 1.13's single-tensor torch.optim implementations, so that the
 // float64 reference trajectories in tests/fixtures/optim/ are reproduced.

@@ -14,13 +14,12 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <limits>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "check.h"
+#include "cuda_check.h"
 #include "core/cuda/cuda.h"
 #include "core/ops.h"
 #include "core/tensor.h"
@@ -29,6 +28,7 @@ using clustr::Device;
 using clustr::DType;
 using clustr::Shape;
 using clustr::Tensor;
+using clustr::test::check_ulps;
 using clustr::test::random_values;
 namespace cuda = clustr::cuda;
 
@@ -36,42 +36,6 @@ namespace {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-
-// Ulps between two floats on the ordered integer line; NaN equals NaN, and +0 and -0 are 1 ulp
-// apart (so that bit-exact comparisons tell the zeros apart).
-int64_t ulp_distance(float a, float b) {
-  if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b) ? 0 : INT64_MAX;
-  int32_t ia, ib;
-  std::memcpy(&ia, &a, 4);
-  std::memcpy(&ib, &b, 4);
-  if (ia == ib) return 0;
-  auto ordered = [](int32_t i) -> int64_t { return i < 0 ? -int64_t(i & 0x7fffffff) : i; };
-  const int64_t d = ordered(ia) - ordered(ib);
-  return d == 0 ? 1 : d < 0 ? -d : d;  // d == 0 with different bits: +0 and -0
-}
-
-// actual and expected agree within max_ulps everywhere (0: bit for bit). The message gives the
-// number of differing elements and the worst.
-void check_ulps(const std::vector<float>& actual, const std::vector<float>& expected,
-                int64_t max_ulps) {
-  REQUIRE(actual.size() == expected.size());
-  int64_t bad = 0, worst_d = 0;
-  size_t worst = 0;
-  for (size_t i = 0; i < actual.size(); ++i) {
-    const int64_t d = ulp_distance(actual[i], expected[i]);
-    if (d > max_ulps) {
-      ++bad;
-      if (d > worst_d) worst_d = d, worst = i;
-    }
-  }
-  std::ostringstream os;
-  os.precision(9);
-  if (bad)
-    os << bad << " of " << actual.size() << " elements differ by more than " << max_ulps
-       << " ulp; worst at " << worst << ": device " << actual[worst] << ", cpu "
-       << expected[worst] << " (" << worst_d << " ulp)";
-  CHECK_MESSAGE(bad == 0, os.str());
-}
 
 // Transcendental formulas: exact in emulation, a few ulp on a GPU.
 int64_t transcendental_ulps() { return cuda::emulated() ? 0 : 8; }
@@ -292,7 +256,8 @@ TEST_CASE("cuda ops: matmul on the device matches the cpu for every transpose pa
 TEST_CASE("cuda ops: ops without a CUDA kernel yet say so") {
   Tensor x = Tensor::zeros({2, 3}, DType::f32, Device::cuda);
   CHECK_ERROR(clustr::argmax(x, 1), "argmax", "no CUDA kernel");
-  CHECK_ERROR(clustr::permute(x, {1, 0}), "no CUDA kernel");
+  Tensor W = Tensor::zeros({4, 3}, DType::f32, Device::cuda);
+  CHECK_ERROR(clustr::linear_forward(x, W, Tensor()), "linear_forward", "no CUDA kernel");
 }
 
 TEST_CASE("cuda ops: the allocator's peak counts the largest live set") {

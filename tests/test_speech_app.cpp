@@ -8,11 +8,14 @@
 // by CLUSTR_SPEECH_TEST_CORPUS (tests/CMakeLists.txt).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <random>
 #include <set>
 #include <string>
@@ -294,6 +297,47 @@ TEST_CASE("speech app: a short run on tone utterances lowers the loss, then eval
   other.model.layers = 2;
   Trainer wrong(other, nullptr);
   CHECK_ERROR(wrong.resume(dir.file("run")), "other settings", "--layers: checkpoint 1, now 2");
+}
+
+// A NaN in the output layer's bias makes every batch's loss NaN: each step must be skipped and
+// reported, and no weight, moment or step count may take the NaN in.
+TEST_CASE("speech app: a non-finite loss skips the step and is reported") {
+  TempDir dir;
+  write_tone_corpus(dir.file("corpus"), 16, 4, /*bad=*/false);
+  RunOptions o = tiny_run(dir.file("corpus"), dir.file("run"));
+  o.train.epochs = 2;
+  o.train.max_steps = 0;
+  std::FILE* log = std::tmpfile();
+  REQUIRE(log != nullptr);
+  Trainer trainer(o, log);
+  std::vector<std::pair<std::string, Tensor>> before;
+  for (const auto& [name, p] : trainer.model().named_parameters())
+    before.emplace_back(name, p.data().clone());
+  Tensor bias;
+  for (const auto& [name, p] : trainer.model().named_parameters())
+    if (name == "output.bias") bias = p.data();
+  REQUIRE(bias.defined());
+  bias.f32()[0] = std::numeric_limits<float>::quiet_NaN();
+  const TrainResult r = trainer.run();
+
+  CHECK(r.steps == 0);
+  CHECK(trainer.step() == 0);
+  CHECK(r.skipped_steps == 2 * 2);  // 16 utterances in batches of 8, two epochs
+  for (const auto& [name, p] : trainer.model().named_parameters()) {
+    if (name == "output.bias") continue;
+    const Tensor& old = std::find_if(before.begin(), before.end(),
+                                     [&](const auto& b) { return b.first == name; })->second;
+    INFO("parameter " << name);
+    CHECK(std::memcmp(old.f32(), p.data().f32(), size_t(old.numel()) * 4) == 0);
+  }
+  std::rewind(log);
+  std::string text;
+  for (int c; (c = std::fgetc(log)) != EOF;) text += char(c);
+  std::fclose(log);
+  INFO("log:\n" << text);
+  CHECK(text.find("epoch 1 batch 1: non-finite loss (") != std::string::npos);
+  CHECK(text.find("nan); step skipped (8 utterances from 'train") != std::string::npos);
+  CHECK(text.find("4 steps skipped") != std::string::npos);
 }
 
 TEST_CASE("speech app: flag checks name the flag") {

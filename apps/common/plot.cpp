@@ -292,4 +292,68 @@ void write_heatmap(const std::string& path, const std::vector<std::string>& rows
   write_png(path, c, width, height);
 }
 
+void write_image_panels(const std::string& path, const std::vector<Panel>& panels,
+                        const PanelOptions& o) {
+  CLUSTR_CHECK(!panels.empty(), "image panels ", path, ": no panel");
+  const int rows = panels[0].rows, cols = panels[0].cols;
+  CLUSTR_CHECK(rows >= 1 && cols >= 1, "image panels ", path, ": panel 0 is ", rows, " x ",
+               cols, "; expected at least 1 x 1");
+  for (size_t p = 0; p < panels.size(); ++p) {
+    CLUSTR_CHECK(panels[p].rows == rows && panels[p].cols == cols, "image panels ", path,
+                 ": panel ", p, " is ", panels[p].rows, " x ", panels[p].cols, ", panel 0 is ",
+                 rows, " x ", cols);
+    CLUSTR_CHECK(panels[p].values.size() == size_t(rows) * size_t(cols), "image panels ", path,
+                 ": panel ", p, " has ", panels[p].values.size(), " values for ", rows, " x ",
+                 cols);
+  }
+  CLUSTR_CHECK(o.scale >= 1, "image panels ", path, ": scale must be >= 1, got ", o.scale);
+
+  // Index ticks: 0, the last index, and round steps between that stay 40 pixels apart.
+  auto ticks = [&](int n) {
+    std::vector<int> out;
+    const int steps[] = {1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500, 1000, 2000, 5000, 10000};
+    int step = steps[sizeof steps / sizeof steps[0] - 1];
+    for (int s : steps)
+      if (s * o.scale >= 40) {
+        step = s;
+        break;
+      }
+    for (int i = 0; i < n; i += step) out.push_back(i);
+    if (out.back() != n - 1 && (n - 1 - out.back()) * o.scale >= 24) out.push_back(n - 1);
+    return out;
+  };
+  const int side_w = cols * o.scale, side_h = rows * o.scale, gap = 40;
+  const int left = 80, top = 70, n = static_cast<int>(panels.size());
+  const int width = std::max(left + n * side_w + (n - 1) * gap + 30,
+                             left + Canvas::text_width(o.title) + 30);
+  const int height = top + side_h + 80;
+  Canvas c(width, height);
+  for (int p = 0; p < n; ++p) {
+    const int x0 = left + p * (side_w + gap);
+    const Panel& panel = panels[size_t(p)];
+    for (int y = 0; y < side_h; ++y)
+      for (int x = 0; x < side_w; ++x)
+        c.set(x0 + x, top + y, viridis(panel.values[size_t(y / o.scale) * cols + x / o.scale]));
+    c.text(x0 + (side_w - Canvas::text_width(panel.title)) / 2, top - 24, panel.title, kBlack);
+    for (int k : ticks(cols)) {  // a tick at the middle of column k
+      const int x = x0 + k * o.scale + o.scale / 2;
+      c.line(x, top + side_h, x, top + side_h + 4, kBlack);
+      const std::string l = std::to_string(k);
+      c.text(x - Canvas::text_width(l) / 2, top + side_h + 8, l, kBlack);
+    }
+  }
+  for (int k : ticks(rows)) {
+    const int y = top + k * o.scale + o.scale / 2;
+    c.line(left - 5, y, left - 1, y, kBlack);
+    const std::string l = std::to_string(k);
+    c.text(left - 9 - Canvas::text_width(l), y - 6, l, kBlack);
+  }
+  const int all_w = n * side_w + (n - 1) * gap;
+  c.text(left + (all_w - Canvas::text_width(o.x_label)) / 2, top + side_h + 36, o.x_label,
+         kBlack);
+  c.text(8, top - 50, o.y_label, kBlack);
+  c.text(left + (all_w - Canvas::text_width(o.title)) / 2, 10, o.title, kBlack);
+  write_png(path, c, width, height);
+}
+
 }  // namespace clustr::plot

@@ -43,4 +43,24 @@ void write_heatmap(const std::string& path, const std::vector<std::string>& row_
                    const std::vector<std::string>& column_labels,
                    const std::vector<std::vector<double>>& values, const HeatmapOptions& options);
 
+// Images side by side (the paper's Figure 8, attention maps): each panel is a rows x cols grid of
+// values in [0, 1] (row-major), drawn with the heatmap's colour scale, `scale` pixels per value,
+// its title above it; row and column indices are ticked along the first panel's left edge and
+// under every panel, x_label under and y_label left of the panels. Every panel must have the
+// same size.
+struct Panel {
+  std::string title;
+  int rows = 0, cols = 0;
+  std::vector<double> values;  // rows * cols
+};
+struct PanelOptions {
+  std::string title, x_label, y_label;
+  int scale = 1;
+};
+
+// Throws clustr::Error naming the file when there is no panel, the panels' sizes disagree, a
+// panel's values do not match its size, the scale is below 1, or the file cannot be written.
+void write_image_panels(const std::string& path, const std::vector<Panel>& panels,
+                        const PanelOptions& options);
+
 }  // namespace clustr::plot

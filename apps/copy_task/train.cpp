@@ -70,7 +70,7 @@ void check_device(const std::string& device) {
   throw Error(
       "--device cuda: training on cuda is not supported yet: the CUDA backend has memory, "
       "copies and GEMM, but not yet the kernels of the other ops (embedding, attention, layer "
-      "norm, cross-entropy, the optimizer update); use --device cpu");
+      "norm, cross-entropy); use --device cpu");
 }
 
 double parse_state(const std::map<std::string, std::string>& config, const char* key,

@@ -4,7 +4,6 @@
 // index order.
 #include <algorithm>
 #include <cstring>
-#include <numeric>
 #include <vector>
 
 #ifdef _OPENMP
@@ -12,6 +11,7 @@
 #endif
 
 #include "core/cpu/kernels.h"
+#include "core/permute_plan.h"
 
 namespace clustr::cpu {
 
@@ -20,52 +20,6 @@ namespace {
 constexpr int64_t kChunk = 16384;        // words per parallel work item
 constexpr int64_t kParallelMin = 32768;  // fewer words than this: stay serial
 constexpr int64_t kTile = 64;            // transpose tile: 64 x 64 words = 16 KiB, half of L1
-
-// A permutation reduced to its essentials: size-1 axes dropped, and input axes that stay
-// adjacent and in order in the output merged into one (a (B, H, S, E) -> (B, S, H, E) permute
-// becomes (B, H, S, E) with E kept as a contiguous block). shape is the input's.
-struct Simplified {
-  std::vector<int64_t> shape;
-  std::vector<int> perm;
-};
-
-Simplified simplify(int rank, const int64_t* in_shape, const int* perm) {
-  // Renumber the input axes that are not size 1.
-  std::vector<int> renum(static_cast<size_t>(rank), -1);
-  int kept = 0;
-  for (int a = 0; a < rank; ++a)
-    if (in_shape[a] != 1) renum[a] = kept++;
-  std::vector<int> p;
-  std::vector<int64_t> s(static_cast<size_t>(kept));
-  for (int a = 0; a < rank; ++a)
-    if (renum[a] >= 0) s[renum[a]] = in_shape[a];
-  for (int i = 0; i < rank; ++i)
-    if (renum[perm[i]] >= 0) p.push_back(renum[perm[i]]);
-  // Runs p[k], p[k]+1, ... in output order are groups; number the groups in input order.
-  std::vector<int> first;       // first input axis of each group, in output order
-  std::vector<int64_t> size;    // size of each group
-  for (size_t k = 0; k < p.size();) {
-    int start = p[k];
-    int64_t n = s[start];
-    size_t e = k + 1;
-    while (e < p.size() && p[e] == p[e - 1] + 1) n *= s[p[e++]];
-    first.push_back(start);
-    size.push_back(n);
-    k = e;
-  }
-  const size_t g = first.size();
-  std::vector<int> by_input(g);
-  std::iota(by_input.begin(), by_input.end(), 0);
-  std::sort(by_input.begin(), by_input.end(), [&](int x, int y) { return first[x] < first[y]; });
-  Simplified out;
-  out.shape.resize(g);
-  out.perm.resize(g);
-  for (size_t in_pos = 0; in_pos < g; ++in_pos) {
-    out.shape[in_pos] = size[by_input[in_pos]];
-    out.perm[by_input[in_pos]] = static_cast<int>(in_pos);
-  }
-  return out;
-}
 
 // The output's innermost axis is the input's: copy contiguous blocks of L words. Output axes
 // 0..r-2 are walked by an odometer with the input strides `src`.
@@ -147,7 +101,7 @@ void permute(const uint32_t* x, uint32_t* y, int rank, const int64_t* in_shape, 
   int64_t total = 1;
   for (int a = 0; a < rank; ++a) total *= in_shape[a];
   if (total == 0) return;
-  const Simplified s = simplify(rank, in_shape, perm);
+  const detail::PermutePlan s = detail::simplify_permute(rank, in_shape, perm);
   const int r = static_cast<int>(s.shape.size());
   if (r <= 1) {  // the identity once simplified: one block
     std::memcpy(y, x, static_cast<size_t>(total) * sizeof(uint32_t));

@@ -37,8 +37,6 @@ namespace {
 
 constexpr int64_t kParallelMin = 16384;  // elements; below this a parallel region costs more
 constexpr int kLanes = 8;                // independent partial sums (ILP, SIMD)
-// Layer norm backward splits the rows into at most this many blocks for dgamma and dbeta.
-constexpr int64_t kMaxBlocks = 64;
 
 // sum over j < n of term(j), in double, with kLanes partial sums combined in a fixed order.
 // Always inlined, so that it is compiled for the instruction set of the clone that calls it.
@@ -94,20 +92,15 @@ void layer_norm_row(const float* x, const float* gamma, const float* beta, float
                        const double d = x[j] - mu;
                        return d * d;
                      }) / double(D);
-  const double rs = 1.0 / std::sqrt(var + double(eps));
+  const double rs = math::layer_norm_rstd(var, eps);
   *mean = static_cast<float>(mu);
   *rstd = static_cast<float>(rs);
-  for (int64_t j = 0; j < D; ++j)
-    y[j] = static_cast<float>((x[j] - mu) * rs) * gamma[j] + beta[j];
+  for (int64_t j = 0; j < D; ++j) y[j] = math::layer_norm_value(x[j], mu, rs, gamma[j], beta[j]);
 }
 
 // One row of layer norm backward: dy, x, dx (D); dx is written, and dy * xhat and dy are added
-// to the block partials pg and pb (D).
-//
-// The saved mean is the float rounding of the row's mean; with rows like 1e4 + noise its error
-// (up to half an ulp of 1e4, 5e-4) would shift every xhat by a visible amount. So the exact
-// remainder c = mean(x - mean_f) is recomputed here, in double, and xhat = (x - mean_f - c) *
-// rstd agrees with the forward pass, which centred with the double mean.
+// to the block partials pg and pb (D). The row's constants, and why the mean is recomputed:
+// math::layer_norm_row_grad.
 CLUSTR_ROW_CLONES
 void layer_norm_backward_row(const float* dy, const float* x, float mean_f, float rstd,
                              const float* gamma, float* dx, double* pg, double* pb, int64_t D) {
@@ -116,15 +109,11 @@ void layer_norm_backward_row(const float* dy, const float* x, float mean_f, floa
   const double sum_d = row_sum(D, [&](int64_t j) { return double(x[j]) - m; });
   const double sum_gd =
       row_sum(D, [&](int64_t j) { return double(dy[j]) * gamma[j] * (double(x[j]) - m); });
-  const double c = sum_d / double(D);
-  const double mean_g = sum_g / double(D);
-  // mean(g * xhat) = rstd * (mean(g * d) - c * mean(g)), d = x - mean_f.
-  const double mean_gx = double(rstd) * (sum_gd / double(D) - c * mean_g);
-  const double shift = m + c;
-  const float mean_g_f = static_cast<float>(mean_g), mean_gx_f = static_cast<float>(mean_gx);
+  const math::LayerNormRowGrad k =
+      math::layer_norm_row_grad(sum_g, sum_d, sum_gd, mean_f, rstd, D);
   for (int64_t j = 0; j < D; ++j) {
-    const float xhat = static_cast<float>((double(x[j]) - shift) * rstd);
-    dx[j] = math::layer_norm_dx(dy[j] * gamma[j], xhat, mean_g_f, mean_gx_f, rstd);
+    const float xhat = math::layer_norm_xhat(x[j], k.shift, rstd);
+    dx[j] = math::layer_norm_dx(math::layer_norm_g(dy[j], gamma[j]), xhat, k.mean_g, k.mean_gx, rstd);
     pg[j] += double(dy[j]) * xhat;
     pb[j] += dy[j];
   }
@@ -197,7 +186,7 @@ void layer_norm_rows_backward(const float* dy, const float* x, const float* x2,
                               const float* mean, const float* rstd, const float* gamma,
                               float* dx, float* dgamma, float* dbeta, int64_t R, int64_t D) {
   // Block b holds rows [b * block_rows, (b + 1) * block_rows); the split depends on R only.
-  const int64_t block_rows = std::max<int64_t>(1, (R + kMaxBlocks - 1) / kMaxBlocks);
+  const int64_t block_rows = math::layer_norm_group_rows(R);
   const int64_t blocks = (R + block_rows - 1) / block_rows;
   // partial[b] = (sum of dy * xhat over block b's rows (D), sum of dy (D)).
   std::vector<double> partial(static_cast<size_t>(2 * blocks * D), 0.0);
@@ -263,12 +252,12 @@ CrossEntropySums cross_entropy(const float* logits, const int32_t* target, const
     double log_s = 0;
     if (!math::fully_masked(m))
       log_s = std::log(row_sum(V, [&](int64_t j) { return double(math::exp(xr[j] - m)); }));
-    lse[r] = static_cast<float>(m + log_s);
+    lse[r] = math::cross_entropy_lse(m, log_s);
     const int32_t t = target[r];
-    const double w = t == ignore_index ? 0.0 : (weight ? double(weight[r]) : 1.0);
+    const double w = math::cross_entropy_weight(t, ignore_index, weight, r);
     row_weight[static_cast<size_t>(r)] = w;
-    // (m - x_t) + log_s rather than lse - x_t: both parts are small when x_t is near the max.
-    row_loss[static_cast<size_t>(r)] = w == 0.0 ? 0.0 : w * ((double(m) - xr[t]) + log_s);
+    row_loss[static_cast<size_t>(r)] =
+        w == 0.0 ? 0.0 : math::cross_entropy_row_loss(w, m, xr[t], log_s);
   }
   CrossEntropySums sums;
   for (int64_t r = 0; r < R; ++r) {
@@ -286,7 +275,7 @@ void cross_entropy_backward(float scale, const float* logits, const int32_t* tar
     const float* xr = logits + r * V;
     float* out = dlogits + r * V;
     const int32_t t = target[r];
-    const float w = t == ignore_index ? 0.0f : (weight ? weight[r] : 1.0f);
+    const float w = math::cross_entropy_weight(t, ignore_index, weight, r);
     if (w == 0.0f) {
       std::fill(out, out + V, 0.0f);
       continue;

@@ -44,13 +44,9 @@ void add_layer_norm_backward(const float* dy, const float* a, const float* b, co
                              const float* rstd, const float* gamma, float* dx, float* dgamma,
                              float* dbeta, int64_t R, int64_t D);
 
-// Sums over the rows of a cross-entropy, in double.
-struct CrossEntropySums {
-  double loss = 0;    // sum of w_r * (lse_r - logits[r, target_r]) over counted rows
-  double weight = 0;  // sum of w_r over counted rows
-};
 // logits (R, V); target (R), each in [0, V) or ignore_index (checked by the caller); weight (R)
-// or null (every w_r = 1); lse (R) = logsumexp of each row. Rows whose target is ignore_index
+// or null (every w_r = 1); lse (R) = logsumexp of each row. Returns the sums over the rows
+// (CrossEntropySums, core/ops.h). Rows whose target is ignore_index
 // are not counted; rows with w_r = 0 add 0 (even when the row's loss is inf).
 CrossEntropySums cross_entropy(const float* logits, const int32_t* target, const float* weight,
                                int32_t ignore_index, float* lse, int64_t R, int64_t V);

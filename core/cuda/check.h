@@ -1,6 +1,6 @@
-// Error checking for CUDA runtime and cuBLAS calls, for core/cuda/*.cu only (it includes the
-// toolkit's headers, or in device emulation their host stand-in core/cuda/emulation.h, so
-// nothing outside the CUDA backend may include it).
+// Error checking for CUDA runtime and cuBLAS calls, for the CUDA backend's .cu files only
+// (core/cuda/, optim/cuda/): it includes the toolkit's headers, or in device emulation their
+// host stand-in core/cuda/emulation.h, so nothing outside the CUDA backend may include it.
 //
 //   CLUSTR_CUDA_CHECK(cudaMemcpy(...));     throws clustr::Error unless cudaSuccess
 //   CLUSTR_CUBLAS_CHECK(cublasSgemm(...));  throws clustr::Error unless CUBLAS_STATUS_SUCCESS

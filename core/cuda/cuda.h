@@ -67,4 +67,57 @@ void log_softmax(const float* x, float* y, int64_t rows, int64_t cols);
 // (core/cuda/nn.cu)
 void dropout(const float* x, float p, uint64_t seed, uint64_t offset, float* y, int64_t n);
 
+// The backward kernels of core/cpu/nn.h. (core/cuda/nn.cu)
+// x, y, dy, dx (n): dx = dy * f'(x) for y = unary(op, x); the one of x and y that the
+// derivative does not read may be null (cpu::unary_grad_inputs).
+void unary_backward(UnaryOp op, const float* x, const float* y, const float* dy, float* dx,
+                    int64_t n);
+// y, dy, dx (rows, cols), per row over cols.
+void softmax_backward(const float* y, const float* dy, float* dx, int64_t rows, int64_t cols);
+void log_softmax_backward(const float* y, const float* dy, float* dx, int64_t rows,
+                          int64_t cols);
+
+// Layer norm (core/cuda/layer_norm.cu). x, y (R, D); gamma, beta (D); mean, rstd (R), all
+// written (=). Backward: dy, x, dx (R, D); mean, rstd (R); gamma, dgamma, dbeta (D); dx, dgamma
+// and dbeta overwritten (=), dgamma = sum over rows of dy * xhat, dbeta = sum over rows of dy.
+void layer_norm(const float* x, const float* gamma, const float* beta, float eps, float* y,
+                float* mean, float* rstd, int64_t R, int64_t D);
+void layer_norm_backward(const float* dy, const float* x, const float* mean, const float* rstd,
+                         const float* gamma, float* dx, float* dgamma, float* dbeta, int64_t R,
+                         int64_t D);
+
+// Cross-entropy (core/cuda/cross_entropy.cu). logits (R, V); target (R), each in [0, V) or
+// ignore_index (checked by the caller); weight (R) or null; lse (R) = logsumexp of each row (=).
+// Returns the row sums to the host. Backward: dlogits (R, V) (=) = scale * w_r *
+// (softmax(logits_r) - onehot(target_r)), 0 on rows with w_r = 0.
+CrossEntropySums cross_entropy(const float* logits, const int32_t* target, const float* weight,
+                               int32_t ignore_index, float* lse, int64_t R, int64_t V);
+void cross_entropy_backward(float scale, const float* logits, const int32_t* target,
+                            const float* weight, const float* lse, int32_t ignore_index,
+                            float* dlogits, int64_t R, int64_t V);
+
+// Layout (core/cuda/layout.cu), the twins of core/cpu/kernels.h's. y = x with axes permuted:
+// y.shape[i] = in_shape[perm[i]], 4-byte words (f32 and i32 alike); in_shape and perm are host
+// arrays.
+void permute(const uint32_t* x, uint32_t* y, int rank, const int64_t* in_shape, const int* perm);
+// out (n, D) = table[index[i], :] (=); table (V, D). Indices are checked by the caller.
+void gather_rows(const float* table, int64_t D, const int32_t* index, int64_t n, float* out);
+// table[index[i], :] += src[i, :] (accumulated, each element's sources in index order, as on
+// the cpu); table (V, D), src (n, D). Reads the index on the host.
+void scatter_add_rows(float* table, int64_t V, int64_t D, const int32_t* index, int64_t n,
+                      const float* src);
+
+// Shape ops (core/cuda/shape_ops.cu), the twins of core/cpu/shape_ops.h, same arguments; shape,
+// stride and keep arrays, and concat's array of pointers, live on the host.
+void broadcast_to(const uint32_t* x, const int64_t* x_strides, int rank, const int64_t* out_shape,
+                  uint32_t* out);
+void sum_to(const float* x, int rank, const int64_t* x_shape, const uint8_t* keep, float* y);
+void slice(const uint32_t* x, int64_t outer, int64_t len, int64_t inner, int64_t start,
+           int64_t length, uint32_t* y);
+// dst (outer, len, inner)[:, start:start+length, :] += src (outer, length, inner) (accumulated).
+void slice_add(float* dst, int64_t outer, int64_t len, int64_t inner, int64_t start,
+               const float* src, int64_t length);
+void concat(int n, const uint32_t* const* xs, const int64_t* lens, int64_t outer, int64_t inner,
+            uint32_t* y);
+
 }  // namespace clustr::cuda

@@ -179,4 +179,18 @@ inline unsigned elementwise_blocks(int64_t n, int64_t per_thread = 1) {
   return static_cast<unsigned>(b < kMaxBlocks ? b : kMaxBlocks);
 }
 
+// Threads per block for a kernel that gives each row of `len` elements to one block (row
+// reductions, softmax, layer norm, cross-entropy): a power of two from 32 (one warp) to 256, no
+// more than the row needs. Blocks: one per row, at most kMaxRowBlocks; beyond that the blocks
+// stride over the rows.
+inline unsigned row_threads(int64_t len) {
+  unsigned t = 32;
+  while (t < 256 && t < len) t *= 2;
+  return t;
+}
+constexpr int64_t kMaxRowBlocks = 65535;
+inline unsigned row_blocks(int64_t rows) {
+  return static_cast<unsigned>(rows < kMaxRowBlocks ? rows : kMaxRowBlocks);
+}
+
 }  // namespace clustr::cuda

@@ -55,5 +55,52 @@ void reduce(ReduceOp, const float*, float*, int64_t, int64_t, int64_t) { no_cuda
 void softmax(const float*, float*, int64_t, int64_t) { no_cuda("cuda::softmax"); }
 void log_softmax(const float*, float*, int64_t, int64_t) { no_cuda("cuda::log_softmax"); }
 void dropout(const float*, float, uint64_t, uint64_t, float*, int64_t) { no_cuda("cuda::dropout"); }
+void unary_backward(UnaryOp, const float*, const float*, const float*, float*, int64_t) {
+  no_cuda("cuda::unary_backward");
+}
+void softmax_backward(const float*, const float*, float*, int64_t, int64_t) {
+  no_cuda("cuda::softmax_backward");
+}
+void log_softmax_backward(const float*, const float*, float*, int64_t, int64_t) {
+  no_cuda("cuda::log_softmax_backward");
+}
+void layer_norm(const float*, const float*, const float*, float, float*, float*, float*, int64_t,
+                int64_t) {
+  no_cuda("cuda::layer_norm");
+}
+void layer_norm_backward(const float*, const float*, const float*, const float*, const float*,
+                         float*, float*, float*, int64_t, int64_t) {
+  no_cuda("cuda::layer_norm_backward");
+}
+CrossEntropySums cross_entropy(const float*, const int32_t*, const float*, int32_t, float*,
+                               int64_t, int64_t) {
+  no_cuda("cuda::cross_entropy");
+}
+void cross_entropy_backward(float, const float*, const int32_t*, const float*, const float*,
+                            int32_t, float*, int64_t, int64_t) {
+  no_cuda("cuda::cross_entropy_backward");
+}
+void permute(const uint32_t*, uint32_t*, int, const int64_t*, const int*) {
+  no_cuda("cuda::permute");
+}
+void gather_rows(const float*, int64_t, const int32_t*, int64_t, float*) {
+  no_cuda("cuda::gather_rows");
+}
+void scatter_add_rows(float*, int64_t, int64_t, const int32_t*, int64_t, const float*) {
+  no_cuda("cuda::scatter_add_rows");
+}
+void broadcast_to(const uint32_t*, const int64_t*, int, const int64_t*, uint32_t*) {
+  no_cuda("cuda::broadcast_to");
+}
+void sum_to(const float*, int, const int64_t*, const uint8_t*, float*) { no_cuda("cuda::sum_to"); }
+void slice(const uint32_t*, int64_t, int64_t, int64_t, int64_t, int64_t, uint32_t*) {
+  no_cuda("cuda::slice");
+}
+void slice_add(float*, int64_t, int64_t, int64_t, int64_t, const float*, int64_t) {
+  no_cuda("cuda::slice_add");
+}
+void concat(int, const uint32_t* const*, const int64_t*, int64_t, int64_t, uint32_t*) {
+  no_cuda("cuda::concat");
+}
 
 }  // namespace clustr::cuda

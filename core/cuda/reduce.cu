@@ -25,20 +25,6 @@ struct AddDouble {
   CLUSTR_HD double operator()(double a, double b) const { return a + b; }
 };
 
-// Threads per block for a reduction over `len` elements: a power of two from 32 (one warp) to
-// 256, no more than the elements need.
-unsigned reduce_threads(int64_t len) {
-  unsigned t = 32;
-  while (t < 256 && t < len) t *= 2;
-  return t;
-}
-
-// Blocks: one per output, at most kMaxBlocks; the blocks stride over the outputs beyond that.
-constexpr int64_t kMaxBlocks = 65535;
-unsigned reduce_blocks(int64_t outputs) {
-  return static_cast<unsigned>(outputs < kMaxBlocks ? outputs : kMaxBlocks);
-}
-
 // The op's partial result over the elements xr[l * stride] of this thread's share, and the
 // combination of two partial results: sums in double, max and min in float.
 template <class T>
@@ -113,8 +99,8 @@ template <class T>
 void launch_reduce(ReduceOp op, const float* x, float* y, int64_t outer, int64_t len,
                    int64_t inner) {
   if (inner == 1) {
-    const unsigned threads = reduce_threads(len);
-    launch("cuda::reduce (rows)", {reduce_blocks(outer)}, {threads}, threads * sizeof(T),
+    const unsigned threads = row_threads(len);
+    launch("cuda::reduce (rows)", {row_blocks(outer)}, {threads}, threads * sizeof(T),
            RowReduceKernel<T>{op, x, y, outer, len});
   } else {
     launch("cuda::reduce (columns)", {elementwise_blocks(outer * inner)}, {kElementwiseThreads}, 0,
@@ -161,8 +147,8 @@ void softmax_like(const char* name, const float* x, float* y, int64_t rows, int6
                   bool as_log) {
   if (rows == 0 || cols == 0) return;
   require(name);
-  const unsigned threads = reduce_threads(cols);
-  launch(name, {reduce_blocks(rows)}, {threads}, threads * sizeof(double),
+  const unsigned threads = row_threads(cols);
+  launch(name, {row_blocks(rows)}, {threads}, threads * sizeof(double),
          SoftmaxKernel{x, y, rows, cols, as_log});
 }
 

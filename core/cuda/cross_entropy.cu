@@ -1,0 +1,154 @@
+// CUDA cross-entropy of logits against class targets, forward and backward; the twins of
+// cpu::cross_entropy and cpu::cross_entropy_backward (core/cpu/nn.cpp), with the row formulas
+// of core/math.h (row weight, logsumexp, row loss, d loss / d logit).
+//
+// Legend: R rows, V classes (vocabulary).
+//
+// Forward gives each row to one block (max, then the sum of exp(x - max) in double over a
+// block_reduce), which writes the row's logsumexp and its weighted loss and weight; one more
+// block adds the R row terms in a fixed tree (double), and the two sums come back to the host,
+// as the CPU kernel returns them. Backward is element-wise.
+#include <cmath>
+#include <cstdint>
+
+#include "core/cuda/cuda.h"
+#include "core/cuda/kernel.h"
+#include "core/cuda/scratch.h"
+#include "core/error.h"
+#include "core/math.h"
+
+namespace clustr::cuda {
+
+namespace {
+
+struct AddDouble {
+  CLUSTR_HD double operator()(double a, double b) const { return a + b; }
+};
+
+// A loss and a weight summed together.
+struct Sums2 {
+  double loss, weight;
+};
+struct AddSums2 {
+  CLUSTR_HD Sums2 operator()(const Sums2& a, const Sums2& b) const {
+    return {a.loss + b.loss, a.weight + b.weight};
+  }
+};
+
+// logits (R, V); target, weight (or null) (R) -> lse (R), row_loss, row_weight (R, double).
+// Every thread sees the same row max m, so the fully-masked branch (around a barrier) is taken
+// by the whole block. Row r's target is read only when its weight is not 0: an ignored row's
+// target is ignore_index, no column.
+struct CrossEntropyRowsKernel {
+  static constexpr bool kUsesBarrier = true;
+  const float* logits;
+  const int32_t* target;
+  const float* weight;
+  int32_t ignore_index;
+  float* lse;
+  double* row_loss;
+  double* row_weight;
+  int64_t R, V;
+  CLUSTR_DEVICE void operator()(const Thread& t) const {
+    const unsigned tid = t.thread_idx().x, nt = t.block_dim().x;
+    for (int64_t r = t.block_idx().x; r < R; r += t.grid_dim().x) {
+      const float* xr = logits + r * V;
+      float m = -INFINITY;
+      for (int64_t j = tid; j < V; j += nt) m = math::Maximum{}(m, xr[j]);
+      m = block_reduce(t, m, t.shared<float>(), math::Maximum{});
+      double log_s = 0.0;
+      if (!math::fully_masked(m)) {
+        double acc = 0.0;
+        for (int64_t j = tid; j < V; j += nt) acc += double(math::exp(xr[j] - m));
+        log_s = ::log(block_reduce(t, acc, t.shared<double>(), AddDouble{}));
+      }
+      if (tid == 0) {
+        lse[r] = math::cross_entropy_lse(m, log_s);
+        const int32_t tr = target[r];
+        const double w = math::cross_entropy_weight(tr, ignore_index, weight, r);
+        row_weight[r] = w;
+        row_loss[r] = w == 0.0 ? 0.0 : math::cross_entropy_row_loss(w, m, xr[tr], log_s);
+      }
+    }
+  }
+};
+
+// sums[0], sums[1] = the sums of row_loss and row_weight (R), by one block.
+struct CrossEntropyTotalKernel {
+  static constexpr bool kUsesBarrier = true;
+  const double* row_loss;
+  const double* row_weight;
+  double* sums;
+  int64_t R;
+  CLUSTR_DEVICE void operator()(const Thread& t) const {
+    const unsigned tid = t.thread_idx().x, nt = t.block_dim().x;
+    Sums2 acc{0.0, 0.0};
+    for (int64_t r = tid; r < R; r += nt) {
+      acc.loss += row_loss[r];
+      acc.weight += row_weight[r];
+    }
+    const Sums2 s = block_reduce(t, acc, t.shared<Sums2>(), AddSums2{});
+    if (tid == 0) {
+      sums[0] = s.loss;
+      sums[1] = s.weight;
+    }
+  }
+};
+
+// dlogits (R, V) = scale * w_r * (softmax(logits_r) - onehot(target_r)), 0 on rows with w_r = 0.
+struct CrossEntropyBackwardKernel {
+  static constexpr bool kUsesBarrier = false;
+  float scale;
+  const float* logits;
+  const int32_t* target;
+  const float* weight;
+  const float* lse;
+  int32_t ignore_index;
+  float* dlogits;
+  int64_t R, V;
+  CLUSTR_DEVICE void operator()(const Thread& t) const {
+    for (int64_t i = global_x(t); i < R * V; i += grid_stride_x(t)) {
+      const int64_t r = i / V, j = i - r * V;
+      const int32_t tr = target[r];
+      const float w = math::cross_entropy_weight(tr, ignore_index, weight, r);
+      dlogits[i] =
+          w == 0.0f ? 0.0f : math::cross_entropy_dlogit(logits[i], lse[r], j == tr, scale * w);
+    }
+  }
+};
+
+}  // namespace
+
+// logits (R, V); target (R), checked by the caller; weight (R) or null; lse (R) (=).
+CrossEntropySums cross_entropy(const float* logits, const int32_t* target, const float* weight,
+                               int32_t ignore_index, float* lse, int64_t R, int64_t V) {
+  CrossEntropySums out;
+  if (R == 0) return out;
+  require("cuda::cross_entropy");
+  Scratch<double> row_loss(R), row_weight(R), sums(2);
+  const unsigned threads = row_threads(V);
+  launch("cuda::cross_entropy (rows)", {row_blocks(R)}, {threads}, threads * sizeof(double),
+         CrossEntropyRowsKernel{logits, target, weight, ignore_index, lse, row_loss.get(),
+                                row_weight.get(), R, V});
+  const unsigned total_threads = row_threads(R);
+  launch("cuda::cross_entropy (total)", {1}, {total_threads}, total_threads * sizeof(Sums2),
+         CrossEntropyTotalKernel{row_loss.get(), row_weight.get(), sums.get(), R});
+  double host[2];
+  copy_d2h(host, sums.get(), sizeof host);
+  out.loss = host[0];
+  out.weight = host[1];
+  return out;
+}
+
+// logits, dlogits (R, V); target, weight (or null), lse (R); dlogits overwritten (=).
+void cross_entropy_backward(float scale, const float* logits, const int32_t* target,
+                            const float* weight, const float* lse, int32_t ignore_index,
+                            float* dlogits, int64_t R, int64_t V) {
+  if (R * V == 0) return;
+  require("cuda::cross_entropy_backward");
+  launch("cuda::cross_entropy_backward", {elementwise_blocks(R * V)}, {kElementwiseThreads}, 0,
+         CrossEntropyBackwardKernel{scale, logits, target, weight, lse, ignore_index, dlogits, R,
+                                    V});
+}
+
+}  // namespace clustr::cuda

@@ -1,0 +1,196 @@
+// CUDA layer norm over the last axis, forward and backward; the twins of cpu::layer_norm and
+// cpu::layer_norm_backward (core/cpu/nn.cpp), with the row formulas of core/math.h.
+//
+// Legend: R rows, D layer-norm width; G row groups of the dgamma / dbeta sums.
+//
+// Forward and the dx part of backward give each row to one block: its threads stride over the
+// row and block_reduce combines their double partial sums, so the two backends differ only in
+// the order of double additions (which almost never changes a rounded float). dgamma and dbeta
+// are sums over rows, done without atomics in two deterministic passes: each row group of
+// math::layer_norm_group_rows (the CPU's split) sums its rows in order, one thread per column,
+// and a second kernel adds the G group sums in order; the CPU adds the same terms in the same
+// order.
+#include <cstdint>
+
+#include "core/cuda/cuda.h"
+#include "core/cuda/kernel.h"
+#include "core/cuda/scratch.h"
+#include "core/error.h"
+#include "core/math.h"
+
+namespace clustr::cuda {
+
+namespace {
+
+struct AddDouble {
+  CLUSTR_HD double operator()(double a, double b) const { return a + b; }
+};
+
+// The three row sums of backward (math::layer_norm_row_grad): g, d and g * d.
+struct Sums3 {
+  double g, d, gd;
+};
+struct AddSums3 {
+  CLUSTR_HD Sums3 operator()(const Sums3& a, const Sums3& b) const {
+    return {a.g + b.g, a.d + b.d, a.gd + b.gd};
+  }
+};
+
+// x, y (R, D); gamma, beta (D); mean, rstd (R). One block per row; two passes over the row in
+// double (the mean, then the mean square deviation from it), as the CPU does.
+struct LayerNormKernel {
+  static constexpr bool kUsesBarrier = true;
+  const float* x;
+  const float* gamma;
+  const float* beta;
+  float eps;
+  float* y;
+  float* mean;
+  float* rstd;
+  int64_t R, D;
+  CLUSTR_DEVICE void operator()(const Thread& t) const {
+    const unsigned tid = t.thread_idx().x, nt = t.block_dim().x;
+    double* scratch = t.shared<double>();
+    for (int64_t r = t.block_idx().x; r < R; r += t.grid_dim().x) {
+      const float* xr = x + r * D;
+      float* yr = y + r * D;
+      double acc = 0.0;
+      for (int64_t j = tid; j < D; j += nt) acc += double(xr[j]);
+      const double mu = block_reduce(t, acc, scratch, AddDouble{}) / double(D);
+      acc = 0.0;
+      for (int64_t j = tid; j < D; j += nt) {
+        const double d = xr[j] - mu;
+        acc += d * d;
+      }
+      const double var = block_reduce(t, acc, scratch, AddDouble{}) / double(D);
+      const double rs = math::layer_norm_rstd(var, eps);
+      if (tid == 0) {
+        mean[r] = static_cast<float>(mu);
+        rstd[r] = static_cast<float>(rs);
+      }
+      for (int64_t j = tid; j < D; j += nt)
+        yr[j] = math::layer_norm_value(xr[j], mu, rs, gamma[j], beta[j]);
+    }
+  }
+};
+
+// Backward, pass 1: dy, x, dx (R, D); mean, rstd, shift (R); gamma (D). One block per row: the
+// three row sums, the row's constants, dx (=) and the row's shift (=, for pass 2).
+struct LayerNormBackwardRowsKernel {
+  static constexpr bool kUsesBarrier = true;
+  const float* dy;
+  const float* x;
+  const float* mean;
+  const float* rstd;
+  const float* gamma;
+  float* dx;
+  double* shift;
+  int64_t R, D;
+  CLUSTR_DEVICE void operator()(const Thread& t) const {
+    const unsigned tid = t.thread_idx().x, nt = t.block_dim().x;
+    for (int64_t r = t.block_idx().x; r < R; r += t.grid_dim().x) {
+      const float* dyr = dy + r * D;
+      const float* xr = x + r * D;
+      const double m = mean[r];
+      Sums3 acc{0.0, 0.0, 0.0};
+      for (int64_t j = tid; j < D; j += nt) {
+        const double g = double(dyr[j]) * gamma[j], d = double(xr[j]) - m;
+        acc.g += g;
+        acc.d += d;
+        acc.gd += g * d;
+      }
+      const Sums3 s = block_reduce(t, acc, t.shared<Sums3>(), AddSums3{});
+      const float rs = rstd[r];
+      const math::LayerNormRowGrad k = math::layer_norm_row_grad(s.g, s.d, s.gd, mean[r], rs, D);
+      if (tid == 0) shift[r] = k.shift;
+      float* dxr = dx + r * D;
+      for (int64_t j = tid; j < D; j += nt) {
+        const float xhat = math::layer_norm_xhat(xr[j], k.shift, rs);
+        const float g = math::layer_norm_g(dyr[j], gamma[j]);
+        dxr[j] = math::layer_norm_dx(g, xhat, k.mean_g, k.mean_gx, rs);
+      }
+    }
+  }
+};
+
+// Backward, pass 2: the group sums pg, pb (G, D) = sums over the rows of group b (blockIdx.y)
+// of dy * xhat and of dy, one thread per column j, rows in order.
+struct LayerNormGroupSumsKernel {
+  static constexpr bool kUsesBarrier = false;
+  const float* dy;
+  const float* x;
+  const float* rstd;
+  const double* shift;
+  double* pg;
+  double* pb;
+  int64_t R, D, group_rows;
+  CLUSTR_DEVICE void operator()(const Thread& t) const {
+    const int64_t j = global_x(t), b = t.block_idx().y;
+    if (j >= D) return;
+    const int64_t r1 = (b + 1) * group_rows < R ? (b + 1) * group_rows : R;
+    double g = 0.0, s = 0.0;
+    for (int64_t r = b * group_rows; r < r1; ++r) {
+      const float d = dy[r * D + j];
+      g += double(d) * math::layer_norm_xhat(x[r * D + j], shift[r], rstd[r]);
+      s += d;
+    }
+    pg[b * D + j] = g;
+    pb[b * D + j] = s;
+  }
+};
+
+// Backward, pass 3: dgamma, dbeta (D) = the G group sums of each column, in group order.
+struct LayerNormColumnsKernel {
+  static constexpr bool kUsesBarrier = false;
+  const double* pg;
+  const double* pb;
+  float* dgamma;
+  float* dbeta;
+  int64_t G, D;
+  CLUSTR_DEVICE void operator()(const Thread& t) const {
+    for (int64_t j = global_x(t); j < D; j += grid_stride_x(t)) {
+      double g = 0.0, s = 0.0;
+      for (int64_t b = 0; b < G; ++b) {
+        g += pg[b * D + j];
+        s += pb[b * D + j];
+      }
+      dgamma[j] = static_cast<float>(g);
+      dbeta[j] = static_cast<float>(s);
+    }
+  }
+};
+
+}  // namespace
+
+// x, y (R, D); gamma, beta (D); mean, rstd (R); all overwritten (=).
+void layer_norm(const float* x, const float* gamma, const float* beta, float eps, float* y,
+                float* mean, float* rstd, int64_t R, int64_t D) {
+  if (R == 0 || D == 0) return;
+  require("cuda::layer_norm");
+  const unsigned threads = row_threads(D);
+  launch("cuda::layer_norm", {row_blocks(R)}, {threads}, threads * sizeof(double),
+         LayerNormKernel{x, gamma, beta, eps, y, mean, rstd, R, D});
+}
+
+// dy, x, dx (R, D); mean, rstd (R); gamma, dgamma, dbeta (D); dx, dgamma, dbeta overwritten (=).
+void layer_norm_backward(const float* dy, const float* x, const float* mean, const float* rstd,
+                         const float* gamma, float* dx, float* dgamma, float* dbeta, int64_t R,
+                         int64_t D) {
+  if (D == 0) return;
+  require("cuda::layer_norm_backward");
+  const int64_t group_rows = math::layer_norm_group_rows(R);
+  const int64_t G = (R + group_rows - 1) / group_rows;  // 0 when R = 0: dgamma = dbeta = 0
+  Scratch<double> shift(R), pg(G * D), pb(G * D);
+  const unsigned threads = row_threads(D);
+  launch("cuda::layer_norm_backward (rows)", {row_blocks(R)}, {threads}, threads * sizeof(Sums3),
+         LayerNormBackwardRowsKernel{dy, x, mean, rstd, gamma, dx, shift.get(), R, D});
+  const unsigned column_blocks =
+      static_cast<unsigned>((D + kElementwiseThreads - 1) / kElementwiseThreads);
+  launch("cuda::layer_norm_backward (row groups)", {column_blocks, static_cast<unsigned>(G)},
+         {kElementwiseThreads}, 0,
+         LayerNormGroupSumsKernel{dy, x, rstd, shift.get(), pg.get(), pb.get(), R, D, group_rows});
+  launch("cuda::layer_norm_backward (columns)", {elementwise_blocks(D)}, {kElementwiseThreads}, 0,
+         LayerNormColumnsKernel{pg.get(), pb.get(), dgamma, dbeta, G, D});
+}
+
+}  // namespace clustr::cuda

@@ -1,0 +1,34 @@
+// The optimizers' CUDA kernels: the twins of the CPU loops in optim/optimizer.cpp and of the sum
+// of squares in clip_grad_norm (optim/clip_schedule.cpp). Implemented by optim/cuda/update.cu
+// when clustr has the CUDA backend (a GPU build or device emulation), and by
+// optim/cuda/no_cuda.cpp otherwise, where every call throws a clear error.
+//
+// Raw pointers are device pointers, n elements each. The per-step scalars (bias corrections,
+// R-Adam's rectification) are computed once on the host, as for the CPU loops, and passed by
+// value; each element runs the same CLUSTR_HD formula (optim/update_math.h) as on the CPU.
+// Parameters and state are updated in place (=).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "optim/update_math.h"
+
+namespace clustr::optim::cuda {
+
+// p, g, buf (n); buf is null without momentum (it is then not touched).
+void sgd_update(float* p, const float* g, float* buf, const math::SgdScalars& s, int64_t n);
+// p, g, m (exp_avg), v (exp_avg_sq) (n).
+void adam_update(float* p, const float* g, float* m, float* v, const math::AdamScalars& s,
+                 int64_t n);
+void radam_update(float* p, const float* g, float* m, float* v, const math::AdamScalars& s,
+                  int64_t n);
+
+// sums[i] = sum over j of double(xs[i][j])^2 for the arrays xs[i] of ns[i] floats (host vector
+// out, one entry per array). Each array is split into a fixed number of blocks (a function of
+// its length only) that sum in double in a fixed tree; the host adds the block sums in order,
+// so a result never depends on timing. One copy back to the host for all arrays.
+std::vector<double> sum_squares(const std::vector<const float*>& xs,
+                                const std::vector<int64_t>& ns);
+
+}  // namespace clustr::optim::cuda

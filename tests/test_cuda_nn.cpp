@@ -1,0 +1,459 @@
+// The nn, layout and shape ops' CUDA kernels against their CPU twins through the front doors of
+// core/ops.h: the unary derivatives, softmax / log-softmax backward, layer norm forward and
+// backward, cross-entropy forward and backward, permute / transpose, gather_rows and
+// scatter_add_rows_, broadcast_to, sum_to, slice, slice_add_ and concat, on awkward shapes (1, 3,
+// 17, 129, non-square, sizes that are not a multiple of any block size, masked rows, ignored
+// rows, zero weights), and the errors a bad input on a device tensor gets. Part of the test_cuda
+// program (tests/test_cuda.cpp has its main): run on a GPU or on the emulated device, skipped
+// elsewhere.
+//
+// Tolerances:
+// - copies (permute, gather, slice, concat, broadcast) and scatter_add_rows_ (whose device
+//   kernel adds each element's sources in the CPU's order, without atomics) are bit for bit;
+// - the unary derivatives compute the same formula (core/math.h) on one element: bit for bit in
+//   emulation; on a GPU, where nvcc fuses multiply-adds and CUDA's libm differs from glibc's, a
+//   few ulp;
+// - row sums (softmax backward, layer norm, cross-entropy) are taken in double on both devices
+//   in a different order, so a rounded float may differ by an ulp; what follows from it is
+//   compared with a small relative tolerance. dgamma and dbeta add the same terms in the same
+//   order on both devices.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "check.h"
+#include "cuda_check.h"
+#include "core/cpu/nn.h"
+#include "core/cuda/cuda.h"
+#include "core/ops.h"
+#include "core/tensor.h"
+
+using clustr::Device;
+using clustr::DType;
+using clustr::Shape;
+using clustr::Tensor;
+using clustr::test::check_ulps;
+using clustr::test::random_values;
+namespace cuda = clustr::cuda;
+
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+// A formula on one element: bit for bit in emulation. On a GPU (fused multiply-adds, CUDA's
+// libm) within a small relative tolerance rather than a few ulps: a derivative that cancels
+// (gelu's cdf + x pdf, softmax - 1 at the target) turns a few ulps of a term into many of the
+// result.
+void check_formula(const std::vector<float>& actual, const std::vector<float>& expected) {
+  if (cuda::emulated())
+    check_ulps(actual, expected, 0);
+  else
+    CHECK_CLOSE(actual, expected, 1e-6, 1e-5);
+}
+
+Tensor on_cpu(const std::vector<float>& v, const Shape& s) { return Tensor::from_vector(v, s); }
+Tensor on_device(const Tensor& t) { return t.to(Device::cuda); }
+
+// n random ints in [lo, hi), reproducible from the seed.
+std::vector<int32_t> random_ints(int64_t n, uint32_t seed, int32_t lo, int32_t hi) {
+  std::vector<float> u = random_values(n, seed, 0.0f, 1.0f);
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    v[i] = std::min(hi - 1, lo + static_cast<int32_t>(u[i] * static_cast<float>(hi - lo)));
+  return v;
+}
+
+// The same op on both devices must throw the same message, but for the device in describe().
+template <class F>
+void check_same_error(F on, Device bad_device, const std::string& must_contain) {
+  const std::string cpu_msg = clustr::test::error_of([&] { on(Device::cpu); });
+  std::string dev_msg = clustr::test::error_of([&] { on(bad_device); });
+  CHECK_MESSAGE(dev_msg.find(must_contain) != std::string::npos, "error message: " << dev_msg);
+  for (size_t at; (at = dev_msg.find("on cuda")) != std::string::npos;)
+    dev_msg.replace(at, 7, "on cpu");
+  CHECK(dev_msg == cpu_msg);
+}
+
+}  // namespace
+
+TEST_CASE("cuda nn: unary derivatives match the cpu, from x or y alone") {
+  const clustr::UnaryOp ops[] = {clustr::UnaryOp::neg,  clustr::UnaryOp::exp,
+                                 clustr::UnaryOp::log,  clustr::UnaryOp::sqrt,
+                                 clustr::UnaryOp::abs,  clustr::UnaryOp::relu,
+                                 clustr::UnaryOp::gelu, clustr::UnaryOp::tanh,
+                                 clustr::UnaryOp::sigmoid};
+  for (int64_t n : {1, 3, 17, 129, 100003}) {
+    std::vector<float> xv = random_values(n, 100, -3.0f, 3.0f);
+    const float specials[] = {0.0f, -0.0f, kInf, -kInf, kNaN, 1e-40f, 30.0f, -30.0f};
+    for (size_t i = 0; i < xv.size(); i += 5) xv[i] = specials[(i / 5) % 8];
+    Tensor x = on_cpu(xv, {n});
+    Tensor dy = on_cpu(random_values(n, 101), {n});
+    Tensor dx_d = on_device(x), ddy = on_device(dy);
+    for (clustr::UnaryOp op : ops) {
+      CAPTURE(n);
+      CAPTURE(clustr::op_name(op));
+      Tensor y = clustr::unary(op, x), dy_d = on_device(y);
+      const clustr::cpu::UnaryGradInputs need = clustr::cpu::unary_grad_inputs(op);
+      // One IEEE operation (or none): exact on any device.
+      const bool exact = op == clustr::UnaryOp::neg || op == clustr::UnaryOp::abs ||
+                         op == clustr::UnaryOp::relu || op == clustr::UnaryOp::exp ||
+                         op == clustr::UnaryOp::log;
+      Tensor expected = clustr::unary_backward(op, x, y, dy);
+      Tensor got = clustr::unary_backward(op, dx_d, dy_d, ddy);
+      CHECK(got.device() == Device::cuda);
+      // Only the input the derivative reads; the other is an undefined tensor.
+      Tensor got_one = clustr::unary_backward(op, need.x ? dx_d : Tensor(),
+                                              need.y ? dy_d : Tensor(), ddy);
+      for (const Tensor* t : {&got, &got_one}) {
+        if (exact)
+          check_ulps(t->to_vector(), expected.to_vector(), 0);
+        else
+          check_formula(t->to_vector(), expected.to_vector());
+      }
+    }
+  }
+  Tensor m = on_cpu(random_values(17 * 3, 102), {17, 3});  // a non-vector shape is kept
+  Tensor dm = on_device(m);
+  CHECK(clustr::unary_backward(clustr::UnaryOp::relu, dm, Tensor(), dm).shape() == Shape{17, 3});
+}
+
+TEST_CASE("cuda nn: softmax and log-softmax backward match the cpu, masked rows included") {
+  const Shape shapes[] = {{1}, {1, 1}, {3, 17}, {17, 129}, {129, 3}, {2, 3, 1000}, {5, 257}};
+  uint32_t seed = 110;
+  for (const Shape& s : shapes) {
+    std::vector<float> v = random_values(clustr::numel(s), seed++, -8.0f, 8.0f);
+    const int64_t cols = s.back(), rows = clustr::numel(s) / cols;
+    for (int64_t j = 0; j < cols; j += 3) v[j] = -kInf;  // a partly masked first row
+    if (rows > 2)
+      for (int64_t j = 0; j < cols; ++j) v[cols + j] = -kInf;  // a fully masked row
+    Tensor x = on_cpu(v, s);
+    Tensor dy = on_cpu(random_values(clustr::numel(s), seed++), s);
+    Tensor ddy = on_device(dy);
+    CAPTURE(clustr::to_string(s));
+    Tensor y = clustr::softmax(x), ly = clustr::log_softmax(x);
+    // An ulp of the row sum s, or of dy - exp(y) s fused on a GPU, is about 1e-7 of |dy| <= 2.
+    CHECK_CLOSE(clustr::softmax_backward(on_device(y), ddy).to_vector(),
+                clustr::softmax_backward(y, dy).to_vector(), 1e-6, 1e-6);
+    CHECK_CLOSE(clustr::log_softmax_backward(on_device(ly), ddy).to_vector(),
+                clustr::log_softmax_backward(ly, dy).to_vector(), 1e-6, 1e-6);
+  }
+}
+
+TEST_CASE("cuda nn: layer norm forward and backward match the cpu") {
+  // Widths 1, 3, 17, 129, 1000; row counts on both sides of the 64 row groups of dgamma.
+  const Shape shapes[] = {{1, 1},  {3, 1},   {1, 17},     {17, 129}, {129, 3},
+                          {300, 17}, {1000, 3}, {2, 3, 257}, {5, 1000}, {0, 5}};
+  uint32_t seed = 120;
+  for (const Shape& s : shapes) {
+    const int64_t D = s.back();
+    std::vector<float> xv = random_values(clustr::numel(s), seed++, -3.0f, 3.0f);
+    // Every third row sits at 1e4 + small noise: the centring must happen in double.
+    for (int64_t r = 0; r * D < static_cast<int64_t>(xv.size()); r += 3)
+      for (int64_t j = 0; j < D; ++j) xv[r * D + j] = 1e4f + 1e-2f * xv[r * D + j];
+    Tensor x = on_cpu(xv, s);
+    Tensor gamma = on_cpu(random_values(D, seed++, 0.5f, 1.5f), {D});
+    Tensor beta = on_cpu(random_values(D, seed++), {D});
+    Tensor dy = on_cpu(random_values(clustr::numel(s), seed++), s);
+    CAPTURE(clustr::to_string(s));
+    const clustr::LayerNormOutput e = clustr::layer_norm(x, gamma, beta, 1e-5f);
+    const clustr::LayerNormOutput g =
+        clustr::layer_norm(on_device(x), on_device(gamma), on_device(beta), 1e-5f);
+    CHECK(g.y.device() == Device::cuda);
+    CHECK(g.mean.shape() == e.mean.shape());
+    CHECK_CLOSE(g.y.to_vector(), e.y.to_vector(), 1e-6, 1e-6);
+    check_ulps(g.mean.to_vector(), e.mean.to_vector(), 1);
+    check_ulps(g.rstd.to_vector(), e.rstd.to_vector(), 1);
+
+    const clustr::LayerNormGrads eg = clustr::layer_norm_backward(dy, x, e.mean, e.rstd, gamma);
+    // The device's backward reads the cpu's saved mean and rstd, so that only backward differs.
+    const clustr::LayerNormGrads gg = clustr::layer_norm_backward(
+        on_device(dy), on_device(x), on_device(e.mean), on_device(e.rstd), on_device(gamma));
+    CHECK_CLOSE(gg.dx.to_vector(), eg.dx.to_vector(), 1e-5, 1e-5);
+    CHECK_CLOSE(gg.dgamma.to_vector(), eg.dgamma.to_vector(), 1e-6, 1e-6);
+    CHECK_CLOSE(gg.dbeta.to_vector(), eg.dbeta.to_vector(), 1e-6, 1e-6);
+  }
+}
+
+TEST_CASE("cuda nn: cross-entropy forward and backward match the cpu") {
+  struct Case {
+    int64_t R, V;
+    bool weighted;
+    int ignore_index;
+  };
+  const Case cases[] = {{1, 1, false, -100}, {3, 17, true, -100},   {17, 129, false, -100},
+                        {129, 3, true, -100}, {5, 1000, true, 0},   {70, 33, false, 2},
+                        {300, 17, true, -100}};
+  uint32_t seed = 140;
+  for (const Case& c : cases) {
+    std::vector<float> lv = random_values(c.R * c.V, seed++, -6.0f, 6.0f);
+    std::vector<int32_t> tv = random_ints(c.R, seed++, 0, static_cast<int32_t>(c.V));
+    std::vector<float> wv = random_values(c.R, seed++, 0.0f, 2.0f);
+    for (int64_t r = 1; r < c.R; r += 4) tv[r] = c.ignore_index;  // ignored rows
+    for (int64_t r = 2; r < c.R; r += 5) wv[r] = 0.0f;             // rows weighted 0
+    if (c.R > 2) {
+      // A fully masked row: inf loss, which weight 0 (or being ignored) must keep out.
+      for (int64_t j = 0; j < c.V; ++j) lv[2 * c.V + j] = -kInf;
+      if (!c.weighted) tv[2] = c.ignore_index;
+    }
+    Tensor logits = on_cpu(lv, {c.R, c.V});
+    Tensor target = Tensor::from_int_vector(tv, {c.R});
+    Tensor weight = c.weighted ? on_cpu(wv, {c.R}) : Tensor();
+    Tensor dlogits_d = on_device(logits), dtarget = on_device(target);
+    Tensor dweight = c.weighted ? on_device(weight) : Tensor();
+    for (clustr::Reduction red : {clustr::Reduction::mean, clustr::Reduction::sum}) {
+      CAPTURE(c.R);
+      CAPTURE(c.V);
+      CAPTURE(c.weighted);
+      CAPTURE(c.ignore_index);
+      CAPTURE(static_cast<int>(red));
+      const clustr::CrossEntropyOutput e =
+          clustr::cross_entropy(logits, target, weight, c.ignore_index, red);
+      const clustr::CrossEntropyOutput g =
+          clustr::cross_entropy(dlogits_d, dtarget, dweight, c.ignore_index, red);
+      CHECK(g.loss.device() == Device::cuda);
+      CHECK_CLOSE(std::vector<float>{g.loss.item()}, std::vector<float>{e.loss.item()}, 1e-6,
+                  1e-6);
+      CHECK_CLOSE(g.logsumexp.to_vector(), e.logsumexp.to_vector(), 1e-6, 1e-6);
+      CHECK(g.total_weight == doctest::Approx(e.total_weight).epsilon(1e-12));
+
+      Tensor dloss = Tensor::scalar(0.75f);
+      Tensor eg = clustr::cross_entropy_backward(dloss, logits, target, weight, e.logsumexp,
+                                                 c.ignore_index, red, e.total_weight);
+      // The cpu's logsumexp and total weight, so that only backward differs.
+      Tensor gg = clustr::cross_entropy_backward(on_device(dloss), dlogits_d, dtarget, dweight,
+                                                 on_device(e.logsumexp), c.ignore_index, red,
+                                                 e.total_weight);
+      check_formula(gg.to_vector(), eg.to_vector());
+    }
+  }
+  // Every row ignored: mean is 0, and so is the gradient.
+  Tensor logits = on_device(on_cpu(random_values(12, 150), {3, 4}));
+  Tensor target = Tensor::from_int_vector({-100, -100, -100}, {3}, Device::cuda);
+  const clustr::CrossEntropyOutput g =
+      clustr::cross_entropy(logits, target, Tensor(), -100, clustr::Reduction::mean);
+  CHECK(g.loss.item() == 0.0f);
+  CHECK(g.total_weight == 0.0);
+  CHECK(clustr::cross_entropy_backward(Tensor::scalar(1.0f, Device::cuda), logits, target,
+                                       Tensor(), g.logsumexp, -100, clustr::Reduction::mean,
+                                       g.total_weight)
+            .to_vector() == std::vector<float>(12, 0.0f));
+}
+
+TEST_CASE("cuda layout: permute and transpose match the cpu bit for bit, f32 and i32") {
+  struct Case {
+    Shape s;
+    std::vector<int> perm;
+  };
+  std::vector<Case> cases = {{{1}, {0}},
+                             {{3, 17}, {1, 0}},
+                             {{17, 129}, {1, 0}},
+                             {{129, 3}, {1, 0}},
+                             {{33, 65}, {1, 0}},
+                             {{2, 129, 17}, {0, 2, 1}},
+                             {{4, 1, 3, 1, 2}, {4, 2, 0, 3, 1}},
+                             {{3, 5, 7, 2}, {0, 2, 1, 3}},  // inner axis kept: block copies
+                             {{1, 1, 5}, {2, 1, 0}},
+                             {{0, 3}, {1, 0}}};
+  std::vector<int> p = {0, 1, 2, 3};  // every permutation of a (2, 3, 5, 7) tensor
+  do cases.push_back({{2, 3, 5, 7}, p});
+  while (std::next_permutation(p.begin(), p.end()));
+  uint32_t seed = 160;
+  for (const Case& c : cases) {
+    CAPTURE(clustr::to_string(c.s));
+    CAPTURE(c.perm.size() > 0 ? c.perm[0] : -1);
+    Tensor x = on_cpu(random_values(clustr::numel(c.s), seed++), c.s);
+    Tensor e = clustr::permute(x, c.perm), g = clustr::permute(on_device(x), c.perm);
+    CHECK(g.device() == Device::cuda);
+    CHECK(g.shape() == e.shape());
+    check_ulps(g.to_vector(), e.to_vector(), 0);
+    std::vector<int32_t> iv(static_cast<size_t>(x.numel()));
+    std::iota(iv.begin(), iv.end(), -7);
+    Tensor xi = Tensor::from_int_vector(iv, c.s);
+    CHECK(clustr::permute(on_device(xi), c.perm).to_int_vector() ==
+          clustr::permute(xi, c.perm).to_int_vector());
+  }
+  Tensor x = on_cpu(random_values(3 * 17 * 129, seed++), {3, 17, 129});
+  check_ulps(clustr::transpose(on_device(x), 0, 2).to_vector(),
+             clustr::transpose(x, 0, 2).to_vector(), 0);
+  check_ulps(clustr::transpose(on_device(x), -1, -2).to_vector(),
+             clustr::transpose(x, -1, -2).to_vector(), 0);
+}
+
+TEST_CASE("cuda layout: gather_rows and scatter_add_rows_ match the cpu bit for bit") {
+  struct Case {
+    int64_t V, D;
+    Shape index;
+  };
+  const Case cases[] = {{1, 1, {1}},  {17, 3, {3, 4}}, {129, 17, {200}}, {5, 129, {2, 9}},
+                        {3, 1000, {17}}, {4, 5, {}},    {6, 7, {0}}};
+  uint32_t seed = 180;
+  for (const Case& c : cases) {
+    CAPTURE(c.V);
+    CAPTURE(c.D);
+    CAPTURE(clustr::to_string(c.index));
+    // Indices from a small range, so most rows repeat (a token that occurs many times).
+    const int32_t hi = static_cast<int32_t>(std::min<int64_t>(c.V, 4));
+    Tensor index = Tensor::from_int_vector(random_ints(clustr::numel(c.index), seed++, 0, hi),
+                                           c.index);
+    Tensor table = on_cpu(random_values(c.V * c.D, seed++), {c.V, c.D});
+    Tensor e = clustr::gather_rows(table, index);
+    Tensor g = clustr::gather_rows(on_device(table), on_device(index));
+    CHECK(g.shape() == e.shape());
+    check_ulps(g.to_vector(), e.to_vector(), 0);
+
+    Shape src_shape = c.index;
+    src_shape.push_back(c.D);
+    Tensor src = on_cpu(random_values(clustr::numel(src_shape), seed++), src_shape);
+    Tensor dtable = on_device(table);
+    clustr::scatter_add_rows_(table, index, src);
+    clustr::scatter_add_rows_(dtable, on_device(index), on_device(src));
+    check_ulps(dtable.to_vector(), table.to_vector(), 0);
+  }
+}
+
+TEST_CASE("cuda shape ops: broadcast_to, sum_to, slice, slice_add_ and concat match the cpu") {
+  struct Pair {
+    Shape small, big;
+  };
+  const Pair pairs[] = {{{1}, {129}},         {{3}, {17, 3}},        {{17, 1}, {17, 129}},
+                        {{1, 129}, {3, 129}}, {{2, 1, 5}, {3, 2, 4, 5}}, {{}, {3, 17}},
+                        {{1, 1}, {1, 1}},     {{3, 1, 1}, {3, 0, 2}}};
+  uint32_t seed = 200;
+  for (const Pair& p : pairs) {
+    CAPTURE(clustr::to_string(p.small));
+    CAPTURE(clustr::to_string(p.big));
+    Tensor x = on_cpu(random_values(clustr::numel(p.small), seed++), p.small);
+    check_ulps(clustr::broadcast_to(on_device(x), p.big).to_vector(),
+               clustr::broadcast_to(x, p.big).to_vector(), 0);
+    Tensor big = on_cpu(random_values(clustr::numel(p.big), seed++), p.big);
+    Tensor e = clustr::sum_to(big, p.small), g = clustr::sum_to(on_device(big), p.small);
+    CHECK(g.shape() == e.shape());
+    CHECK_CLOSE(g.to_vector(), e.to_vector(), 1e-6, 1e-6);
+  }
+  Tensor xi = Tensor::from_int_vector({1, 2, 3}, {3});
+  CHECK(clustr::broadcast_to(on_device(xi), {2, 3}).to_int_vector() ==
+        std::vector<int32_t>{1, 2, 3, 1, 2, 3});
+
+  const Shape shapes[] = {{129}, {17, 129}, {3, 17, 5}, {1, 3}};
+  for (const Shape& s : shapes) {
+    Tensor x = on_cpu(random_values(clustr::numel(s), seed++), s);
+    Tensor dx = on_device(x);
+    for (int axis = 0; axis < static_cast<int>(s.size()); ++axis) {
+      const int64_t len = s[axis];
+      for (int64_t start : {int64_t(0), len / 3}) {
+        for (int64_t length : {int64_t(1), len - start, int64_t(0)}) {
+          CAPTURE(clustr::to_string(s));
+          CAPTURE(axis);
+          CAPTURE(start);
+          CAPTURE(length);
+          Tensor e = clustr::slice(x, axis, start, length);
+          Tensor g = clustr::slice(dx, axis, start, length);
+          CHECK(g.shape() == e.shape());
+          check_ulps(g.to_vector(), e.to_vector(), 0);
+          Tensor acc = on_cpu(random_values(clustr::numel(s), seed++), s);
+          Tensor dacc = on_device(acc);
+          clustr::slice_add_(acc, axis, start, e);
+          clustr::slice_add_(dacc, axis, start, g);
+          check_ulps(dacc.to_vector(), acc.to_vector(), 0);
+        }
+      }
+      // Three pieces of different lengths joined along the axis.
+      Shape s1 = s, s2 = s;
+      s1[axis] = 1;
+      s2[axis] = 2 * len + 1;
+      std::vector<Tensor> parts = {x, on_cpu(random_values(clustr::numel(s1), seed++), s1),
+                                   on_cpu(random_values(clustr::numel(s2), seed++), s2)};
+      std::vector<Tensor> dparts;
+      for (const Tensor& t : parts) dparts.push_back(on_device(t));
+      CAPTURE(clustr::to_string(s));
+      CAPTURE(axis);
+      check_ulps(clustr::concat(dparts, axis).to_vector(), clustr::concat(parts, axis).to_vector(),
+                 0);
+    }
+  }
+  Tensor a = Tensor::from_int_vector({1, 2}, {2, 1}), b = Tensor::from_int_vector({3, 4}, {2, 1});
+  CHECK(clustr::concat({on_device(a), on_device(b)}, 1).to_int_vector() ==
+        std::vector<int32_t>{1, 3, 2, 4});
+}
+
+TEST_CASE("cuda nn: scratch memory of the device ops goes back to the allocator") {
+  Tensor x = on_device(on_cpu(random_values(300 * 17, 220), {300, 17}));
+  Tensor gamma = Tensor::full({17}, 1.0f, Device::cuda);
+  Tensor beta = Tensor::zeros({17}, DType::f32, Device::cuda);
+  Tensor target = Tensor::from_int_vector(random_ints(300, 221, 0, 17), {300}, Device::cuda);
+  Tensor table = Tensor::zeros({5, 17}, DType::f32, Device::cuda);
+  Tensor index = Tensor::from_int_vector(random_ints(300, 222, 0, 5), {300}, Device::cuda);
+  const int64_t before = clustr::memory_stats(Device::cuda).live_bytes;
+  {
+    const clustr::LayerNormOutput o = clustr::layer_norm(x, gamma, beta, 1e-5f);
+    const clustr::LayerNormGrads g = clustr::layer_norm_backward(x, x, o.mean, o.rstd, gamma);
+    const clustr::CrossEntropyOutput ce =
+        clustr::cross_entropy(x, target, Tensor(), -100, clustr::Reduction::mean);
+    clustr::scatter_add_rows_(table, index, x);
+    Tensor s = clustr::sum_to(clustr::broadcast_to(x, {2, 300, 17}), {17});
+  }
+  CHECK(clustr::memory_stats(Device::cuda).live_bytes == before);
+}
+
+TEST_CASE("cuda nn: a bad input on a device tensor gets the cpu's error") {
+  // A target outside [0, V): the front door reads the targets from a host copy.
+  check_same_error(
+      [](Device d) {
+        Tensor logits = Tensor::zeros({3, 4}, DType::f32, d);
+        Tensor target = Tensor::from_int_vector({1, 7, 0}, {3}, d);
+        clustr::cross_entropy(logits, target, Tensor(), -100, clustr::Reduction::mean);
+      },
+      Device::cuda, "cross_entropy: target[1] = 7 is outside [0, 4)");
+  check_same_error(
+      [](Device d) {
+        Tensor logits = Tensor::zeros({3, 4}, DType::f32, d);
+        Tensor target = Tensor::from_int_vector({1, 2, 0}, {3}, d);
+        Tensor weight = Tensor::from_vector({1.0f, 0.5f, -1.0f}, {3}, d);
+        clustr::cross_entropy(logits, target, weight, -100, clustr::Reduction::sum);
+      },
+      Device::cuda, "weight[2] = -1 is not >= 0");
+  check_same_error(
+      [](Device d) {
+        Tensor table = Tensor::zeros({5, 3}, DType::f32, d);
+        Tensor index = Tensor::from_int_vector({0, 4, 5, 1}, {2, 2}, d);
+        clustr::gather_rows(table, index);
+      },
+      Device::cuda, "gather_rows: index[1, 0] = 5 is outside [0, 5)");
+  check_same_error(
+      [](Device d) {
+        Tensor table = Tensor::zeros({5, 3}, DType::f32, d);
+        Tensor index = Tensor::from_int_vector({-1}, {1}, d);
+        clustr::scatter_add_rows_(table, index, Tensor::zeros({1, 3}, DType::f32, d));
+      },
+      Device::cuda, "scatter_add_rows_: index[0] = -1 is outside [0, 5)");
+  check_same_error(
+      [](Device d) {
+        Tensor x = Tensor::zeros({2, 5}, DType::f32, d);
+        clustr::layer_norm(x, Tensor::zeros({4}, DType::f32, d), Tensor::zeros({5}, DType::f32, d),
+                           1e-5f);
+      },
+      Device::cuda, "layer_norm: expected gamma of shape (5,)");
+  check_same_error(
+      [](Device d) { clustr::permute(Tensor::zeros({2, 3}, DType::f32, d), {0, 0}); },
+      Device::cuda, "is not a permutation");
+  check_same_error(
+      [](Device d) { clustr::slice(Tensor::zeros({2, 3}, DType::f32, d), 1, 2, 2); },
+      Device::cuda, "slice: elements [2, 4) along axis 1 are not within [0, 3)");
+  // Mixed devices are refused, not copied behind the caller's back.
+  Tensor logits = Tensor::zeros({3, 4}, DType::f32, Device::cuda);
+  CHECK_ERROR(clustr::cross_entropy(logits, Tensor::from_int_vector({0, 1, 2}, {3}), Tensor(),
+                                    -100, clustr::Reduction::mean),
+              "cross_entropy", "different devices");
+  CHECK_ERROR(clustr::softmax_backward(logits, Tensor::zeros({3, 4})), "softmax_backward",
+              "different devices");
+  // A permutation that keeps more than 8 axes after merging is refused on the device, clearly.
+  Tensor many = Tensor::zeros(Shape(9, 2), DType::f32, Device::cuda);
+  CHECK_ERROR(clustr::permute(many, {8, 7, 6, 5, 4, 3, 2, 1, 0}), "cuda::permute",
+              "8 or fewer axes");
+}
