@@ -206,6 +206,13 @@ struct SigmoidGrad {
   }
 };
 
+// ---- argmax ------------------------------------------------------------------------------------
+// Does v replace the best value so far, scanning in index order? A larger value, or the first
+// NaN (NaN counts as the largest, as in PyTorch); strict comparisons keep the first index among
+// equal maxima (+0 and -0 are equal). Combining partial results of disjoint index sets with
+// this rule, the lower index taken as "so far", gives the sequential scan's answer in any order.
+CLUSTR_HD bool argmax_beats(float v, float best) { return v > best || (v != v && best == best); }
+
 // ---- softmax pieces ------------------------------------------------------------------------
 // A row x is reduced to m = max(x) and s = sum_j exp(x_j - m) (so every exp is <= 1 and none
 // overflows); then softmax = exp(x - m) / s and log-softmax = x - m - log(s). A fully masked
@@ -303,6 +310,21 @@ CLUSTR_HD float cross_entropy_dlogit(float x, float lse, bool is_target, float s
 // A dropped element is 0 even when x is inf or NaN.
 CLUSTR_HD float dropout_value(float x, uint32_t bits, float p, float scale) {
   return select(uint_to_unit(bits) >= p, x * scale, 0.0f);
+}
+
+// ---- full attention pieces (layers/attention/full*) ------------------------------------------
+// Query row i of a sequence whose keys j < length are valid sees the keys j < this bound (with
+// causal, only j <= i).
+CLUSTR_HD int64_t attention_keys_seen(int64_t i, int64_t length, bool causal) {
+  return causal && i + 1 < length ? i + 1 : length;
+}
+// A row's log-sum-exp from its max m and its sum l of exp(x - m) (l >= 1: the max contributes 1).
+CLUSTR_HD float attention_lse(float m, float l) { return m + logf(l); }
+// The dropout mask's element number of weight (b, h, i, j), the same on both devices: Philox
+// block offset + idx / 4, word idx % 4 (full_cpu.h).
+CLUSTR_HD uint64_t attention_dropout_index(int64_t bh, int64_t N, int64_t i, int64_t S,
+                                           int64_t j) {
+  return static_cast<uint64_t>((bh * N + i) * S + j);
 }
 
 // ---- logarithm and log-add-exp (CTC recursions, decoding) ------------------------------------

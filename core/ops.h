@@ -141,7 +141,8 @@ Tensor matmul(const Tensor& A, const Tensor& B, bool trans_a = false, bool trans
 
 // ---- fused ops of the transformer layers (core/ops_fused.cpp) -----------------------------------
 // Each does in one pass what a chain of the ops above would do in several, with the same
-// result. CPU only for now (linear_backward falls back to the plain ops elsewhere).
+// result. On the CUDA device, whose GEMM (cuBLAS) has no epilogue, each is that chain of device
+// ops (core/ops_fused.cpp).
 //
 // The linear layer's forward with the bias and the activation folded into the GEMM's store of
 // each tile: x (R, in), W (out, in), b (out) or undefined -> y (R, out) = x W^T + b, then

@@ -77,12 +77,12 @@ Tensor max(const Tensor& x, int axis, bool keepdim) {
 // x (..., len, ...) -> i32 (..., ...): the first index of the maximum along axis.
 Tensor argmax(const Tensor& x, int axis, bool keepdim) {
   detail::check_f32("argmax", "x", x);
-  detail::require_cpu("argmax", x);
   const AxisView v = axis_view("argmax", x, axis, keepdim, true);
   CLUSTR_CHECK(v.len <= std::numeric_limits<int32_t>::max(), "argmax: axis ", axis, " of ",
                describe(x), " is too long for i32 indices");
   Tensor y = Tensor::empty(v.out_shape, DType::i32, x.device());
-  if (y.numel() > 0) cpu::argmax(x.f32(), y.i32(), v.outer, v.len, v.inner);
+  auto fn = x.device() == Device::cuda ? cuda::argmax : cpu::argmax;
+  if (y.numel() > 0) fn(x.f32(), y.i32(), v.outer, v.len, v.inner);
   return y;
 }
 

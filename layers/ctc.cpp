@@ -41,6 +41,7 @@
 #include "autograd/node.h"
 #include "core/error.h"
 #include "core/math.h"
+#include "core/ops.h"
 
 namespace clustr {
 
@@ -367,50 +368,50 @@ std::vector<int64_t> target_offsets(const Tensor& targets, const int32_t* tl, in
   return offset;
 }
 
-// Checks an i32 (B) lengths tensor; returns its host pointer.
-const int32_t* lengths_of(const Tensor& t, const char* what, int64_t B) {
+// Checks an i32 (B) lengths tensor (t_host its host copy); returns its host pointer.
+const int32_t* lengths_of(const Tensor& t, const Tensor& t_host, const char* what, int64_t B) {
   CLUSTR_CHECK(t.defined(), "ctc_loss: ", what, " is an undefined tensor");
-  CLUSTR_CHECK(
-      t.dtype() == DType::i32 && t.device() == Device::cpu && t.rank() == 1 && t.size(0) == B,
-      "ctc_loss: expected ", what, " i32 (", B, ") on cpu (one per utterance), got ", describe(t));
-  return t.i32();
+  CLUSTR_CHECK(t.dtype() == DType::i32 && t.rank() == 1 && t.size(0) == B, "ctc_loss: expected ",
+               what, " i32 (", B, ") (one per utterance), got ", describe(t));
+  return t_host.i32();
 }
 
-}  // namespace
+// t itself on the cpu, else a host copy (undefined stays undefined).
+Tensor on_host(const Tensor& t) {
+  return !t.defined() || t.device() == Device::cpu ? t : t.to(Device::cpu);
+}
 
-const char* ctc_kernel_name() { return kernel().name; }
-
-CtcOutput ctc_loss_forward(const Tensor& logits, const Tensor& input_lengths, const Tensor& targets,
-                           const Tensor& target_lengths, int blank, bool want_grad) {
-  CLUSTR_CHECK(logits.defined(), "ctc_loss: logits is an undefined tensor");
-  CLUSTR_CHECK(logits.dtype() == DType::f32 && logits.rank() == 3,
-               "ctc_loss: expected logits f32 (B, T, C), got ", describe(logits));
-  CLUSTR_CHECK(logits.device() == Device::cpu, "ctc_loss: only cpu tensors are supported (no ",
-               "CUDA kernel yet), got logits ", describe(logits));
+// The forward of ctc_loss_forward on the host: x_host is the host copy of logits, the other
+// tensors may be on either device (read from host copies); the outputs are on the cpu.
+CtcOutput ctc_forward_host(const Tensor& logits, const Tensor& x_host, const Tensor& input_lengths,
+                           const Tensor& targets, const Tensor& target_lengths, int blank,
+                           bool want_grad) {
   const int64_t B = logits.size(0), T = logits.size(1), C = logits.size(2);
   CLUSTR_CHECK(B >= 1 && C >= 1, "ctc_loss: expected at least one utterance and one class, got ",
                "logits ", describe(logits));
   CLUSTR_CHECK(blank >= 0 && blank < C, "ctc_loss: blank = ", blank, " is outside the ", C,
                " classes [0, ", C, ")");
-  const int32_t* il = lengths_of(input_lengths, "input_lengths", B);
-  const int32_t* tl = lengths_of(target_lengths, "target_lengths", B);
+  const Tensor il_host = on_host(input_lengths), tl_host = on_host(target_lengths);
+  const int32_t* il = lengths_of(input_lengths, il_host, "input_lengths", B);
+  const int32_t* tl = lengths_of(target_lengths, tl_host, "target_lengths", B);
   for (int64_t b = 0; b < B; ++b) {
     CLUSTR_CHECK(il[b] >= 0 && il[b] <= T, "ctc_loss: input_lengths[", b, "] = ", il[b],
                  " is outside [0, T = ", T, "] (logits ", describe(logits), ")");
     CLUSTR_CHECK(tl[b] >= 0, "ctc_loss: target_lengths[", b, "] = ", tl[b], " is negative");
   }
   CLUSTR_CHECK(targets.defined(), "ctc_loss: targets is an undefined tensor");
-  CLUSTR_CHECK(targets.dtype() == DType::i32 && targets.device() == Device::cpu &&
+  CLUSTR_CHECK(targets.dtype() == DType::i32 &&
                    (targets.rank() == 1 || (targets.rank() == 2 && targets.size(0) == B)),
                "ctc_loss: expected targets i32 (B = ", B, ", Smax) padded or (sum of ",
-               "target_lengths) concatenated, on cpu, got ", describe(targets));
-  const std::vector<int64_t> offset = target_offsets(targets, tl, B, C, blank);
+               "target_lengths) concatenated, got ", describe(targets));
+  const Tensor tg_host = on_host(targets);
+  const std::vector<int64_t> offset = target_offsets(tg_host, tl, B, C, blank);
 
   CtcOutput out;
   out.loss = Tensor::empty({B});
   if (want_grad) out.grad = Tensor::empty({B, T, C});
-  const float* x = logits.f32();
-  const int32_t* tg = targets.i32();
+  const float* x = x_host.f32();
+  const int32_t* tg = tg_host.i32();
   float* loss = out.loss.f32();
   float* grad = want_grad ? out.grad.f32() : nullptr;
   int64_t impossible = 0;
@@ -443,20 +444,54 @@ CtcOutput ctc_loss_forward(const Tensor& logits, const Tensor& input_lengths, co
   return out;
 }
 
+void check_logits(const Tensor& logits) {
+  CLUSTR_CHECK(logits.defined(), "ctc_loss: logits is an undefined tensor");
+  CLUSTR_CHECK(logits.dtype() == DType::f32 && logits.rank() == 3,
+               "ctc_loss: expected logits f32 (B, T, C), got ", describe(logits));
+}
+
+}  // namespace
+
+const char* ctc_kernel_name() { return kernel().name; }
+
+// On the CUDA device, the CPU kernel runs on a host copy of the logits, and the loss and the
+// gradient are copied back: the alpha and beta recursions are sequential over T (one frame
+// after the other, each a short loop over 2S + 1 positions), so a GPU would keep one block per
+// utterance busy with little parallel work, and the loss is a small part of a training step
+// next to the encoder that produces the logits (one (B, T, C) copy each way).
+CtcOutput ctc_loss_forward(const Tensor& logits, const Tensor& input_lengths, const Tensor& targets,
+                           const Tensor& target_lengths, int blank, bool want_grad) {
+  check_logits(logits);
+  CtcOutput out = ctc_forward_host(logits, on_host(logits), input_lengths, targets,
+                                   target_lengths, blank, want_grad);
+  if (logits.device() != Device::cpu) {
+    out.loss = out.loss.to(logits.device());
+    if (want_grad) out.grad = out.grad.to(logits.device());
+  }
+  return out;
+}
+
 namespace {
 
 // Holds d loss_b / d logits (B, T, C) from the forward and each utterance's reduction factor;
-// backward scales them by the incoming gradient.
+// backward scales them by the incoming gradient (on the logits' device).
 class CtcNode : public Node {
  public:
   const char* name() const override { return "ctc_loss"; }
   std::vector<Tensor> backward(const Tensor& g) override {
     const int64_t B = grad_.size(0), TC = grad_.size(1) * grad_.size(2);
+    const bool per_utterance = reduction_ == CtcReduction::none;
+    if (grad_.device() != Device::cpu) {
+      // The loop below as device ops, with the same float products: s_b = weight_b * g_b (or
+      // g), then s_b * grad.
+      const Tensor w = Tensor::from_vector(weight_, {B}, grad_.device());
+      const Tensor s = mul(w, g);  // g (B), or () broadcast
+      return {mul(grad_, s.reshape({B, 1, 1}))};
+    }
     Tensor d = Tensor::empty(grad_.shape());
     const float* src = grad_.f32();
     const float* gy = g.f32();
     float* dst = d.f32();
-    const bool per_utterance = reduction_ == CtcReduction::none;
 #pragma omp parallel for schedule(static) if (B * TC >= kParallelMin)
     for (int64_t b = 0; b < B; ++b) {
       const float s = weight_[b] * (per_utterance ? gy[b] : gy[0]);
@@ -477,11 +512,15 @@ CtcLoss ctc_loss(const Variable& logits, const Tensor& input_lengths, const Tens
                  const Tensor& target_lengths, const CtcOptions& options) {
   CLUSTR_CHECK(logits.defined(), "ctc_loss: logits is an undefined variable");
   const bool record = record_needed({&logits});
-  CtcOutput out = ctc_loss_forward(logits.data(), input_lengths, targets, target_lengths,
+  const Tensor& x = logits.data();
+  check_logits(x);
+  // On the host (see ctc_loss_forward); the losses are read here, then moved to the device.
+  CtcOutput out = ctc_forward_host(x, on_host(x), input_lengths, targets, target_lengths,
                                    options.blank, record);
   const int64_t B = out.loss.numel();
   const float* per = out.loss.f32();
-  const int32_t* tl = target_lengths.i32();
+  const Tensor tl_host = on_host(target_lengths);
+  const int32_t* tl = tl_host.i32();
 
   // Each utterance's loss after zero_infinity, and its factor in the reduced loss.
   std::vector<float> kept(static_cast<size_t>(B)), weight(static_cast<size_t>(B), 1.0f);
@@ -503,15 +542,17 @@ CtcLoss ctc_loss(const Variable& logits, const Tensor& input_lengths, const Tens
     loss = Tensor::scalar(static_cast<float>(total));
   }
 
+  const Device device = x.device();
+  if (device != Device::cpu) loss = loss.to(device);
   CtcLoss result;
-  result.per_utterance = std::move(out.loss);
+  result.per_utterance = device == Device::cpu ? std::move(out.loss) : out.loss.to(device);
   result.impossible = out.impossible;
   if (!record) {
     result.loss = Variable(std::move(loss));
     return result;
   }
   auto node = std::make_shared<CtcNode>();
-  node->grad_ = std::move(out.grad);
+  node->grad_ = device == Device::cpu ? std::move(out.grad) : out.grad.to(device);
   node->weight_ = std::move(weight);
   node->reduction_ = options.reduction;
   result.loss = attach(std::move(loss), std::move(node), {&logits});

@@ -20,6 +20,10 @@
 // have loss +inf and a zero gradient (PyTorch gives NaN there); zero_infinity turns the loss
 // into 0. Input length 0 gives loss 0 for an empty target and +inf otherwise (PyTorch 1.13
 // reads uninitialised memory there).
+//
+// Devices: logits may be on the cpu or the CUDA device; there the CPU kernel runs on a host
+// copy of them and the loss and the gradient are copied back (why: ctc_loss_forward in
+// ctc.cpp). The lengths and targets may be on either device; their values are read on the host.
 #pragma once
 
 #include <cstdint>
@@ -44,7 +48,7 @@ struct CtcOptions {
 //   logits f32 (B, T, C), input_lengths i32 (B) in [0, T], targets i32 (B, Smax) or
 //   (sum of target_lengths), target_lengths i32 (B) >= 0; labels in [0, C) and != blank.
 // Returns per-utterance losses and, when want_grad, d loss_b / d logits (the reduction is
-// applied by the caller).
+// applied by the caller), both on the logits' device.
 struct CtcOutput {
   Tensor loss;             // f32 (B): -ln p(target_b | logits_b); +inf when impossible
   Tensor grad;             // f32 (B, T, C) (overwritten, 0 for t >= input_lengths[b] and for
@@ -60,7 +64,8 @@ const char* ctc_kernel_name();
 
 // The differentiable loss. `loss` is shape () for sum and mean, (B) for none; `impossible`
 // counts the utterances that could not be aligned (whatever zero_infinity says), for an app
-// to report; `per_utterance` is each utterance's loss before reduction and zero_infinity.
+// to report; `per_utterance` is each utterance's loss before reduction and zero_infinity. The
+// loss, its gradient and per_utterance are on the logits' device.
 struct CtcLoss {
   Variable loss;
   Tensor per_utterance;  // f32 (B)

@@ -60,6 +60,14 @@ void Module::zero_grad() {
   for (auto& p : named_parameters()) p.second.zero_grad();
 }
 
+void Module::to(Device device) {
+  for (auto& p : named_parameters()) {
+    VariableImpl& v = *p.second.impl();
+    if (v.data.device() != device) v.data = v.data.to(device);
+    v.grad = Tensor();
+  }
+}
+
 Variable Module::register_parameter(const std::string& name, Tensor value) {
   check_name("parameter", name, params_, children_);
   CLUSTR_CHECK(value.defined(), "Module: parameter '", name, "' is an undefined tensor");

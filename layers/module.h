@@ -32,6 +32,10 @@ class Module {
   bool training() const { return training_; }
 
   void zero_grad();  // forgets every parameter's gradient
+  // Moves every parameter's values to `device`, in place: the layers' own handles see the moved
+  // tensors. Gradients are forgotten (they would be on the old device). An optimizer keeps
+  // state per parameter on the parameter's device, so move the model before making one.
+  void to(Device device);
 
  protected:
   // Registers a parameter (a leaf that requires grad) holding `value`; returns it.

@@ -168,9 +168,8 @@ void reduce_strided(ReduceOp op, const float* x, float* y, int64_t outer, int64_
   }
 }
 
-// Argmax update: a larger value, or the first NaN (NaN counts as the largest, as in PyTorch).
-// Strict comparisons keep the first index among equal maxima.
-inline bool beats(float v, float best) { return v > best || (v != v && best == best); }
+// Argmax update (math::argmax_beats, shared with the CUDA kernel).
+inline bool beats(float v, float best) { return math::argmax_beats(v, best); }
 
 }  // namespace
 

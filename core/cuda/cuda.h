@@ -59,6 +59,9 @@ void axpy(float alpha, const float* src, float* dst, int64_t n);  // dst += alph
 // x viewed as (outer, len, inner); y (outer, inner) = op over the middle axis. len > 0 unless
 // op is sum. (core/cuda/reduce.cu)
 void reduce(ReduceOp op, const float* x, float* y, int64_t outer, int64_t len, int64_t inner);
+// x (outer, len, inner) -> y (outer, inner) i32 (=): the first index of the maximum, NaN
+// counting as the largest (math::argmax_beats); len >= 1.
+void argmax(const float* x, int32_t* y, int64_t outer, int64_t len, int64_t inner);
 // x, y (rows, cols); per row over cols.
 void softmax(const float* x, float* y, int64_t rows, int64_t cols);
 void log_softmax(const float* x, float* y, int64_t rows, int64_t cols);
@@ -85,6 +88,11 @@ void layer_norm(const float* x, const float* gamma, const float* beta, float eps
 void layer_norm_backward(const float* dy, const float* x, const float* mean, const float* rstd,
                          const float* gamma, float* dx, float* dgamma, float* dbeta, int64_t R,
                          int64_t D);
+
+// The linear layer's GEMM epilogue (core/cuda/fused.cu), what cpu::gemm_fused's GemmEpilogue
+// does to the product: y (R, N) = y + bias (bias (N), or null for none), then ReLU when relu
+// (NaN kept, as math::relu); in place.
+void bias_activation(float* y, const float* bias, bool relu, int64_t R, int64_t N);
 
 // Cross-entropy (core/cuda/cross_entropy.cu). logits (R, V); target (R), each in [0, V) or
 // ignore_index (checked by the caller); weight (R) or null; lse (R) = logsumexp of each row (=).

@@ -52,6 +52,7 @@ void binary_scalar(BinaryOp, const float*, float, float*, int64_t) {
 void unary(UnaryOp, const float*, float*, int64_t) { no_cuda("cuda::unary"); }
 void axpy(float, const float*, float*, int64_t) { no_cuda("cuda::axpy"); }
 void reduce(ReduceOp, const float*, float*, int64_t, int64_t, int64_t) { no_cuda("cuda::reduce"); }
+void argmax(const float*, int32_t*, int64_t, int64_t, int64_t) { no_cuda("cuda::argmax"); }
 void softmax(const float*, float*, int64_t, int64_t) { no_cuda("cuda::softmax"); }
 void log_softmax(const float*, float*, int64_t, int64_t) { no_cuda("cuda::log_softmax"); }
 void dropout(const float*, float, uint64_t, uint64_t, float*, int64_t) { no_cuda("cuda::dropout"); }
@@ -71,6 +72,9 @@ void layer_norm(const float*, const float*, const float*, float, float*, float*,
 void layer_norm_backward(const float*, const float*, const float*, const float*, const float*,
                          float*, float*, float*, int64_t, int64_t) {
   no_cuda("cuda::layer_norm_backward");
+}
+void bias_activation(float*, const float*, bool, int64_t, int64_t) {
+  no_cuda("cuda::bias_activation");
 }
 CrossEntropySums cross_entropy(const float*, const int32_t*, const float*, int32_t, float*,
                                int64_t, int64_t) {

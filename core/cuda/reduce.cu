@@ -8,7 +8,8 @@
 // there are few outputs and a long axis (a bias gradient over many rows), a case for a
 // two-pass kernel later. Sums accumulate in double, as on the CPU, so the two backends differ only in the
 // order of double additions, which almost never changes the rounded float. Max and min use the
-// NaN-propagating math::Maximum / math::Minimum and are exact.
+// NaN-propagating math::Maximum / math::Minimum and are exact. Argmax combines (value, index)
+// pairs with the CPU's rule (math::argmax_beats), so it gives the CPU's index exactly.
 #include <cmath>
 #include <cstdint>
 
@@ -108,6 +109,68 @@ void launch_reduce(ReduceOp op, const float* x, float* y, int64_t outer, int64_t
   }
 }
 
+// Argmax: a value and the index it came from. An empty partial (a thread with no element of
+// the row) is -inf at index INT32_MAX: it beats nothing, and any element wins over it.
+struct ArgmaxPartial {
+  float v;
+  int32_t i;
+};
+CLUSTR_DEVICE ArgmaxPartial argmax_empty() { return {-INFINITY, INT32_MAX}; }
+// The first maximum of two disjoint index sets, as the CPU's scan in index order finds it
+// (math::argmax_beats): the partial with the higher index must beat the lower one to win.
+struct ArgmaxCombine {
+  CLUSTR_DEVICE ArgmaxPartial operator()(const ArgmaxPartial& a, const ArgmaxPartial& b) const {
+    const bool a_first = a.i < b.i;
+    const ArgmaxPartial& lo = a_first ? a : b;
+    const ArgmaxPartial& hi = a_first ? b : a;
+    return math::argmax_beats(hi.v, lo.v) ? hi : lo;
+  }
+};
+
+// inner == 1: y[o] = argmax over l of x[o, l]; one block per row, each thread scans its strided
+// share in index order and block_reduce combines the partials.
+struct RowArgmaxKernel {
+  static constexpr bool kUsesBarrier = true;
+  const float* x;
+  int32_t* y;
+  int64_t rows, len;
+  CLUSTR_DEVICE void operator()(const Thread& t) const {
+    const unsigned tid = t.thread_idx().x, nt = t.block_dim().x;
+    for (int64_t r = t.block_idx().x; r < rows; r += t.grid_dim().x) {
+      const float* xr = x + r * len;
+      ArgmaxPartial acc = argmax_empty();
+      for (int64_t l = tid; l < len; l += nt)
+        if (acc.i == INT32_MAX || math::argmax_beats(xr[l], acc.v))
+          acc = {xr[l], static_cast<int32_t>(l)};
+      const ArgmaxPartial best =
+          block_reduce(t, acc, t.shared<ArgmaxPartial>(), ArgmaxCombine{});
+      if (tid == 0) y[r] = best.i;
+    }
+  }
+};
+
+// inner > 1: y[o, i] = argmax over l of x[o, l, i]; one thread per output, scanning l in order
+// exactly as the CPU does.
+struct ColumnArgmaxKernel {
+  static constexpr bool kUsesBarrier = false;
+  const float* x;
+  int32_t* y;
+  int64_t outer, len, inner;
+  CLUSTR_DEVICE void operator()(const Thread& t) const {
+    for (int64_t out = global_x(t); out < outer * inner; out += grid_stride_x(t)) {
+      const int64_t o = out / inner, i = out - o * inner;
+      const float* xc = x + o * len * inner + i;
+      float best = xc[0];
+      int32_t at = 0;
+      for (int64_t l = 1; l < len; ++l) {
+        const float v = xc[l * inner];
+        if (math::argmax_beats(v, best)) best = v, at = static_cast<int32_t>(l);
+      }
+      y[out] = at;
+    }
+  }
+};
+
 // Per row r of x (rows, cols): m = max, s = sum exp(x - m) (double); softmax exp(x - m) / s or
 // log-softmax x - m - log(s). A fully masked row (m = -inf) gives 0 / -inf, as on the CPU;
 // every thread sees the same m, so the branch is taken by the whole block.
@@ -164,6 +227,23 @@ void reduce(ReduceOp op, const float* x, float* y, int64_t outer, int64_t len, i
     launch_reduce<double>(op, x, y, outer, len, inner);
   else
     launch_reduce<float>(op, x, y, outer, len, inner);
+}
+
+// x (outer, len, inner) -> y (outer, inner) i32, the first index of the maximum; len >= 1 and
+// below 2^31 (checked by the front door).
+void argmax(const float* x, int32_t* y, int64_t outer, int64_t len, int64_t inner) {
+  if (outer * inner == 0) return;
+  require("cuda::argmax");
+  CLUSTR_CHECK(len > 0 && len < INT32_MAX, "cuda::argmax: expected an axis of 1 to ",
+               INT32_MAX - 1, " elements, got ", len);
+  if (inner == 1) {
+    const unsigned threads = row_threads(len);
+    launch("cuda::argmax (rows)", {row_blocks(outer)}, {threads}, threads * sizeof(ArgmaxPartial),
+           RowArgmaxKernel{x, y, outer, len});
+  } else {
+    launch("cuda::argmax (columns)", {elementwise_blocks(outer * inner)}, {kElementwiseThreads}, 0,
+           ColumnArgmaxKernel{x, y, outer, len, inner});
+  }
 }
 
 void softmax(const float* x, float* y, int64_t rows, int64_t cols) {

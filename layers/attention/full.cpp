@@ -1,7 +1,7 @@
 // Front doors of the fused full attention (full.h) and its autograd nodes. They check dtypes,
 // shapes, devices, lengths and options once, allocate the outputs and the kernels' scratch
 // (as tensors, so that memory_stats counts it) on the inputs' device, and call the CPU kernels
-// (full_cpu.cpp). There is no CUDA kernel yet.
+// (full_cpu.cpp) or their CUDA twins (full_cuda.cu) with the same raw-pointer arguments.
 //
 // Legend: B batch, H heads, N queries, S keys, E query/key dim, M value dim.
 #include "layers/attention/full.h"
@@ -9,12 +9,15 @@
 #include <cmath>
 #include <memory>
 #include <utility>
+#include <vector>
 
 #include "autograd/node.h"
 #include "core/error.h"
+#include "core/ops.h"
 #include "core/ops_check.h"
 #include "core/parallel.h"
 #include "layers/attention/full_cpu.h"
+#include "layers/attention/full_cuda.h"
 
 namespace clustr {
 
@@ -40,7 +43,6 @@ cpu::FullAttentionDims check_inputs(const char* op, const Tensor& Q, const Tenso
   check_f32(op, "V", V);
   detail::check_same_device(op, Q, K);
   detail::check_same_device(op, Q, V);
-  detail::require_cpu(op, Q);
   CLUSTR_CHECK(Q.rank() == 4, op, ": expected Q of shape (B, H, N, E), got ", describe(Q));
   cpu::FullAttentionDims d;
   d.B = Q.size(0), d.H = Q.size(1), d.N = Q.size(2), d.E = Q.size(3);
@@ -65,7 +67,6 @@ cpu::FullAttentionDims check_inputs(const char* op, const Tensor& Q, const Tenso
 cpu::FullAttentionDims check_qkv(const char* op, const Tensor& qkv, int64_t heads,
                                  const Tensor& lengths, const FullAttentionOptions& options) {
   check_f32(op, "qkv", qkv);
-  detail::require_cpu(op, qkv);
   CLUSTR_CHECK(heads >= 1, op, ": expected at least one head, got ", heads);
   CLUSTR_CHECK(qkv.rank() == 3 && qkv.size(2) % (3 * heads) == 0 && qkv.size(2) > 0, op,
                ": expected qkv of shape (B, N, 3 D) with D a multiple of the ", heads,
@@ -85,10 +86,13 @@ cpu::FullAttentionLayout qkv_layout(const cpu::FullAttentionDims& d) {
   return {in, in, in, cpu::heads_interleaved(d.N, d.E, D)};
 }
 
+// The kernels' parameters. lengths are passed as a host array (both devices' kernels read them
+// on the host; for device lengths a copy is kept in host_copy).
 cpu::FullAttentionParams params_of(const cpu::FullAttentionDims& d, const Tensor& lengths,
-                                   const FullAttentionOptions& options) {
+                                   const FullAttentionOptions& options,
+                                   std::vector<int32_t>& host_copy) {
   cpu::FullAttentionParams p;
-  p.lengths = lengths.defined() ? lengths.i32() : nullptr;
+  p.lengths = lengths.defined() ? detail::host_i32(lengths, host_copy) : nullptr;
   p.causal = options.causal;
   p.temperature = options.temperature > 0.0f
                       ? options.temperature
@@ -105,6 +109,24 @@ void check_shape(const char* op, const char* what, const Tensor& t, const Tensor
   detail::check_same_device(op, like, t);
   CLUSTR_CHECK(t.shape() == shape, op, ": expected ", what, " of shape ", to_string(shape),
                ", got ", describe(t));
+}
+
+// The device kernels take contiguous heads, so on the device the qkv variant permutes the fused
+// projection's heads out and back. cuBLAS could read the interleaved heads in place through the
+// leading dimensions, as the CPU kernels do, but the products' outputs (out, dQ, dK, dV) would
+// then be batches of interleaved column blocks, which gemm_strided_batched refuses (it requires
+// each batch entry's C to lie past the previous one); a permute each way is the simpler correct
+// choice, and one pass over qkv is small next to the attention itself.
+// qkv (B, N, 3 D) -> (3, B, H, N, E): Q, K, V one after another.
+Tensor split_qkv(const Tensor& qkv, const cpu::FullAttentionDims& d) {
+  return permute(qkv.reshape({d.B, d.N, 3, d.H, d.E}), {2, 0, 3, 1, 4});
+}
+// (B, N, D) <-> (B, H, N, E).
+Tensor split_heads(const Tensor& x, const cpu::FullAttentionDims& d) {
+  return permute(x.reshape({d.B, d.N, d.H, d.E}), {0, 2, 1, 3});
+}
+Tensor merge_heads(const Tensor& x, const cpu::FullAttentionDims& d) {
+  return permute(x, {0, 2, 1, 3}).reshape({d.B, d.N, d.H * d.E});
 }
 
 // Scratch for a kernel: `floats` floats (an undefined tensor when none are needed).
@@ -150,11 +172,19 @@ FullAttentionOutput full_attention_forward(const Tensor& Q, const Tensor& K, con
   r.out = Tensor::empty({d.B, d.H, d.N, d.M}, DType::f32, Q.device());
   r.logsumexp = Tensor::empty({d.B, d.H, d.N}, DType::f32, Q.device());
   if (d.B * d.H * d.N == 0) return r;
+  std::vector<int32_t> host_lengths;
+  const cpu::FullAttentionParams p = params_of(d, lengths, options, host_lengths);
+  if (Q.device() == Device::cuda) {
+    Tensor ws = workspace(cuda::full_attention_forward_workspace(d), Q.device());
+    cuda::full_attention_forward(d, p, Q.f32(), K.f32(), V.f32(), r.out.f32(),
+                                 r.logsumexp.f32(), ws.defined() ? ws.f32() : nullptr);
+    return r;
+  }
   const int threads = num_threads();
   Tensor ws = workspace(cpu::full_attention_forward_workspace(d, threads), Q.device());
-  cpu::full_attention_forward(d, cpu::contiguous_layout(d), params_of(d, lengths, options),
-                              Q.f32(), K.f32(), V.f32(), r.out.f32(), r.logsumexp.f32(),
-                              ws.defined() ? ws.f32() : nullptr, threads);
+  cpu::full_attention_forward(d, cpu::contiguous_layout(d), p, Q.f32(), K.f32(), V.f32(),
+                              r.out.f32(), r.logsumexp.f32(), ws.defined() ? ws.f32() : nullptr,
+                              threads);
   return r;
 }
 
@@ -176,12 +206,20 @@ FullAttentionGrads full_attention_backward(const Tensor& dout, const Tensor& Q, 
     g.dV.fill(0.0f);
     return g;
   }
+  std::vector<int32_t> host_lengths;
+  const cpu::FullAttentionParams p = params_of(d, lengths, options, host_lengths);
+  if (Q.device() == Device::cuda) {
+    Tensor ws = workspace(cuda::full_attention_backward_workspace(d), Q.device());
+    cuda::full_attention_backward(d, p, Q.f32(), K.f32(), V.f32(), out.f32(), logsumexp.f32(),
+                                  dout.f32(), g.dQ.f32(), g.dK.f32(), g.dV.f32(),
+                                  ws.defined() ? ws.f32() : nullptr);
+    return g;
+  }
   const int threads = num_threads();
   Tensor ws = workspace(cpu::full_attention_backward_workspace(d, threads), Q.device());
-  cpu::full_attention_backward(d, cpu::contiguous_layout(d), params_of(d, lengths, options),
-                               Q.f32(), K.f32(), V.f32(), out.f32(), logsumexp.f32(), dout.f32(),
-                               g.dQ.f32(), g.dK.f32(), g.dV.f32(),
-                               ws.defined() ? ws.f32() : nullptr, threads);
+  cpu::full_attention_backward(d, cpu::contiguous_layout(d), p, Q.f32(), K.f32(), V.f32(),
+                               out.f32(), logsumexp.f32(), dout.f32(), g.dQ.f32(), g.dK.f32(),
+                               g.dV.f32(), ws.defined() ? ws.f32() : nullptr, threads);
   return g;
 }
 
@@ -205,16 +243,35 @@ FullAttentionOutput full_attention_qkv_forward(const Tensor& qkv, int64_t heads,
                                                const FullAttentionOptions& options) {
   const char* op = "full_attention_qkv";
   const cpu::FullAttentionDims d = check_qkv(op, qkv, heads, lengths, options);
+  const int64_t D = d.H * d.E;
   FullAttentionOutput r;
-  r.out = Tensor::empty({d.B, d.N, d.H * d.E});
+  if (qkv.device() == Device::cuda) {
+    r.logsumexp = Tensor::empty({d.B, d.H, d.N}, DType::f32, Device::cuda);
+    if (d.B * d.N == 0) {
+      r.out = Tensor::empty({d.B, d.N, D}, DType::f32, Device::cuda);
+      return r;
+    }
+    const Tensor parts = split_qkv(qkv, d);
+    const float* q = parts.f32();
+    const int64_t n = d.B * d.H * d.N * d.E;
+    Tensor out = Tensor::empty({d.B, d.H, d.N, d.E}, DType::f32, Device::cuda);
+    Tensor ws = workspace(cuda::full_attention_forward_workspace(d), Device::cuda);
+    std::vector<int32_t> host_lengths;
+    cuda::full_attention_forward(d, params_of(d, lengths, options, host_lengths), q, q + n,
+                                 q + 2 * n, out.f32(), r.logsumexp.f32(),
+                                 ws.defined() ? ws.f32() : nullptr);
+    r.out = merge_heads(out, d);
+    return r;
+  }
+  r.out = Tensor::empty({d.B, d.N, D});
   r.logsumexp = Tensor::empty({d.B, d.H, d.N});
   if (d.B * d.N == 0) return r;
   const int threads = num_threads();
   Tensor ws = workspace(cpu::full_attention_forward_workspace(d, threads), Device::cpu);
   const float* q = qkv.f32();
-  const int64_t D = d.H * d.E;
-  cpu::full_attention_forward(d, qkv_layout(d), params_of(d, lengths, options), q, q + D,
-                              q + 2 * D, r.out.f32(), r.logsumexp.f32(),
+  std::vector<int32_t> host_lengths;
+  cpu::full_attention_forward(d, qkv_layout(d), params_of(d, lengths, options, host_lengths), q,
+                              q + D, q + 2 * D, r.out.f32(), r.logsumexp.f32(),
                               ws.defined() ? ws.f32() : nullptr, threads);
   return r;
 }
@@ -228,15 +285,31 @@ Tensor full_attention_qkv_backward(const Tensor& dout, const Tensor& qkv, int64_
   check_shape(op, "dout", dout, qkv, {d.B, d.N, D});
   check_shape(op, "out", out, qkv, {d.B, d.N, D});
   check_shape(op, "logsumexp", logsumexp, qkv, {d.B, d.H, d.N});
+  if (qkv.device() == Device::cuda) {
+    if (d.B * d.N == 0) return Tensor::empty(qkv.shape(), DType::f32, Device::cuda);
+    const Tensor parts = split_qkv(qkv, d);
+    const float* q = parts.f32();
+    const int64_t n = d.B * d.H * d.N * d.E;
+    Tensor dheads = Tensor::empty({3, d.B, d.H, d.N, d.E}, DType::f32, Device::cuda);
+    float* dq = dheads.f32();
+    Tensor ws = workspace(cuda::full_attention_backward_workspace(d), Device::cuda);
+    std::vector<int32_t> host_lengths;
+    cuda::full_attention_backward(d, params_of(d, lengths, options, host_lengths), q, q + n,
+                                  q + 2 * n, split_heads(out, d).f32(), logsumexp.f32(),
+                                  split_heads(dout, d).f32(), dq, dq + n, dq + 2 * n,
+                                  ws.defined() ? ws.f32() : nullptr);
+    return permute(dheads, {1, 3, 0, 2, 4}).reshape(qkv.shape());  // (B, N, 3, H, E)
+  }
   Tensor dqkv = Tensor::empty(qkv.shape());
   if (d.B * d.N == 0) return dqkv;
   const int threads = num_threads();
   Tensor ws = workspace(cpu::full_attention_backward_workspace(d, threads), Device::cpu);
   const float* q = qkv.f32();
   float* dq = dqkv.f32();
-  cpu::full_attention_backward(d, qkv_layout(d), params_of(d, lengths, options), q, q + D,
-                               q + 2 * D, out.f32(), logsumexp.f32(), dout.f32(), dq, dq + D,
-                               dq + 2 * D, ws.defined() ? ws.f32() : nullptr, threads);
+  std::vector<int32_t> host_lengths;
+  cpu::full_attention_backward(d, qkv_layout(d), params_of(d, lengths, options, host_lengths), q,
+                               q + D, q + 2 * D, out.f32(), logsumexp.f32(), dout.f32(), dq,
+                               dq + D, dq + 2 * D, ws.defined() ? ws.f32() : nullptr, threads);
   return dqkv;
 }
 

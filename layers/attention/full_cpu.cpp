@@ -95,8 +95,7 @@ struct RowLimits {
   bool causal;
   int64_t tc;  // columns in the tile
   int64_t limit(int64_t r) const {
-    const int64_t seen = causal ? min64(length, i0 + r + 1) : length;
-    return max64(0, min64(tc, seen - k0));
+    return max64(0, min64(tc, math::attention_keys_seen(i0 + r, length, causal) - k0));
   }
 };
 
@@ -117,7 +116,7 @@ Block block_of(const FullAttentionDims& d, const FullAttentionParams& p, const L
   const int64_t query_end = (p.lengths && d.N == d.S) ? k.length : d.N;
   k.rows = max64(0, min64(k.i1, query_end) - k.i0);
   // The last real row sees the most keys.
-  k.key_end = k.rows == 0 ? 0 : p.causal ? min64(k.length, k.i0 + k.rows) : k.length;
+  k.key_end = k.rows == 0 ? 0 : math::attention_keys_seen(k.i0 + k.rows - 1, k.length, p.causal);
   return k;
 }
 
@@ -234,22 +233,21 @@ void backward_tile(float* s, float* dp, int64_t ld, int64_t rows, RowLimits lim,
     const float dr = D[r];
     c = 0;
     if (d_from_tile) {
-      for (; c < n; ++c) g[c] = x[c] * (g[c] - dr);
+      for (; c < n; ++c) g[c] = math::softmax_dx(x[c], g[c], dr);
     } else if (drop.p > 0.0f) {
       dropout_bits(drop.seed, drop.offset, drop.idx0 + r * drop.row_stride, n, drop.bits);
       const uint32_t* bits = drop.bits;
       const float p = drop.p, scale = drop.scale;
       for (; c < n; ++c) {
         const float pr = math::exp(x[c] - lr);
-        const bool keep = uint_to_unit(bits[c]) >= p;
-        x[c] = math::select(keep, pr * scale, 0.0f);
-        g[c] = pr * (math::select(keep, g[c] * scale, 0.0f) - dr);
+        x[c] = math::dropout_value(pr, bits[c], p, scale);
+        g[c] = math::softmax_dx(pr, math::dropout_value(g[c], bits[c], p, scale), dr);
       }
     } else {
       for (; c < n; ++c) {
         const float pr = math::exp(x[c] - lr);
         x[c] = pr;
-        g[c] = pr * (g[c] - dr);
+        g[c] = math::softmax_dx(pr, g[c], dr);
       }
     }
     for (; c < lim.tc; ++c) x[c] = g[c] = 0.0f;
@@ -294,7 +292,7 @@ void forward_block(const FullAttentionDims& d, const FullAttentionLayout& hl,
                    const float* Q, const float* K, const float* V, float* out, float* logsumexp,
                    float* scratch) {
   const int64_t b = k.bh / d.H, h = k.bh % d.H;
-  const int64_t row0 = k.bh * d.N + k.i0;  // (b, h, i0) in logsumexp and the dropout index
+  const int64_t row0 = k.bh * d.N + k.i0;  // (b, h, i0) in logsumexp
   const int64_t ldo = hl.o.row;
   float* o = out + hl.o.at(b, h) + k.i0 * ldo;
   float* lse = logsumexp + row0;
@@ -328,7 +326,8 @@ void forward_block(const FullAttentionDims& d, const FullAttentionLayout& hl,
       for (int64_t r = 0; r < k.rows; ++r) {
         float* x = s + r * lay.bk;
         const int64_t n = lim.limit(r);
-        dropout_bits(p.seed, p.offset, static_cast<uint64_t>((row0 + r) * d.S + k0), n, bits);
+        dropout_bits(p.seed, p.offset, math::attention_dropout_index(k.bh, d.N, k.i0 + r, d.S, k0),
+                     n, bits);
         for (int64_t c = 0; c < n; ++c)
           x[c] = math::dropout_value(x[c], bits[c], p.dropout, scale);
       }
@@ -344,7 +343,7 @@ void forward_block(const FullAttentionDims& d, const FullAttentionLayout& hl,
     if (l[r] == 0.0f) continue;
     const float inv = 1.0f / l[r];
     for (int64_t c = 0; c < d.M; ++c) o[r * ldo + c] *= inv;
-    lse[r] = m[r] + std::log(l[r]);
+    lse[r] = math::attention_lse(m[r], l[r]);
   }
 }
 
@@ -399,7 +398,7 @@ void backward_block(const FullAttentionDims& d, const FullAttentionLayout& hl,
     const float* vt = V + hl.v.at(b, h) + k0 * ldv;
     gemm(false, true, k.rows, tc, d.E, t, q, ldq, kt, ldk, 0.0f, s, lay.bk);
     gemm(false, true, k.rows, tc, d.M, 1.0f, dO, ldo, vt, ldv, 0.0f, dp, lay.bk);
-    drop.idx0 = static_cast<uint64_t>(row0 * d.S + k0);
+    drop.idx0 = math::attention_dropout_index(k.bh, d.N, k.i0, d.S, k0);
     backward_tile(s, dp, lay.bk, k.rows, RowLimits{k.i0, k0, k.length, p.causal, tc},
                   logsumexp + row0, D, d_from_tile, drop);
     // dV_tile += Pd^T dO, dQ_blk (+)= t dS K_tile, dK_tile += t dS^T Q_blk.

@@ -1,0 +1,336 @@
+// CUDA kernels of the fused full attention (full_cuda.h gives the contract; full_cpu.h the
+// semantics). Written against core/cuda/kernel.h, so the same code runs on a GPU and in device
+// emulation.
+//
+// Legend: B batch, H heads, N queries, S keys, E query/key dim, M value dim; Bq rows of a query
+// block, Sb keys the block sees.
+//   scores, dP: scratch (H, Bq, Sb) per query block, Sb <= S.
+//
+// How: per sequence b and per block of Bq query rows, all H heads at once. The block's scores
+// (H, Bq, Sb) = t Q_blk K^T are one cuBLAS strided-batched GEMM over the heads; a fused kernel
+// (one CUDA block per row) masks them, takes the row's max and sum, writes the logsumexp and
+// turns the scores into the (dropped-out) weights in place, two passes over a row that is
+// whole in scratch, so no online rescaling is needed; out_blk = P V is a second batched GEMM.
+// Bq is the largest of at most kBlockQ rows whose scores fit kScoreFloats, so scratch is
+// bounded by the shape's H S, never N x S per head (eq. 1-2 without the N x S matrix).
+// Sb is the keys the block's last real row sees (lengths, causal), so masked-out keys cost
+// nothing; lengths are read on the host (the front door copies them there) to size the GEMMs.
+//
+// Backward (FlashAttention-2's recomputation): per block, scores again and dP = dO V^T, then a
+// kernel recomputes P = exp(s - lse) from the saved logsumexp, applies the same dropout mask
+// (regenerated from Philox), and writes Pd = P keep / (1 - p) and dS = P (dP keep / (1 - p) - D)
+// with D_i = dO_i . O_i; then dV += Pd^T dO, dQ_blk = t dS K, dK += t dS^T Q_blk by batched
+// GEMMs. dK and dV are sums over the query blocks: they are zeroed once and the blocks add to
+// them with beta = 1 GEMMs in block order, one after another on the stream, so there are no
+// float atomics and a result never depends on timing.
+//
+// The per-element math (the keys a row sees, exp, the logsumexp, dropout, the softmax
+// gradient) is core/math.h's, the CPU's; the dropout element numbering is full_cpu.h's.
+#include "layers/attention/full_cuda.h"
+
+#include <cmath>
+#include <cstdint>
+
+#include "core/cuda/cuda.h"
+#include "core/cuda/kernel.h"
+#include "core/error.h"
+#include "core/math.h"
+#include "core/philox.h"
+
+namespace clustr::cuda {
+
+namespace {
+
+using cpu::FullAttentionDims;
+using cpu::FullAttentionParams;
+
+// A block of 128 query rows (the CPU's block), batched over the heads, gives each GEMM enough
+// work for a GPU while keeping the score blocks an eighth of N x S at N = 1024; the 16 MiB bound
+// on one score block keeps scratch modest for long sequences (H = 6, S = 16384: Bq = 42).
+constexpr int64_t kBlockQ = 128;
+constexpr int64_t kScoreFloats = int64_t(1) << 22;
+
+int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+// Bq: rows of a query block.
+int64_t block_rows(const FullAttentionDims& d) {
+  const int64_t per_row = max64(1, d.H * d.S);
+  return max64(1, min64(min64(kBlockQ, max64(1, d.N)), kScoreFloats / per_row));
+}
+// Floats of one score block (H, Bq, S).
+int64_t score_floats(const FullAttentionDims& d) {
+  return d.H * block_rows(d) * max64(1, d.S);
+}
+
+struct AddDouble {
+  CLUSTR_HD double operator()(double a, double b) const { return a + b; }
+};
+
+// The dropout of one call: element idx of the weights keeps when its Philox word says so.
+struct Dropout {
+  float p = 0.0f, scale = 1.0f;
+  uint64_t seed = 0, offset = 0;
+};
+
+// Calls f(j, word) for the columns j in [0, n) of a row whose column 0 has dropout element
+// number idx0, with word the element's Philox word. Each thread takes whole Philox blocks (four
+// consecutive elements), so each block of words is computed once per row.
+template <class F>
+CLUSTR_DEVICE void for_each_word(const Thread& t, const Dropout& drop, uint64_t idx0, int64_t n,
+                                 F f) {
+  if (n <= 0) return;
+  const uint64_t first = idx0 / 4, last = (idx0 + static_cast<uint64_t>(n) - 1) / 4;
+  for (uint64_t q = first + t.thread_idx().x; q <= last; q += t.block_dim().x) {
+    const Philox4 w = philox4x32(drop.seed, drop.offset + q);
+    for (uint64_t k = 0; k < 4; ++k) {
+      const int64_t j = static_cast<int64_t>(4 * q + k - idx0);
+      if (j >= 0 && j < n) f(j, w.v[k]);
+    }
+  }
+}
+
+// Where one query block's rows are: rows [i0, i0 + rows) of sequence b, keys [0, ld) computed.
+struct BlockRows {
+  int64_t b, i0, rows, ld;  // ld = Sb, the row length of the score block
+  int64_t length;           // keys j < length are valid
+};
+
+// The columns of score row (h, r) that row i0 + r sees, [0, n).
+CLUSTR_DEVICE int64_t seen_columns(const BlockRows& k, bool causal, int64_t r) {
+  const int64_t n = math::attention_keys_seen(k.i0 + r, k.length, causal);
+  return n < 0 ? 0 : n < k.ld ? n : k.ld;
+}
+
+// Forward, one CUDA block per score row (grid rows x H): s (H, rows, ld) holds t q . k and
+// becomes the weights, masked columns 0, P = exp(s - m) / l with the dropout mask applied;
+// logsumexp (b, h, i0 + r) = m + log(l). A row that sees no key gets 0 and -inf.
+struct ForwardRowsKernel {
+  static constexpr bool kUsesBarrier = true;
+  float* s;
+  float* logsumexp;  // (B, H, N)
+  BlockRows k;
+  int64_t H, N, S;
+  bool causal;
+  Dropout drop;
+  CLUSTR_DEVICE void operator()(const Thread& t) const {
+    const unsigned tid = t.thread_idx().x, nt = t.block_dim().x;
+    const int64_t r = t.block_idx().x, h = t.block_idx().y, bh = k.b * H + h;
+    float* x = s + (h * k.rows + r) * k.ld;
+    const int64_t n = seen_columns(k, causal, r);
+    float m = -INFINITY;
+    for (int64_t j = tid; j < n; j += nt) m = math::Maximum{}(m, x[j]);
+    m = block_reduce(t, m, t.shared<float>(), math::Maximum{});
+    if (n == 0) {  // the same n for every thread: the whole block returns
+      for (int64_t j = tid; j < k.ld; j += nt) x[j] = 0.0f;
+      if (tid == 0) logsumexp[bh * N + k.i0 + r] = -INFINITY;
+      return;
+    }
+    double acc = 0.0;
+    for (int64_t j = tid; j < n; j += nt) acc += math::exp(x[j] - m);
+    const float l = static_cast<float>(block_reduce(t, acc, t.shared<double>(), AddDouble{}));
+    if (tid == 0) logsumexp[bh * N + k.i0 + r] = math::attention_lse(m, l);
+    const float inv = 1.0f / l;  // l >= 1: the max contributes exp(0)
+    if (drop.p > 0.0f) {
+      const float p = drop.p, scale = drop.scale;
+      for_each_word(t, drop, math::attention_dropout_index(bh, N, k.i0 + r, S, 0), n,
+                    [&](int64_t j, uint32_t w) {
+                      x[j] = math::dropout_value(math::exp(x[j] - m) * inv, w, p, scale);
+                    });
+    } else {
+      for (int64_t j = tid; j < n; j += nt) x[j] = math::exp(x[j] - m) * inv;
+    }
+    for (int64_t j = n + tid; j < k.ld; j += nt) x[j] = 0.0f;
+  }
+};
+
+// Backward, one CUDA block per score row (grid rows x H): s and dp (H, rows, ld) hold t q . k
+// and dO V^T; s becomes Pd = P keep scale and dp becomes dS = P (dP keep scale - D), with
+// P = exp(s - lse) and D = dO_i . O_i (summed here, in double). Masked columns, and every column
+// of a row with lse = -inf, are 0 in both.
+struct BackwardRowsKernel {
+  static constexpr bool kUsesBarrier = true;
+  float* s;
+  float* dp;
+  const float* logsumexp;  // (B, H, N)
+  const float* dout;       // (B, H, N, M)
+  const float* out;        // (B, H, N, M)
+  BlockRows k;
+  int64_t H, N, S, M;
+  bool causal;
+  Dropout drop;
+  CLUSTR_DEVICE void operator()(const Thread& t) const {
+    const unsigned tid = t.thread_idx().x, nt = t.block_dim().x;
+    const int64_t r = t.block_idx().x, h = t.block_idx().y, bh = k.b * H + h;
+    const int64_t i = k.i0 + r;
+    float* x = s + (h * k.rows + r) * k.ld;
+    float* g = dp + (h * k.rows + r) * k.ld;
+    const float* o = out + (bh * N + i) * M;
+    const float* dO = dout + (bh * N + i) * M;
+    double acc = 0.0;
+    for (int64_t c = tid; c < M; c += nt) acc += double(dO[c]) * o[c];
+    const float D = static_cast<float>(block_reduce(t, acc, t.shared<double>(), AddDouble{}));
+    const float lr = logsumexp[bh * N + i];
+    const int64_t n = lr == -INFINITY ? 0 : seen_columns(k, causal, r);
+    if (drop.p > 0.0f) {
+      const float p = drop.p, scale = drop.scale;
+      for_each_word(t, drop, math::attention_dropout_index(bh, N, i, S, 0), n,
+                    [&](int64_t j, uint32_t w) {
+                      const float pr = math::exp(x[j] - lr);
+                      x[j] = math::dropout_value(pr, w, p, scale);
+                      g[j] = math::softmax_dx(pr, math::dropout_value(g[j], w, p, scale), D);
+                    });
+    } else {
+      for (int64_t j = tid; j < n; j += nt) {
+        const float pr = math::exp(x[j] - lr);
+        x[j] = pr;
+        g[j] = math::softmax_dx(pr, g[j], D);
+      }
+    }
+    for (int64_t j = n + tid; j < k.ld; j += nt) x[j] = g[j] = 0.0f;
+  }
+};
+
+// Rows [i0, N) of every head of sequence b see no key (padding, or no valid key at all): out
+// rows 0 and logsumexp -inf. One thread per row.
+struct EmptyRowsKernel {
+  static constexpr bool kUsesBarrier = false;
+  float* out;        // (B, H, N, M)
+  float* logsumexp;  // (B, H, N)
+  int64_t b, i0, H, N, M;
+  CLUSTR_DEVICE void operator()(const Thread& t) const {
+    const int64_t per_head = N - i0;
+    for (int64_t e = global_x(t); e < H * per_head; e += grid_stride_x(t)) {
+      const int64_t row = (b * H + e / per_head) * N + i0 + e % per_head;
+      for (int64_t c = 0; c < M; ++c) out[row * M + c] = 0.0f;
+      logsumexp[row] = -INFINITY;
+    }
+  }
+};
+
+// The query rows of sequence b that see a key: [0, live). With N == S and lengths, rows at
+// positions >= lengths[b] are padding; with no valid key no row sees one.
+struct Sequence {
+  int64_t length, live;
+};
+Sequence sequence_of(const FullAttentionDims& d, const FullAttentionParams& p, int64_t b) {
+  Sequence q;
+  q.length = p.lengths ? p.lengths[b] : d.S;
+  q.live = q.length == 0 ? 0 : (p.lengths && d.N == d.S) ? q.length : d.N;
+  return q;
+}
+
+// The block of rows [i0, i0 + Bq) clipped to the live rows, and the keys its last row sees.
+BlockRows block_of(const FullAttentionParams& p, const Sequence& q, int64_t b, int64_t i0,
+                   int64_t bq) {
+  BlockRows k;
+  k.b = b;
+  k.i0 = i0;
+  k.rows = min64(bq, q.live - i0);
+  k.length = q.length;
+  k.ld = math::attention_keys_seen(i0 + k.rows - 1, q.length, p.causal);
+  return k;
+}
+
+Dropout dropout_of(const FullAttentionParams& p) {
+  Dropout drop;
+  if (p.dropout > 0.0f) {
+    drop.p = p.dropout;
+    drop.scale = 1.0f / (1.0f - p.dropout);
+    drop.seed = p.seed;
+    drop.offset = p.offset;
+  }
+  return drop;
+}
+
+}  // namespace
+
+int64_t full_attention_forward_workspace(const FullAttentionDims& d) { return score_floats(d); }
+int64_t full_attention_backward_workspace(const FullAttentionDims& d) {
+  return 2 * score_floats(d);
+}
+
+void full_attention_forward(const FullAttentionDims& d, const FullAttentionParams& p,
+                            const float* Q, const float* K, const float* V, float* out,
+                            float* logsumexp, float* workspace) {
+  if (d.B * d.H * d.N == 0) return;
+  require("cuda::full_attention_forward");
+  const int64_t H = d.H, N = d.N, S = d.S, E = d.E, M = d.M, bq = block_rows(d);
+  const float t = p.temperature;
+  const Dropout drop = dropout_of(p);
+  float* s = workspace;
+  for (int64_t b = 0; b < d.B; ++b) {
+    const Sequence q = sequence_of(d, p, b);
+    if (q.live < N)
+      launch("cuda::full_attention_forward (empty rows)", {elementwise_blocks(H * (N - q.live))},
+             {kElementwiseThreads}, 0, EmptyRowsKernel{out, logsumexp, b, q.live, H, N, M});
+    const float* qb = Q + b * H * N * E;
+    const float* kb = K + b * H * S * E;
+    const float* vb = V + b * H * S * M;
+    float* ob = out + b * H * N * M;
+    for (int64_t i0 = 0; i0 < q.live; i0 += bq) {
+      const BlockRows k = block_of(p, q, b, i0, bq);
+      const int64_t rows = k.rows, ld = k.ld;
+      // scores (H, rows, Sb) = t Q_blk K^T
+      gemm_strided_batched(false, true, rows, ld, E, t, qb + i0 * E, E, N * E, kb, E, S * E,
+                           0.0f, s, ld, rows * ld, H);
+      const unsigned threads = row_threads(ld);
+      launch("cuda::full_attention_forward (rows)", {static_cast<unsigned>(rows),
+             static_cast<unsigned>(H)}, {threads}, threads * sizeof(double),
+             ForwardRowsKernel{s, logsumexp, k, H, N, S, p.causal, drop});
+      // out_blk (H, rows, M) = P V
+      gemm_strided_batched(false, false, rows, M, ld, 1.0f, s, ld, rows * ld, vb, M, S * M, 0.0f,
+                           ob + i0 * M, M, N * M, H);
+    }
+  }
+}
+
+void full_attention_backward(const FullAttentionDims& d, const FullAttentionParams& p,
+                             const float* Q, const float* K, const float* V, const float* out,
+                             const float* logsumexp, const float* dout, float* dQ, float* dK,
+                             float* dV, float* workspace) {
+  // Rows that see no key give no gradient; dK and dV are sums over the query blocks.
+  fill_f32(dQ, 0.0f, d.B * d.H * d.N * d.E);
+  fill_f32(dK, 0.0f, d.B * d.H * d.S * d.E);
+  fill_f32(dV, 0.0f, d.B * d.H * d.S * d.M);
+  if (d.B * d.H * d.N == 0) return;
+  require("cuda::full_attention_backward");
+  const int64_t H = d.H, N = d.N, S = d.S, E = d.E, M = d.M, bq = block_rows(d);
+  const float t = p.temperature;
+  const Dropout drop = dropout_of(p);
+  float* s = workspace;
+  float* dp = workspace + score_floats(d);
+  for (int64_t b = 0; b < d.B; ++b) {
+    const Sequence q = sequence_of(d, p, b);
+    const float* qb = Q + b * H * N * E;
+    const float* kb = K + b * H * S * E;
+    const float* vb = V + b * H * S * M;
+    const float* dob = dout + b * H * N * M;
+    float* dqb = dQ + b * H * N * E;
+    float* dkb = dK + b * H * S * E;
+    float* dvb = dV + b * H * S * M;
+    for (int64_t i0 = 0; i0 < q.live; i0 += bq) {
+      const BlockRows k = block_of(p, q, b, i0, bq);
+      const int64_t rows = k.rows, ld = k.ld;
+      const float* qi = qb + i0 * E;
+      const float* doi = dob + i0 * M;
+      gemm_strided_batched(false, true, rows, ld, E, t, qi, E, N * E, kb, E, S * E, 0.0f, s, ld,
+                           rows * ld, H);
+      gemm_strided_batched(false, true, rows, ld, M, 1.0f, doi, M, N * M, vb, M, S * M, 0.0f, dp,
+                           ld, rows * ld, H);
+      const unsigned threads = row_threads(max64(ld, M));
+      launch("cuda::full_attention_backward (rows)", {static_cast<unsigned>(rows),
+             static_cast<unsigned>(H)}, {threads}, threads * sizeof(double),
+             BackwardRowsKernel{s, dp, logsumexp, dout, out, k, H, N, S, M, p.causal, drop});
+      // dV[:Sb] += Pd^T dO_blk, dQ_blk = t dS K[:Sb], dK[:Sb] += t dS^T Q_blk
+      gemm_strided_batched(true, false, ld, M, rows, 1.0f, s, ld, rows * ld, doi, M, N * M, 1.0f,
+                           dvb, M, S * M, H);
+      gemm_strided_batched(false, false, rows, E, ld, t, dp, ld, rows * ld, kb, E, S * E, 0.0f,
+                           dqb + i0 * E, E, N * E, H);
+      gemm_strided_batched(true, false, ld, E, rows, t, dp, ld, rows * ld, qi, E, N * E, 1.0f,
+                           dkb, E, S * E, H);
+    }
+  }
+}
+
+}  // namespace clustr::cuda

@@ -1,0 +1,467 @@
+// The fused ops of the transformer layers (core/ops_fused.cpp), argmax and the CTC loss on the
+// CUDA device against the CPU, through the front doors and the autograd ops: linear forward
+// (bias present or absent, ReLU on or off) and backward, the ReLU feed-forward block's
+// backward, layer norm of a residual sum, argmax ties and NaN over either kind of axis, and
+// ctc_loss with varied lengths, repeated labels and impossible alignments. Shapes 1, 3, 17, 129
+// and non-square. Part of the test_cuda program (tests/test_cuda.cpp has its main).
+//
+// Tolerances:
+// - GEMMs: cuBLAS and the CPU's blocked kernel add the K products in different orders; with
+//   inputs in [-2, 2] and K <= 129 the results agree within 2e-5 absolute + 1e-5 relative;
+// - layer norm of a sum: the sum is the same float on both devices, so the rest is the layer
+//   norm tolerance of test_cuda_nn.cpp (row sums in double, summed in another order);
+// - argmax returns the same index bit for bit (the CPU's tie and NaN rule, exactly);
+// - CTC runs the CPU kernel on a host copy, and backward's scaling is the same float products:
+//   bit for bit on any device.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "autograd/ops.h"
+#include "autograd/variable.h"
+#include "check.h"
+#include "core/cuda/cuda.h"
+#include "core/ops.h"
+#include "core/tensor.h"
+#include "cuda_check.h"
+#include "core/random.h"
+#include "layers/basic.h"
+#include "layers/ctc.h"
+#include "layers/module.h"
+
+using clustr::Device;
+using clustr::DType;
+using clustr::Shape;
+using clustr::Tensor;
+using clustr::Variable;
+using clustr::test::check_ulps;
+using clustr::test::random_tensor;
+using clustr::test::random_values;
+
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+Tensor dev(const Tensor& t) { return t.defined() ? t.to(Device::cuda) : t; }
+
+// A device result (moved to the host) against the cpu's, both defined or both undefined.
+void check_gemm_close(const char* what, const Tensor& got, const Tensor& expected) {
+  INFO(what);
+  REQUIRE(got.defined() == expected.defined());
+  if (!expected.defined()) return;
+  CHECK(got.device() == Device::cuda);
+  CHECK(got.shape() == expected.shape());
+  CHECK_CLOSE(got.to_vector(), expected.to_vector(), 2e-5, 1e-5);
+}
+
+// Indices from the device against the cpu's, exactly; the message names the first difference.
+void check_same_ints(const std::vector<int32_t>& got, const std::vector<int32_t>& expected) {
+  REQUIRE(got.size() == expected.size());
+  size_t bad = 0, first = 0;
+  for (size_t i = 0; i < got.size(); ++i)
+    if (got[i] != expected[i] && bad++ == 0) first = i;
+  CHECK_MESSAGE(bad == 0, bad << " of " << got.size() << " indices differ; first at " << first
+                                  << ": device " << (bad ? got[first] : 0) << ", cpu "
+                                  << (bad ? expected[first] : 0));
+}
+
+// (R, in, out) of the linear layers: sizes 1, 3, 17, 129, non-square, and empty R.
+struct LinearShape {
+  int64_t R, in, out;
+};
+const LinearShape kLinearShapes[] = {{1, 1, 1},    {3, 17, 5},  {17, 129, 3}, {129, 3, 17},
+                                     {5, 129, 129}, {130, 7, 1}, {0, 4, 3}};
+
+}  // namespace
+
+TEST_CASE("cuda fused: linear_forward matches the cpu, bias present or absent, ReLU on or off") {
+  uint32_t seed = 500;
+  for (const LinearShape& s : kLinearShapes) {
+    const Tensor x = random_tensor({s.R, s.in}, seed++);
+    const Tensor W = random_tensor({s.out, s.in}, seed++);
+    const Tensor b = random_tensor({s.out}, seed++);
+    for (bool with_bias : {true, false})
+      for (bool relu : {false, true}) {
+        CAPTURE(s.R);
+        CAPTURE(s.in);
+        CAPTURE(s.out);
+        CAPTURE(with_bias);
+        CAPTURE(relu);
+        const Tensor bias = with_bias ? b : Tensor();
+        const Tensor e = clustr::linear_forward(x, W, bias, relu);
+        const Tensor g = clustr::linear_forward(dev(x), dev(W), dev(bias), relu);
+        check_gemm_close("y", g, e);
+        if (relu) {  // exactly 0 where the cpu clamped a clearly negative value
+          const std::vector<float> gv = g.to_vector(), ev = e.to_vector();
+          for (size_t i = 0; i < ev.size(); ++i)
+            if (ev[i] == 0.0f && gv[i] != 0.0f) CHECK_MESSAGE(std::fabs(gv[i]) < 1e-4f, i);
+        }
+      }
+  }
+}
+
+TEST_CASE("cuda fused: ReLU of linear_forward keeps NaN and clamps -inf, as on the cpu") {
+  // x W^T with one NaN and one -inf row: the epilogue sees them as the CPU's does.
+  const Tensor x = Tensor::from_vector({1, 2, kNaN, 0, -kInf, 1}, {3, 2});
+  const Tensor W = Tensor::from_vector({1, 1, 2, 0.5f}, {2, 2});
+  const Tensor b = Tensor::from_vector({-1, 1}, {2});
+  const std::vector<float> e = clustr::linear_forward(x, W, b, true).to_vector();
+  const std::vector<float> g = clustr::linear_forward(dev(x), dev(W), dev(b), true).to_vector();
+  check_ulps(g, e, 0);
+  CHECK(std::isnan(g[2]));
+  CHECK(g[4] == 0.0f);
+}
+
+TEST_CASE("cuda fused: linear_backward matches the cpu for every combination of gradients") {
+  uint32_t seed = 600;
+  for (const LinearShape& s : kLinearShapes) {
+    const Tensor x = random_tensor({s.R, s.in}, seed++);
+    const Tensor W = random_tensor({s.out, s.in}, seed++);
+    const Tensor dy = random_tensor({s.R, s.out}, seed++);
+    for (int mask = 1; mask < 8; ++mask) {
+      const bool need_dx = mask & 1, need_dW = mask & 2, need_db = mask & 4;
+      CAPTURE(s.R);
+      CAPTURE(s.in);
+      CAPTURE(s.out);
+      CAPTURE(mask);
+      const clustr::LinearGrads e = clustr::linear_backward(dy, x, W, need_dx, need_dW, need_db);
+      const clustr::LinearGrads g =
+          clustr::linear_backward(dev(dy), dev(x), dev(W), need_dx, need_dW, need_db);
+      check_gemm_close("dx", g.dx, e.dx);
+      check_gemm_close("dW", g.dW, e.dW);
+      check_gemm_close("db", g.db, e.db);
+    }
+  }
+}
+
+TEST_CASE("cuda fused: feed_forward_relu_backward matches the cpu, all or some gradients") {
+  // (R, D, F, D_out)
+  const int64_t shapes[][4] = {{1, 1, 1, 1},   {3, 17, 5, 3},   {17, 3, 129, 17},
+                               {129, 17, 3, 1}, {5, 129, 17, 7}, {0, 3, 4, 3}};
+  uint32_t seed = 700;
+  for (const auto& s : shapes) {
+    const int64_t R = s[0], D = s[1], F = s[2], D_out = s[3];
+    const Tensor x = random_tensor({R, D}, seed++);
+    const Tensor W1 = random_tensor({F, D}, seed++);
+    const Tensor b1 = random_tensor({F}, seed++);
+    const Tensor W2 = random_tensor({D_out, F}, seed++);
+    const Tensor dy = random_tensor({R, D_out}, seed++);
+    // The same H on both devices, so that the ReLU mask is the same.
+    const Tensor H = clustr::linear_forward(x, W1, b1, true);
+    clustr::FeedForwardNeeds subsets[4];
+    subsets[1].dW2 = subsets[1].db2 = false;           // only the first layer's
+    subsets[2].dx = subsets[2].dW1 = subsets[2].db1 = false;  // only the second layer's
+    subsets[3] = {true, false, false, false, true};    // dx and db2
+    for (const clustr::FeedForwardNeeds& need : subsets) {
+      CAPTURE(R);
+      CAPTURE(D);
+      CAPTURE(F);
+      CAPTURE(D_out);
+      CAPTURE(need.dx);
+      CAPTURE(need.dW2);
+      const clustr::FeedForwardGrads e = clustr::feed_forward_relu_backward(dy, x, W1, W2, H, need);
+      const clustr::FeedForwardGrads g =
+          clustr::feed_forward_relu_backward(dev(dy), dev(x), dev(W1), dev(W2), dev(H), need);
+      check_gemm_close("dx", g.dx, e.dx);
+      check_gemm_close("dW1", g.dW1, e.dW1);
+      check_gemm_close("db1", g.db1, e.db1);
+      check_gemm_close("dW2", g.dW2, e.dW2);
+      check_gemm_close("db2", g.db2, e.db2);
+    }
+  }
+}
+
+TEST_CASE("cuda fused: add_layer_norm forward and backward match the cpu") {
+  const Shape shapes[] = {{1, 1}, {3, 1}, {1, 17}, {17, 129}, {129, 3}, {300, 17}, {2, 3, 257},
+                          {0, 5}};
+  uint32_t seed = 800;
+  for (const Shape& s : shapes) {
+    const int64_t D = s.back();
+    std::vector<float> av = random_values(clustr::numel(s), seed++, -3.0f, 3.0f);
+    // Every third row of the sum sits at 1e4 + small noise: the centring must happen in double.
+    for (int64_t r = 0; r * D < static_cast<int64_t>(av.size()); r += 3)
+      for (int64_t j = 0; j < D; ++j) av[r * D + j] = 1e4f + 1e-2f * av[r * D + j];
+    const Tensor a = Tensor::from_vector(av, s);
+    const Tensor b = random_tensor(s, seed++, -1e-2f, 1e-2f);
+    const Tensor gamma = random_tensor({D}, seed++, 0.5f, 1.5f);
+    const Tensor beta = random_tensor({D}, seed++);
+    const Tensor dy = random_tensor(s, seed++);
+    CAPTURE(clustr::to_string(s));
+    const clustr::LayerNormOutput e = clustr::add_layer_norm(a, b, gamma, beta, 1e-5f);
+    const clustr::LayerNormOutput g =
+        clustr::add_layer_norm(dev(a), dev(b), dev(gamma), dev(beta), 1e-5f);
+    CHECK(g.y.device() == Device::cuda);
+    CHECK(g.mean.shape() == e.mean.shape());
+    CHECK_CLOSE(g.y.to_vector(), e.y.to_vector(), 1e-6, 1e-6);
+    check_ulps(g.mean.to_vector(), e.mean.to_vector(), 1);
+    check_ulps(g.rstd.to_vector(), e.rstd.to_vector(), 1);
+
+    // The device's backward reads the cpu's saved mean and rstd, so that only backward differs.
+    const clustr::LayerNormGrads eg =
+        clustr::add_layer_norm_backward(dy, a, b, e.mean, e.rstd, gamma);
+    const clustr::LayerNormGrads gg = clustr::add_layer_norm_backward(
+        dev(dy), dev(a), dev(b), dev(e.mean), dev(e.rstd), dev(gamma));
+    CHECK(gg.dx.device() == Device::cuda);
+    CHECK_CLOSE(gg.dx.to_vector(), eg.dx.to_vector(), 1e-5, 1e-5);
+    CHECK_CLOSE(gg.dgamma.to_vector(), eg.dgamma.to_vector(), 1e-6, 1e-6);
+    CHECK_CLOSE(gg.dbeta.to_vector(), eg.dbeta.to_vector(), 1e-6, 1e-6);
+  }
+}
+
+TEST_CASE("cuda fused: the autograd ops give the cpu's gradients on device variables") {
+  // y = add_layer_norm(linear(x), feed_forward_relu(x)): every fused node, and linear with and
+  // without its bias. x (B, N, D), W1 (F, D), W2 (D_out, F), Wl (D_out, D).
+  const int64_t B = 3, N = 17, D = 5, F = 129, D_out = 3;
+  uint32_t seed = 900;
+  // Braced initialisers are evaluated in order, so the seeds are too.
+  const Tensor values[] = {random_tensor({B, N, D}, seed++),
+                           random_tensor({F, D}, seed++),
+                           random_tensor({F}, seed++),
+                           random_tensor({D_out, F}, seed++),
+                           random_tensor({D_out}, seed++),
+                           random_tensor({D_out, D}, seed++),
+                           random_tensor({D_out}, seed++),
+                           random_tensor({D_out}, seed++, 0.5f, 1.5f),
+                           random_tensor({D_out}, seed++)};
+  const char* names[] = {"x", "W1", "b1", "W2", "b2", "Wl", "bl", "gamma", "beta"};
+  const Tensor dy = random_tensor({B, N, D_out}, seed++);
+  auto run = [&](Device d, bool linear_bias) {
+    std::vector<Variable> v;
+    for (const Tensor& t : values) v.emplace_back(t.to(d), true);
+    const Variable a = clustr::linear(v[0], v[5], linear_bias ? v[6] : Variable());
+    const Variable f = clustr::feed_forward_relu(v[0], v[1], v[2], v[3], v[4]);
+    const Variable y = clustr::add_layer_norm(a, f, v[7], v[8], 1e-5f);
+    CHECK(y.device() == d);
+    y.backward(dy.to(d));
+    return v;
+  };
+  for (bool linear_bias : {true, false}) {
+    CAPTURE(linear_bias);
+    const std::vector<Variable> e = run(Device::cpu, linear_bias);
+    const std::vector<Variable> g = run(Device::cuda, linear_bias);
+    for (size_t i = 0; i < e.size(); ++i) check_gemm_close(names[i], g[i].grad(), e[i].grad());
+  }
+}
+
+TEST_CASE("cuda fused: inputs on two devices are refused with the op's name") {
+  const Tensor x = Tensor::zeros({2, 3}, DType::f32, Device::cuda);
+  const Tensor W = Tensor::zeros({4, 3});
+  CHECK_ERROR(clustr::linear_forward(x, W, Tensor()), "linear_forward", "different devices");
+  CHECK_ERROR(clustr::linear_forward(x, dev(W), Tensor::zeros({4})), "linear_forward",
+              "different devices");
+  const Tensor dy = Tensor::zeros({2, 4}, DType::f32, Device::cuda);
+  CHECK_ERROR(clustr::linear_backward(dy, x, W, true, true, true), "linear_backward",
+              "different devices");
+  CHECK_ERROR(clustr::add_layer_norm(x, Tensor::zeros({2, 3}), Tensor::zeros({3}),
+                                     Tensor::zeros({3}), 1e-5f),
+              "add_layer_norm", "different devices");
+}
+
+// ---- argmax ------------------------------------------------------------------------------------
+
+TEST_CASE("cuda argmax: the cpu's index over either kind of axis, ties and NaN included") {
+  // Values from {-1, 0, 1} so that most rows have ties; some rows all equal, all -inf, with
+  // NaN early or late, and -0 before +0.
+  const Shape shapes[] = {{1, 1},    {3, 1},     {1, 17},  {17, 129}, {129, 3},
+                          {3, 1000}, {2, 3, 17}, {4, 300, 5}, {2, 1, 3}};
+  uint32_t seed = 1000;
+  for (const Shape& s : shapes) {
+    std::vector<float> v = random_values(clustr::numel(s), seed++, -1.5f, 1.5f);
+    for (float& f : v) f = std::round(f);
+    const int64_t n = static_cast<int64_t>(v.size());
+    if (n > 40) {
+      v[n / 2] = kNaN;
+      v[n / 2 + 7] = kNaN;
+      v[n - 1] = kNaN;
+      for (int64_t i = 3; i < 20; ++i) v[i] = -kInf;
+      v[21] = -0.0f;
+      v[22] = 0.0f;
+      v[n / 3] = 7.0f;
+      v[n / 3 + 5] = 7.0f;
+    }
+    const Tensor x = Tensor::from_vector(v, s);
+    for (int axis = 0; axis < x.rank(); ++axis)
+      for (bool keepdim : {false, true}) {
+        CAPTURE(clustr::to_string(s));
+        CAPTURE(axis);
+        const Tensor e = clustr::argmax(x, axis, keepdim);
+        const Tensor g = clustr::argmax(dev(x), axis, keepdim);
+        CHECK(g.device() == Device::cuda);
+        CHECK(g.dtype() == DType::i32);
+        CHECK(g.shape() == e.shape());
+        check_same_ints(g.to_int_vector(), e.to_int_vector());
+      }
+  }
+}
+
+TEST_CASE("cuda argmax: hand cases of the tie and NaN rule") {
+  // Rows of 300 (more than one block of threads' first pass): the first maximum, the first
+  // NaN, index 0 for a row of -inf, and -0 / +0 counted equal.
+  const int64_t L = 300;
+  std::vector<float> v(static_cast<size_t>(5 * L), 0.0f);
+  v[0 * L + 299] = 3.0f, v[0 * L + 44] = 3.0f, v[0 * L + 257] = 3.0f;
+  v[1 * L + 280] = kNaN, v[1 * L + 10] = 9.0f, v[1 * L + 290] = kNaN;
+  for (int64_t j = 0; j < L; ++j) v[2 * L + j] = -kInf;
+  v[3 * L + 0] = -0.0f;
+  v[4 * L + 256] = 1.0f, v[4 * L + 0] = kNaN;
+  const Tensor x = Tensor::from_vector(v, {5, L});
+  const std::vector<int32_t> want = {44, 280, 0, 0, 0};
+  check_same_ints(clustr::argmax(x, 1).to_int_vector(), want);
+  check_same_ints(clustr::argmax(dev(x), 1).to_int_vector(), want);
+  // The same along axis 0 of the transpose.
+  const Tensor xt = clustr::transpose(x, 0, 1);
+  check_same_ints(clustr::argmax(dev(xt), 0).to_int_vector(), want);
+}
+
+// ---- CTC loss ----------------------------------------------------------------------------------
+
+namespace {
+
+Tensor ints(const std::vector<int32_t>& v) {
+  return Tensor::from_int_vector(v, {static_cast<int64_t>(v.size())});
+}
+
+}  // namespace
+
+TEST_CASE("cuda ctc: loss and gradient on the device equal the cpu's, bit for bit") {
+  // B = 5, T = 17, C = 6: varied input lengths (one 0 with an empty target), repeated labels
+  // (which need a blank between them), and utterance 3 impossible (4 labels with 2 repeats in
+  // 5 frames).
+  const int64_t B = 5, T = 17, C = 6;
+  const Tensor x = random_tensor({B, T, C}, 1100, -3.0f, 3.0f);
+  const Tensor il = ints({17, 9, 0, 5, 13});
+  const Tensor tl = ints({3, 4, 0, 4, 2});
+  const Tensor tg = ints({1, 2, 2, 5, 5, 5, 1, 3, 3, 3, 3, 4, 4});  // concatenated
+  for (auto reduction : {clustr::CtcReduction::none, clustr::CtcReduction::sum,
+                         clustr::CtcReduction::mean})
+    for (bool zero_infinity : {true, false})
+      for (bool lengths_on_device : {false, true}) {
+        CAPTURE(clustr::to_string(reduction));
+        CAPTURE(zero_infinity);
+        CAPTURE(lengths_on_device);
+        clustr::CtcOptions o;
+        o.reduction = reduction;
+        o.zero_infinity = zero_infinity;
+        const Variable xe(x, true), xg(dev(x), true);
+        const clustr::CtcLoss e = clustr::ctc_loss(xe, il, tg, tl, o);
+        const clustr::CtcLoss g = lengths_on_device
+                                      ? clustr::ctc_loss(xg, dev(il), dev(tg), dev(tl), o)
+                                      : clustr::ctc_loss(xg, il, tg, tl, o);
+        CHECK(e.impossible == 1);
+        CHECK(g.impossible == 1);
+        CHECK(g.loss.device() == Device::cuda);
+        CHECK(g.per_utterance.device() == Device::cuda);
+        check_ulps(g.per_utterance.to_vector(), e.per_utterance.to_vector(), 0);
+        check_ulps(g.loss.data().to_vector(), e.loss.data().to_vector(), 0);
+        if (!zero_infinity && reduction != clustr::CtcReduction::none) continue;  // loss inf
+        // A gradient other than 1, so that backward's scaling is exercised.
+        const Tensor seed_grad = Tensor::full(e.loss.shape(), 0.75f);
+        e.loss.backward(seed_grad);
+        g.loss.backward(dev(seed_grad));
+        REQUIRE(g.loss.device() == Device::cuda);
+        CHECK(xg.grad().device() == Device::cuda);
+        check_ulps(xg.grad().to_vector(), xe.grad().to_vector(), 0);
+      }
+}
+
+TEST_CASE("cuda ctc: ctc_loss_forward on device logits, padded targets, NaN logits") {
+  const int64_t B = 3, T = 129, C = 17;
+  std::vector<float> xv = random_values(B * T * C, 1200, -4.0f, 4.0f);
+  xv[2 * T * C + 5] = kNaN;  // utterance 2 only
+  const Tensor x = Tensor::from_vector(xv, {B, T, C});
+  const Tensor il = ints({129, 100, 64});
+  // Padded (B, 6): 5, 2 and 6 labels.
+  const Tensor padded = Tensor::from_int_vector(
+      {3, 3, 3, 1, 16, 0, 2, 2, 0, 0, 0, 0, 7, 8, 7, 8, 9, 9}, {B, 6});
+  const Tensor tl = ints({5, 2, 6});
+  const clustr::CtcOutput e = clustr::ctc_loss_forward(x, il, padded, tl, 0, true);
+  const clustr::CtcOutput g = clustr::ctc_loss_forward(dev(x), il, padded, tl, 0, true);
+  CHECK(g.loss.device() == Device::cuda);
+  CHECK(g.grad.device() == Device::cuda);
+  check_ulps(g.loss.to_vector(), e.loss.to_vector(), 0);
+  check_ulps(g.grad.to_vector(), e.grad.to_vector(), 0);
+  CHECK(std::isnan(g.loss.to_vector()[2]));
+  CHECK(std::isfinite(g.loss.to_vector()[0]));
+  const clustr::CtcOutput n = clustr::ctc_loss_forward(dev(x), il, padded, tl, 0, false);
+  CHECK(!n.grad.defined());
+  check_ulps(n.loss.to_vector(), e.loss.to_vector(), 0);
+}
+
+TEST_CASE("cuda ctc: bad inputs on the device get the cpu's errors") {
+  const Tensor x = dev(random_tensor({2, 5, 4}, 1300));
+  const Tensor il = ints({5, 4}), tl = ints({2, 1});
+  CHECK_ERROR(clustr::ctc_loss(Variable(x), il, dev(ints({1, 4, 3})), tl), "ctc_loss", "label 4",
+              "utterance 0", "position 1");
+  CHECK_ERROR(clustr::ctc_loss(Variable(x), dev(ints({5, 6})), ints({1, 2, 3}), tl),
+              "input_lengths[1] = 6", "outside [0, T = 5]");
+  CHECK_ERROR(clustr::ctc_loss(Variable(x), il, ints({1, 2, 3}), dev(ints({2, 2}))),
+              "concatenated targets", "sum(target_lengths) = 4");
+}
+
+// ---- layers on the device ----------------------------------------------------------------------
+
+namespace {
+
+// The layers of a training step without attention: embedding, positional encoding, dropout,
+// a GELU feed-forward block with dropout, a fused ReLU one, the residual layer norm, the
+// output projection and cross-entropy. Built from one seed, so two copies start equal.
+struct Stack : clustr::Module {
+  std::shared_ptr<clustr::Embedding> embed;
+  std::shared_ptr<clustr::Dropout> drop;
+  std::shared_ptr<clustr::FeedForward> gelu_ff, relu_ff;
+  std::shared_ptr<clustr::LayerNorm> norm;
+  std::shared_ptr<clustr::Linear> out;
+  clustr::PositionalEncoding position{5};
+  explicit Stack(clustr::Generator& gen) {
+    using clustr::Activation;
+    embed = register_module("embed", std::make_shared<clustr::Embedding>(11, 5, gen));
+    drop = register_module("drop", std::make_shared<clustr::Dropout>(0.25f));
+    gelu_ff = register_module(
+        "gelu_ff", std::make_shared<clustr::FeedForward>(5, 17, Activation::gelu, 0.25f, gen));
+    relu_ff = register_module(
+        "relu_ff", std::make_shared<clustr::FeedForward>(5, 3, Activation::relu, 0.0f, gen));
+    norm = register_module("norm", std::make_shared<clustr::LayerNorm>(5));
+    out = register_module("out", std::make_shared<clustr::Linear>(5, 11, true, gen));
+  }
+  // index i32 (B, N) -> loss ().
+  Variable loss(const Tensor& index, const Tensor& target, clustr::Generator& gen) const {
+    Variable x = drop->forward(position.forward(embed->forward(index)), gen);  // (B, N, 5)
+    x = x + gelu_ff->forward(x, gen);
+    x = norm->forward(x, relu_ff->forward(x, gen));
+    return clustr::cross_entropy(out->forward(x), target);  // (B, N, 11) against (B, N)
+  }
+};
+
+}  // namespace
+
+TEST_CASE("cuda fused: a model moved to the device gets the cpu's loss and gradients") {
+  clustr::Generator init_cpu(31), init_dev(31);
+  Stack on_cpu(init_cpu), on_dev(init_dev);
+  on_dev.to(Device::cuda);
+  for (const auto& p : on_dev.named_parameters()) {
+    CAPTURE(p.first);
+    CHECK(p.second.device() == Device::cuda);
+    CHECK(p.second.requires_grad());
+  }
+  std::vector<int32_t> idx(3 * 17), tgt(3 * 17);
+  for (size_t i = 0; i < idx.size(); ++i) idx[i] = int32_t(i * 7 % 11), tgt[i] = int32_t(i % 11);
+  const Tensor index = Tensor::from_int_vector(idx, {3, 17});
+  const Tensor target = Tensor::from_int_vector(tgt, {3, 17});
+  clustr::Generator drop_cpu(5), drop_dev(5);
+  const Variable le = on_cpu.loss(index, target, drop_cpu);
+  const Variable lg = on_dev.loss(dev(index), dev(target), drop_dev);
+  CHECK(lg.device() == Device::cuda);
+  CHECK_CLOSE(lg.data().to_vector(), le.data().to_vector(), 1e-6, 1e-5);
+  le.backward();
+  lg.backward();
+  const auto pe = on_cpu.named_parameters(), pg = on_dev.named_parameters();
+  REQUIRE(pe.size() == pg.size());
+  for (size_t i = 0; i < pe.size(); ++i)
+    check_gemm_close(pe[i].first.c_str(), pg[i].second.grad(), pe[i].second.grad());
+}
