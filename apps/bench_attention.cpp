@@ -21,6 +21,10 @@
 //           how the PyTorch script measures its side. Blocks that the host cache kept from an
 //           earlier N are reused without growing the resident set, so this under-counts after
 //           the first N of a run; the tensor figure does not.
+//
+// --device cuda: the inputs live in device memory and every run ends with cuda::synchronize()
+// before the clock is read. The tensor figure is the device allocator's peak minus live bytes
+// (memory_stats(Device::cuda), reset before each run); rss is not measured there (-1).
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -30,7 +34,9 @@
 #include <string>
 #include <vector>
 
+#include "apps/common/device.h"
 #include "autograd/variable.h"
+#include "core/cuda/cuda.h"
 #include "core/error.h"
 #include "core/parallel.h"
 #include "core/random.h"
@@ -85,21 +91,26 @@ void plot(const std::string& path, const std::vector<clustr::plot::Series>& seri
 
 // One forward + backward of the configured attention, as a training step would run it (the
 // clustered types include hashing and clustering).
+// The tensors are on one device (q's), which the memory figures are taken on.
 Sample run_once(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout,
                 const clustr::AttentionConfig& config, clustr::Generator& gen) {
+  const clustr::Device device = q.device();
+  const bool on_cuda = device == clustr::Device::cuda;
   Variable Q(q, true), K(k, true), V(v, true);
-  const long long live = clustr::memory_stats(clustr::Device::cpu).live_bytes;
-  clustr::reset_peak_memory(clustr::Device::cpu);
-  const long long rss0 = proc_status_bytes("VmRSS");
-  const bool rss_ok = reset_peak_rss() && rss0 >= 0;
+  if (on_cuda) clustr::cuda::synchronize();
+  const long long live = clustr::memory_stats(device).live_bytes;
+  clustr::reset_peak_memory(device);
+  const long long rss0 = on_cuda ? -1 : proc_status_bytes("VmRSS");
+  const bool rss_ok = !on_cuda && reset_peak_rss() && rss0 >= 0;
   const auto t0 = std::chrono::steady_clock::now();
   {
     Variable out = clustr::attention(config, Q, K, V, Tensor(), gen, /*training=*/true);
     out.backward(dout);
   }
+  if (on_cuda) clustr::cuda::synchronize();  // the kernels run asynchronously
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const long long hwm = proc_status_bytes("VmHWM");
-  return {seconds, clustr::memory_stats(clustr::Device::cpu).peak_bytes - live,
+  const long long hwm = rss_ok ? proc_status_bytes("VmHWM") : -1;
+  return {seconds, clustr::memory_stats(device).peak_bytes - live,
           rss_ok && hwm >= 0 ? hwm - rss0 : -1};
 }
 
@@ -115,6 +126,7 @@ int main(int argc, char** argv) try {
   std::vector<std::string> types = {"full"};
   std::string csv_path = "bench_attention.csv", png_path, png_memory_path;
   clustr::AttentionConfig config;
+  std::string device_name = "cpu";
   app.add_option("--n", lengths, "sequence lengths N")->capture_default_str();
   app.add_option("--heads", heads, "attention heads H")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--dim", dim, "dims per head E (= M)")->capture_default_str()->check(CLI::PositiveNumber);
@@ -134,6 +146,7 @@ int main(int argc, char** argv) try {
   app.add_option("--iterations", config.iterations, "Lloyd iterations L")->capture_default_str();
   app.add_option("--topk", config.topk, "top-k keys per cluster (improved-clustered)")
       ->capture_default_str();
+  app.add_option("--device", device_name, "cpu | cuda")->capture_default_str();
   app.add_option("--csv", csv_path, "CSV output file")->capture_default_str();
   app.add_option("--png", png_path, "also plot time per element against N (log-log) here");
   app.add_option("--png-memory", png_memory_path,
@@ -141,6 +154,7 @@ int main(int argc, char** argv) try {
   CLI11_PARSE(app, argc, argv);
   for (int64_t N : lengths)
     CLUSTR_CHECK(N >= 1, "bench_attention: --n values must be >= 1, got ", N);
+  const clustr::Device device = clustr::resolve_device(device_name);
   const int default_threads = clustr::num_threads();
   for (int& t : thread_counts)
     if (t == 0) t = default_threads;
@@ -148,7 +162,7 @@ int main(int argc, char** argv) try {
   std::ofstream csv(csv_path);
   CLUSTR_CHECK(csv.good(), "bench_attention: cannot write ", csv_path);
   csv << "attention,N,B,H,E,threads,causal,seconds_median,seconds_min,us_per_element,"
-         "tensor_peak_bytes,rss_peak_bytes,bytes_per_element\n";
+         "tensor_peak_bytes,rss_peak_bytes,bytes_per_element,device\n";
   std::vector<clustr::plot::Series> time_series, memory_series;
   const bool several = thread_counts.size() > 1;
 
@@ -159,10 +173,10 @@ int main(int argc, char** argv) try {
     config.validate();
     std::string counts;
     for (int t : thread_counts) counts += (counts.empty() ? "" : ", ") + std::to_string(t);
-    std::printf("%s attention, forward + backward: B=%ld, H=%ld, E=M=%ld, %s threads, "
+    std::printf("%s attention, forward + backward on %s: B=%ld, H=%ld, E=M=%ld, %s threads, "
                 "median of %d runs\n",
-                config.describe().c_str(), long(batch), long(heads), long(dim), counts.c_str(),
-                reps);
+                config.describe().c_str(), device_name.c_str(), long(batch), long(heads),
+                long(dim), counts.c_str(), reps);
     std::printf("%7s %7s | %10s %10s %7s | %12s %10s %10s | %12s\n", "N", "threads", "ms",
                 "us/elem", "speedup", "tensor MB", "KB/elem", "B/N^2", "rss MB");
     std::vector<clustr::plot::Series> series(thread_counts.size());
@@ -174,7 +188,10 @@ int main(int argc, char** argv) try {
       if (config.type == clustr::AttentionType::full && N > max_full_n) continue;
       Tensor q = Tensor::empty({batch, heads, N, dim}), k = Tensor::empty({batch, heads, N, dim});
       Tensor v = Tensor::empty({batch, heads, N, dim}), dout = Tensor::empty({batch, heads, N, dim});
-      for (Tensor* t : {&q, &k, &v, &dout}) clustr::normal_(*t, gen);
+      for (Tensor* t : {&q, &k, &v, &dout}) {
+        clustr::normal_(*t, gen);  // drawn on the host: the same inputs on every device
+        if (device != clustr::Device::cpu) *t = t->to(device);
+      }
       std::vector<Sample> first;
       std::vector<std::vector<double>> times(thread_counts.size());
       for (int r = -1; r < reps; ++r)  // r = -1: the untimed run of each thread count
@@ -202,7 +219,7 @@ int main(int argc, char** argv) try {
         csv << type << ',' << N << ',' << batch << ',' << heads << ',' << dim << ','
             << thread_counts[t] << ',' << int(causal) << ',' << median << ',' << times[t].front()
             << ',' << us_per_elem << ',' << first[t].tensor_bytes << ',' << first[t].rss_bytes
-            << ',' << bytes_per_elem << '\n';
+            << ',' << bytes_per_elem << ',' << device_name << '\n';
         series[t].x.push_back(double(N));
         series[t].y.push_back(us_per_elem);
         if (t == thread_counts.size() - 1) {  // memory: at the last (largest) thread count

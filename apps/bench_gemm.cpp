@@ -5,6 +5,9 @@
 // OpenBLAS is loaded at run time with dlopen when it is installed (libopenblas0), after setting
 // OPENBLAS_CORETYPE=SkylakeX unless the environment already names a core: OpenBLAS 0.3.21
 // misdetects recent CPUs and otherwise falls back to a slow generic kernel.
+//
+// --device cuda: cuBLAS (cuda::gemm, TF32 off) on the same shapes, operands in device memory;
+// each sample ends with cuda::synchronize() before the clock is read. No peer, no threads.
 #include <CLI/CLI.hpp>
 #include <dlfcn.h>
 
@@ -17,7 +20,9 @@
 #include <thread>
 #include <vector>
 
+#include "apps/common/device.h"
 #include "core/cpu/gemm.h"
+#include "core/cuda/cuda.h"
 #include "core/error.h"
 #include "core/parallel.h"
 #include "core/random.h"
@@ -99,6 +104,58 @@ Stats stats(std::vector<double> v) {
   return {v.front(), v[v.size() / 2], v.back()};
 }
 
+// --device cuda: GFLOP/s of cuBLAS on each case, min / median / max over the samples.
+int run_cuda(const std::vector<Case>& cases, int reps, double sample_ms, double pause_ms,
+             const std::string& csv_path) {
+  std::printf("cuBLAS SGEMM (TF32 off), %d samples per case; %.0f ms pause between samples\n\n",
+              reps, pause_ms);
+  std::ofstream csv(csv_path);
+  CLUSTR_CHECK(csv.good(), "bench_gemm: cannot write ", csv_path);
+  csv << "group,M,K,N,layout,device,gflops_min,gflops_median,gflops_max\n";
+  std::printf("%-12s %-17s %-3s | %s\n", "group", "M x K x N", "op", "cuBLAS GFLOP/s min/med/max");
+  clustr::Generator gen(1);
+  for (const Case& c : cases) {
+    Tensor A = Tensor::empty({c.M * c.K}), B = Tensor::empty({c.K * c.N});
+    clustr::uniform_(A, gen, -1, 1);
+    clustr::uniform_(B, gen, -1, 1);
+    A = A.to(clustr::Device::cuda);
+    B = B.to(clustr::Device::cuda);
+    Tensor C = Tensor::zeros({c.M * c.N}, clustr::DType::f32, clustr::Device::cuda);
+    const int64_t lda = c.ta ? c.M : c.K, ldb = c.tb ? c.K : c.N;
+    const double flops = 2.0 * c.M * c.N * c.K;
+    // The launches are asynchronous: synchronize after the last call of a sample.
+    auto calls = [&](int n) {
+      for (int i = 0; i < n; ++i)
+        clustr::cuda::gemm(c.ta, c.tb, c.M, c.N, c.K, 1.0f, A.f32(), lda, B.f32(), ldb, 0.0f,
+                           C.f32(), c.N);
+      clustr::cuda::synchronize();
+    };
+    auto sample = [&](int n) {
+      calls(1);
+      const auto t0 = std::chrono::steady_clock::now();
+      calls(n);
+      return flops * n / seconds_since(t0) * 1e-9;
+    };
+    const double one = flops / sample(3) * 1e-9;  // seconds per call
+    const int iters = std::max(1, int(sample_ms * 1e-3 / one));
+    std::vector<double> g;
+    for (int r = 0; r < reps; ++r) {
+      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(pause_ms));
+      g.push_back(sample(iters));
+    }
+    const Stats s = stats(g);
+    char dims[64];
+    std::snprintf(dims, sizeof dims, "%ldx%ldx%ld", long(c.M), long(c.K), long(c.N));
+    std::printf("%-12s %-17s %-3s | %8.1f %8.1f %8.1f\n", c.group.c_str(), dims,
+                c.layout().c_str(), s.min, s.median, s.max);
+    std::fflush(stdout);
+    csv << c.group << ',' << c.M << ',' << c.K << ',' << c.N << ',' << c.layout() << ",cuda,"
+        << s.min << ',' << s.median << ',' << s.max << '\n';
+  }
+  std::printf("\nwrote %s\n", csv_path.c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -108,6 +165,7 @@ int main(int argc, char** argv) try {
   int reps = 7;
   double sample_ms = 40, pause_ms = 100;
   bool no_peer = false;
+  std::string device = "cpu";
   app.add_option("--shapes", shapes, "all, square or transformer")->capture_default_str();
   app.add_option("--threads", threads, "thread counts to run")->capture_default_str();
   app.add_option("--reps", reps, "timed samples per case and library")->capture_default_str()
@@ -118,7 +176,11 @@ int main(int argc, char** argv) try {
       ->capture_default_str();
   app.add_option("--csv", csv_path, "CSV output file")->capture_default_str();
   app.add_flag("--no-peer", no_peer, "do not run OpenBLAS");
+  app.add_option("--device", device, "cpu (ours and OpenBLAS) or cuda (cuBLAS)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  if (clustr::resolve_device(device) == clustr::Device::cuda)
+    return run_cuda(make_cases(shapes), reps, sample_ms, pause_ms, csv_path);
 
   OpenBlas blas;
   bool peer = !no_peer && blas.load();

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "apps/common/plot.h"
+#include "apps/common/device.h"
 #include "apps/copy_task/metrics.h"
 #include "apps/copy_task/options.h"
 #include "apps/copy_task/train.h"
@@ -158,7 +159,8 @@ int main(int argc, char** argv) try {
   for (const std::string& a : grid.attentions)
     if (a == "full")
       for (int L : grid.lengths) cells.push_back({a, L, 0, {}, false});
-  // Check every cell's options before the first run.
+  // Check the device and every cell's options before the first run.
+  resolve_device(base.device);
   for (const Cell& c : cells) {
     RunOptions o = base;
     o.task.length = c.length;

@@ -7,6 +7,8 @@
 //   copy_task --resume runs/copy_task --steps 6000     continue a run exactly
 //   copy_task --checkpoint runs/copy_task --evaluate-with full
 //                                             evaluate a trained model with another attention
+//   copy_task --device cuda                   train on the GPU (the model is initialised on
+//                                             the CPU from the seed, then moved)
 //
 // Output in --out: metrics.csv, loss.png, accuracy.png, checkpoint.safetensors.
 // apps/copy_task/ holds the model, the training loop and the flags (shared with copy_sweep).

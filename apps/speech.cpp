@@ -7,6 +7,7 @@
 //   speech matrix --checkpoints DIR_FULL DIR_CLUSTERED DIR_IMPROVED --manifest FILE
 //                 [--attention-map FILE.png]
 //
+// Every command takes --device cpu|cuda (the model is built on the CPU, then moved).
 // A corpus is what data/make_speech_corpus.py writes (train.tsv, dev.tsv, test.tsv,
 // tokens.txt). The pieces live in apps/speech/.
 #include <CLI/CLI.hpp>
@@ -16,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/common/device.h"
 #include "apps/speech/attention_map.h"
 #include "apps/speech/dataset.h"
 #include "apps/speech/options.h"
@@ -36,6 +38,8 @@ struct EvalFlags {
   int64_t max_frames = 4000;
   int threads = 0;
   uint64_t seed = 1;
+  std::string device = "cpu";
+  Device on = Device::cpu;  // --device, checked by check_eval_flags
   AttentionConfig attention;  // the overriding attention (only the flags given count)
 };
 
@@ -52,14 +56,16 @@ void add_eval_flags(CLI::App& app, EvalFlags& f) {
       ->capture_default_str();
   app.add_option("--threads", f.threads, "OpenMP threads (0: the default)")->capture_default_str();
   app.add_option("--seed", f.seed, "seed of the clustered types' hashing")->capture_default_str();
+  app.add_option("--device", f.device, "cpu | cuda")->capture_default_str();
 }
 
-void check_eval_flags(const EvalFlags& f) {
+void check_eval_flags(EvalFlags& f) {
   CLUSTR_CHECK(f.beam >= 1, "--beam must be >= 1, got ", f.beam);
   CLUSTR_CHECK(f.max_utts >= 0, "--max-utterances must be >= 0, got ", f.max_utts);
   CLUSTR_CHECK(f.max_frames >= 1, "--max-frames must be >= 1, got ", f.max_frames);
   CLUSTR_CHECK(f.threads >= 0, "--threads must be >= 0, got ", f.threads);
   if (f.threads > 0) set_num_threads(f.threads);
+  f.on = resolve_device(f.device);
 }
 
 // The attention to evaluate with: the trained one, with the type and parameters given on the
@@ -84,9 +90,9 @@ SpeechSet load_set(const EvalFlags& f, const LoadedModel& m, TokenTable& tokens)
   return load_speech_set(f.manifest, tokens, cache, m.options.stacking, f.max_utts, stdout);
 }
 
-int cmd_evaluate(const EvalFlags& f, const std::string& checkpoint, const CLI::App& app) {
+int cmd_evaluate(EvalFlags& f, const std::string& checkpoint, const CLI::App& app) {
   check_eval_flags(f);
-  LoadedModel m = load_trained_model(checkpoint, "--checkpoint");
+  LoadedModel m = load_trained_model(checkpoint, "--checkpoint", f.on);
   const AttentionConfig a = override_attention(m.options.attention, f.attention, app);
   TokenTable tokens;
   const SpeechSet set = load_set(f, m, tokens);
@@ -106,9 +112,9 @@ int cmd_evaluate(const EvalFlags& f, const std::string& checkpoint, const CLI::A
   return 0;
 }
 
-int cmd_decode(const EvalFlags& f, const std::string& checkpoint, const CLI::App& app) {
+int cmd_decode(EvalFlags& f, const std::string& checkpoint, const CLI::App& app) {
   check_eval_flags(f);
-  LoadedModel m = load_trained_model(checkpoint, "--checkpoint");
+  LoadedModel m = load_trained_model(checkpoint, "--checkpoint", f.on);
   m.model->set_attention(override_attention(m.options.attention, f.attention, app));
   TokenTable tokens;
   const SpeechSet set = load_set(f, m, tokens);
@@ -122,7 +128,7 @@ int cmd_decode(const EvalFlags& f, const std::string& checkpoint, const CLI::App
   return 0;
 }
 
-int cmd_matrix(const EvalFlags& f, const std::vector<std::string>& checkpoints,
+int cmd_matrix(EvalFlags& f, const std::vector<std::string>& checkpoints,
                const std::string& map_path, int map_layer, int map_head, int64_t map_utt) {
   check_eval_flags(f);
   const AttentionType types[] = {AttentionType::full, AttentionType::clustered,
@@ -131,7 +137,7 @@ int cmd_matrix(const EvalFlags& f, const std::vector<std::string>& checkpoints,
   std::vector<std::string> rows;
   TokenTable tokens;
   for (const std::string& c : checkpoints) {
-    LoadedModel m = load_trained_model(c, "--checkpoints");
+    LoadedModel m = load_trained_model(c, "--checkpoints", f.on);
     const SpeechSet set = load_set(f, m, tokens);
     CLUSTR_CHECK(!set.examples.empty(), f.manifest, ": no usable utterances");
     rows.push_back(attention_type_name(m.options.attention.type));

@@ -327,6 +327,25 @@ CLUSTR_HD uint64_t attention_dropout_index(int64_t bh, int64_t N, int64_t i, int
   return static_cast<uint64_t>((bh * N + i) * S + j);
 }
 
+// ---- query clustering pieces (layers/attention/clustering*) --------------------------------
+// Bits set in x: the Hamming distance of two hash codes is popcount64(a ^ b).
+CLUSTR_HD int popcount64(uint64_t x) {
+#if defined(__CUDA_ARCH__)
+  return __popcll(x);
+#else
+  return __builtin_popcountll(x);
+#endif
+}
+// A hash plane's threshold lo + u (hi - lo) (clustering.h), rounded as the CPU rounds it: nvcc
+// would fuse the product into the sum, and a threshold one ulp off can flip a code bit.
+CLUSTR_HD float clustering_threshold(float lo, float hi, float u) {
+#if defined(__CUDA_ARCH__)
+  return lo + __fmul_rn(u, hi - lo);
+#else
+  return lo + u * (hi - lo);
+#endif
+}
+
 // ---- logarithm and log-add-exp (CTC recursions, decoding) ------------------------------------
 // ln(2^k x) for a positive normal float x and an integer k (as a float), branch-free so that
 // loops over it vectorise, as exp above does. x = 2^e m with m in [sqrt(1/2), sqrt(2)); ln(m)

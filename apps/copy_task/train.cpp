@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "apps/common/device.h"
 #include "autograd/ops.h"
 #include "core/cpu/gemm.h"
 #include "core/cuda/cuda.h"
@@ -60,19 +61,6 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const TrainOptions& t,
   return std::make_unique<optim::Adam>(std::move(params), a);
 }
 
-void check_device(const std::string& device) {
-  if (device == "cpu") return;
-  CLUSTR_CHECK(cuda::compiled(),
-               "--device cuda: this build has no CUDA backend (it is built when CMake finds the "
-               "CUDA toolkit; -DCLUSTR_CUDA=ON requires it); use --device cpu");
-  CLUSTR_CHECK(cuda::available(), "--device cuda: no usable GPU: ", cuda::unavailable_reason(),
-               "; use --device cpu");
-  throw Error(
-      "--device cuda: training on cuda is not supported yet: the CUDA backend has memory, "
-      "copies and GEMM, but not yet the kernels of the other ops (embedding, attention, layer "
-      "norm, cross-entropy); use --device cpu");
-}
-
 double parse_state(const std::map<std::string, std::string>& config, const char* key,
                    const std::string& file) {
   auto it = config.find(key);
@@ -91,6 +79,11 @@ std::string join_lines(const std::vector<std::string>& lines) {
 }
 
 }  // namespace
+
+CopyTaskBatch to_device(const CopyTaskBatch& b, Device device) {
+  return CopyTaskBatch{on_device(b.input, device), on_device(b.target, device),
+                       on_device(b.lengths, device)};
+}
 
 std::string resolve_checkpoint(const std::string& path, const char* flag) {
   std::error_code ec;
@@ -126,7 +119,9 @@ std::vector<std::pair<std::string, std::string>> build_info() {
 #endif
   std::string cuda_state = cuda::compiled() ? "compiled" : "off";
   if (cuda::compiled())
-    cuda_state += cuda::available() ? ", GPU present" : ", no GPU: " + cuda::unavailable_reason();
+    cuda_state += !cuda::available() ? ", no GPU: " + cuda::unavailable_reason()
+                  : cuda::emulated()  ? std::string(", emulated device")
+                                      : std::string(", GPU present");
   return {{"compiler", compiler},
           {"build type", CLUSTR_BUILD_TYPE},
           {"OpenMP", openmp},
@@ -143,9 +138,12 @@ Trainer::Trainer(const RunOptions& options, std::FILE* log)
       final_key_(derive_key(options.train.seed, 2)),
       eval_key_(derive_key(options.train.seed, 3)) {
   validate(options_);
-  check_device(options_.device);
+  device_ = resolve_device(options_.device);
   if (options_.threads > 0) set_num_threads(options_.threads);
+  // Built on the CPU, so a seed gives the same initial weights on every device; the optimizer
+  // is made after the move (it keeps its state on the parameters' device).
   model_ = std::make_unique<CopyModel>(options_.model, vocab_size(options_.task), gen_);
+  model_->to(device_);
   optimizer_ = make_optimizer(options_.train, model_->named_parameters());
   if (options_.train.lr_schedule == "plateau") {
     const TrainOptions& t = options_.train;
@@ -154,7 +152,8 @@ Trainer::Trainer(const RunOptions& options, std::FILE* log)
   }
   Generator heldout(heldout_key_);
   for (int64_t i = 0; i < options_.output.eval_batches; ++i)
-    heldout_.push_back(make_copy_task_batch(options_.task, options_.train.batch, heldout));
+    heldout_.push_back(
+        to_device(make_copy_task_batch(options_.task, options_.train.batch, heldout), device_));
 }
 
 void Trainer::log(const char* format, ...) const {
@@ -177,11 +176,12 @@ float Trainer::train_step(double* accuracy) {
   const int64_t done = step();
   // After its warm-up the plateau schedule owns the lr (it lowers it at evaluations).
   if (!plateau_ || done < options_.train.warmup) optimizer_->set_lr(scheduled_lr(done));
-  const CopyTaskBatch batch = make_copy_task_batch(options_.task, options_.train.batch, gen_);
+  const CopyTaskBatch batch =
+      to_device(make_copy_task_batch(options_.task, options_.train.batch, gen_), device_);
   model_->train();
   const Variable logits = model_->forward(batch.input, batch.lengths, gen_);  // (B, N, V)
   const Variable loss = cross_entropy(logits, batch.target, Tensor(), kCopyTaskIgnoreIndex);
-  if (accuracy) *accuracy = masked_accuracy(logits.data(), batch.target);
+  if (accuracy) *accuracy = masked_accuracy(argmax(logits.data(), -1), batch.target);
   optimizer_->zero_grad();
   loss.backward();
   if (options_.train.clip > 0.0f)
@@ -197,7 +197,8 @@ Evaluation Trainer::evaluate(const std::vector<CopyTaskBatch>& batches) const {
   Generator gen(eval_key_);  // the same hashing at every evaluation
   double loss_sum = 0, correct = 0;
   int64_t tokens = 0;
-  for (const CopyTaskBatch& b : batches) {
+  for (const CopyTaskBatch& batch : batches) {
+    const CopyTaskBatch b = to_device(batch, device_);  // no copy when already there
     const Tensor logits = model_->forward(b.input, b.lengths, gen).data();  // (B, N, V)
     const int64_t V = logits.size(2);
     const CrossEntropyOutput ce =
@@ -205,7 +206,7 @@ Evaluation Trainer::evaluate(const std::vector<CopyTaskBatch>& batches) const {
                       kCopyTaskIgnoreIndex, Reduction::sum);
     const auto counted = static_cast<int64_t>(std::llround(ce.total_weight));
     loss_sum += double(ce.loss.item());
-    correct += masked_accuracy(logits, b.target) * double(counted);
+    correct += masked_accuracy(argmax(logits, -1), b.target) * double(counted);
     tokens += counted;
   }
   model_->train();

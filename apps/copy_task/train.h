@@ -53,6 +53,9 @@ struct RunResult {
   double total_seconds = 0;  // this call, evaluations and checkpoints included
 };
 
+// The batch's tensors on `device` (the same tensors when they are there already).
+CopyTaskBatch to_device(const CopyTaskBatch& batch, Device device);
+
 // A file path, or a folder holding checkpoint.safetensors -> the checkpoint file; throws a
 // clear error when neither exists.
 std::string resolve_checkpoint(const std::string& file_or_folder, const char* flag);
@@ -62,8 +65,9 @@ std::map<std::string, std::string> read_checkpoint_config(const std::string& fil
 
 class Trainer {
  public:
-  // Builds the model (initialised from the training stream), the optimizer and the held-out
-  // batches. `log` receives the log lines (nullptr: silent). Throws on invalid options.
+  // Builds the model (initialised from the training stream, on the CPU, then moved to
+  // --device), the optimizer and the held-out batches (kept on the device). Throws at once
+  // when --device cuda has no usable GPU. `log` receives the log lines (nullptr: silent). Throws on invalid options.
   Trainer(const RunOptions& options, std::FILE* log);
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
@@ -97,6 +101,7 @@ class Trainer {
   CopyModel& model() { return *model_; }
   const optim::Optimizer& optimizer() const { return *optimizer_; }
   const RunOptions& options() const { return options_; }
+  Device device() const { return device_; }
 
  private:
   float scheduled_lr(int64_t steps_done) const;
@@ -104,6 +109,7 @@ class Trainer {
 
   RunOptions options_;
   std::FILE* log_;
+  Device device_ = Device::cpu;
   Generator gen_;                            // the training stream
   uint64_t heldout_key_, final_key_, eval_key_;
   std::unique_ptr<CopyModel> model_;

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <vector>
 
+#include "apps/common/device.h"
 #include "apps/common/plot.h"
 #include "core/error.h"
 #include "core/ops.h"
@@ -36,8 +37,10 @@ void write_attention_maps(SpeechModel& model, const AttentionConfig& attention,
   model.eval();
   Generator gen(seed);
   const int64_t T = example.features.size(0);
-  const Tensor features = example.features.reshape({1, T, example.features.size(1)});
-  const Tensor lengths = Tensor::from_int_vector({int32_t(T)}, {1});
+  const Device device = device_of(model);
+  const Tensor features =
+      on_device(example.features.reshape({1, T, example.features.size(1)}), device);
+  const Tensor lengths = Tensor::from_int_vector({int32_t(T)}, {1}, device);
   Variable x = model.embed(features, gen);
   for (int i = 0; i < layer; ++i) x = encoder.layer(size_t(i)).forward(x, lengths, gen);
   if (L.pre_norm()) x = L.norm1().forward(x);
@@ -55,8 +58,9 @@ void write_attention_maps(SpeechModel& model, const AttentionConfig& attention,
                                                      attention.iterations},
                                    gen)
                        .assignment;
-    maps.push_back(attention_matrix(t, Q, K, lengths, assignment, attention.clusters,
-                                    attention.topk));
+    maps.push_back(on_device(  // read on the host below
+        attention_matrix(t, Q, K, lengths, assignment, attention.clusters, attention.topk),
+        Device::cpu));
   }
   double top = 0;
   for (const Tensor& m : maps) {

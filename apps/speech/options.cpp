@@ -188,6 +188,7 @@ void add_train_flags(CLI::App& app, RunOptions& o) {
   app.add_option("--min-lr", t.min_lr, "the plateau schedule's floor")->capture_default_str();
   app.add_option("--seed", t.seed, "seed of every random draw")->capture_default_str();
   app.add_option("--threads", o.threads, "OpenMP threads (0: the default)")->capture_default_str();
+  app.add_option("--device", o.device, "cpu | cuda")->capture_default_str();
   // Output.
   app.add_option("--out", u.out, "output folder")->capture_default_str();
   app.add_option("--log-interval", u.log_interval, "steps between progress lines")
@@ -240,6 +241,8 @@ void validate(const RunOptions& o) {
   check_min<int64_t>(o.output.log_interval, 1, "--log-interval");
   check_min<int64_t>(o.output.examples, 0, "--examples");
   check_min(o.threads, 0, "--threads");
+  CLUSTR_CHECK(o.device == "cpu" || o.device == "cuda", "--device must be cpu or cuda, got '",
+               o.device, "'");
   CLUSTR_CHECK(!o.data.corpus.empty() || (!o.data.train.empty() && !o.data.dev.empty()),
                "give --corpus, or both --train-manifest and --dev-manifest");
 }
@@ -283,6 +286,7 @@ std::vector<std::pair<std::string, std::string>> config_entries(const RunOptions
           {"min-lr", str(t.min_lr)},
           {"seed", str(t.seed)},
           {"threads", str(o.threads)},
+          {"device", o.device},
           {"out", o.output.out}};
 }
 

@@ -75,6 +75,7 @@ struct RunOptions {
   TrainOptions train;
   OutputOptions output;
   int threads = 0;  // 0: OpenMP's default
+  std::string device = "cpu";  // cpu | cuda
 };
 
 // "cpu" (the default: a small model that learns on two cores in minutes) or "paper" (the

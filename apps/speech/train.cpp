@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <limits>
 
+#include "apps/common/device.h"
 #include "apps/speech/metrics.h"
 #include "autograd/ops.h"
 #include "core/error.h"
@@ -106,23 +107,27 @@ Evaluation evaluate_set(SpeechModel& model, const SpeechSet& set, int64_t max_fr
   bo.max_frames = max_frames > 0 ? max_frames : 4000;
   double loss_sum = 0;
   int64_t counted = 0;
+  const Device device = device_of(model);
   for (const std::vector<size_t>& idx : make_length_buckets(lengths, bo)) {
-    const SpeechBatch b = collate_speech(set.examples, idx);
-    const Tensor logits = model.forward(b.features, b.lengths, gen).data();  // (B, T, C)
+    const SpeechBatch b = collate_speech(set.examples, idx);  // on the cpu
+    const Tensor logits =  // (B, T, C)
+        model.forward(on_device(b.features, device), on_device(b.lengths, device), gen).data();
+    // The CTC loss reads its lengths and targets from host copies: they stay on the cpu.
     const CtcOutput ctc = ctc_loss_forward(logits, b.lengths, b.targets, b.target_lengths,
                                            /*blank=*/0, /*want_grad=*/false);
     e.impossible += ctc.impossible;
-    const float* l = ctc.loss.f32();
-    const int32_t* tl = b.target_lengths.i32();
+    const std::vector<float> l = ctc.loss.to_vector();
+    const std::vector<int32_t> tl = b.target_lengths.to_int_vector();
     for (size_t r = 0; r < idx.size(); ++r) {
       if (!std::isfinite(l[r])) continue;
       loss_sum += double(l[r]) / double(std::max<int32_t>(tl[r], 1));
       ++counted;
     }
-    const std::vector<LabelSequence> greedy = ctc_greedy_decode(logits, b.lengths);
+    const Tensor host_logits = on_device(logits, Device::cpu);  // the decoders run on the host
+    const std::vector<LabelSequence> greedy = ctc_greedy_decode(host_logits, b.lengths);
     std::vector<LabelSequence> beamed;
     if (beam > 1)
-      for (CtcHypothesis& h : ctc_beam_search(logits, b.lengths, beam))
+      for (CtcHypothesis& h : ctc_beam_search(host_logits, b.lengths, beam))
         beamed.push_back(std::move(h.labels));
     for (size_t r = 0; r < idx.size(); ++r) {
       const LabelSequence& ref = set.examples[idx[r]].labels;
@@ -159,7 +164,7 @@ std::map<std::string, std::string> read_checkpoint_config(const std::string& fil
   return config;
 }
 
-LoadedModel load_trained_model(const std::string& path, const char* flag) {
+LoadedModel load_trained_model(const std::string& path, const char* flag, Device device) {
   LoadedModel m;
   m.file = resolve_checkpoint(path, flag);
   m.config = read_checkpoint_config(m.file);
@@ -171,6 +176,7 @@ LoadedModel load_trained_model(const std::string& path, const char* flag) {
   CheckpointLoadOptions lo;
   lo.strict = false;  // best.safetensors carries no optimizer state; last.safetensors does
   m.step = load_checkpoint(m.file, *m.model, lo).step;
+  m.model->to(device);
   m.model->eval();
   return m;
 }
@@ -182,6 +188,7 @@ Trainer::Trainer(const RunOptions& options, std::FILE* log)
       order_key_(derive_key(options.train.seed, 1)),
       eval_key_(derive_key(options.train.seed, 2)) {
   validate(options_);
+  device_ = resolve_device(options_.device);
   if (options_.threads > 0) set_num_threads(options_.threads);
   DataOptions& d = options_.data;
   if (d.train.empty()) d.train = (fs::path(d.corpus) / "train.tsv").string();
@@ -202,7 +209,10 @@ Trainer::Trainer(const RunOptions& options, std::FILE* log)
   CLUSTR_CHECK(!dev_.examples.empty(), d.dev, ": no usable dev utterances (", dev_.summary(),
                ")");
   const int64_t F = int64_t(k) * cache_->fbank().num_bins();
+  // Built on the CPU, so a seed gives the same initial weights on every device; the optimizer
+  // is made after the move (it keeps its state on the parameters' device).
   model_ = std::make_unique<SpeechModel>(options_.model, F, tokens_.size(), gen_);
+  model_->to(device_);
   optimizer_ = make_optimizer(options_.train, model_->named_parameters());
   if (options_.train.lr_schedule == "plateau") {
     const TrainOptions& t = options_.train;
@@ -330,7 +340,8 @@ TrainResult Trainer::run() {
       const int64_t done = step();
       if (!plateau_ || done < t.warmup) optimizer_->set_lr(scheduled_lr(done));
       model_->train();
-      const Variable logits = model_->forward(b.features, b.lengths, gen_);  // (B, T, C)
+      const Variable logits =  // (B, T, C)
+          model_->forward(on_device(b.features, device_), on_device(b.lengths, device_), gen_);
       CtcOptions co;
       co.zero_infinity = true;
       const CtcLoss loss = ctc_loss(logits, b.lengths, b.targets, b.target_lengths, co);

@@ -47,7 +47,8 @@ struct Evaluation {
 };
 
 // Evaluates `model` on `set` in evaluation mode (no dropout, no gradients), batches of up to
-// `max_frames` padded positions. The hypotheses are the beam search's when beam > 1, else
+// `max_frames` padded positions, on the device of the model's parameters (decoding runs on host
+// copies of the logits). The hypotheses are the beam search's when beam > 1, else
 // greedy. `hash_seed` keys the clustered types' hashing.
 Evaluation evaluate_set(SpeechModel& model, const SpeechSet& set, int64_t max_frames, int beam,
                         uint64_t hash_seed);
@@ -64,7 +65,9 @@ struct LoadedModel {
   int64_t step = 0;
   std::string file;
 };
-LoadedModel load_trained_model(const std::string& file_or_folder, const char* flag);
+// The model is built on the CPU, loaded, then moved to `device`.
+LoadedModel load_trained_model(const std::string& file_or_folder, const char* flag,
+                               Device device = Device::cpu);
 
 // Splits a manifest path's folder; the tokens file defaults to tokens.txt there.
 std::string default_tokens(const std::string& manifest);
@@ -80,7 +83,9 @@ struct TrainResult {
 
 class Trainer {
  public:
-  // Reads the tokens and both sets, builds the model and optimizer. `log` receives the log.
+  // Reads the tokens and both sets, builds the model (on the CPU from the seed, then moved to
+  // --device) and the optimizer. `log` receives the log. Throws at once when --device cuda
+  // has no usable GPU.
   Trainer(const RunOptions& options, std::FILE* log);
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
@@ -101,6 +106,7 @@ class Trainer {
 
   RunOptions options_;
   std::FILE* log_;
+  Device device_ = Device::cpu;
   TokenTable tokens_;
   std::unique_ptr<FeatureCache> cache_;
   SpeechSet train_, dev_;

@@ -20,10 +20,12 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "autograd/node.h"
 #include "core/parallel.h"
 #include "layers/attention/clustered_common.h"
+#include "layers/attention/clustered_cuda.h"
 
 namespace clustr {
 
@@ -215,15 +217,26 @@ ClusteredAttentionOutput clustered_attention_forward(const Tensor& Q, const Tens
   check_f32(op, "Q", Q);
   detail::check_same_device(op, Q, K);
   check_dropout(op, dropout);
-  const Dims d = check_inputs(op, Q.shape(), K, V, lengths, assignment, clusters, temperature);
-  const Params p = params_of(d, lengths, assignment, temperature);
-  const Dropout drop = dropout_of(dropout.p, dropout.seed, dropout.offset);
+  const Dims d =
+      check_inputs(op, Q.shape(), K, V, lengths, assignment, clusters, temperature, true);
   ClusteredAttentionOutput r;
   r.out = Tensor::empty({d.B, d.H, d.N, d.M}, DType::f32, Q.device());
   r.weights = Tensor::empty({d.B, d.H, d.C, d.S}, DType::f32, Q.device());
   r.centroids = Tensor::empty({d.B, d.H, d.C, d.E}, DType::f32, Q.device());
-  r.counts = Tensor::empty({d.B, d.H, d.C}, DType::i32, Q.device());
   r.dropout = dropout;
+  if (Q.device() == Device::cuda) {
+    DeviceParams dp;
+    device_params(d, lengths, assignment, temperature, dropout, dp);
+    const cuda::ClusteredDims cd{d.B, d.H, d.N, d.S, d.E, d.M, d.C};
+    const Tensor ws = device_workspace(cuda::clustered_attention_forward_workspace(cd, dp.p));
+    cuda::clustered_attention_forward(cd, dp.p, Q.f32(), K.f32(), V.f32(), r.out.f32(),
+                                      r.weights.f32(), r.centroids.f32(), ws.f32());
+    r.counts = dp.count;
+    return r;
+  }
+  const Params p = params_of(d, lengths, assignment, temperature);
+  const Dropout drop = dropout_of(dropout.p, dropout.seed, dropout.offset);
+  r.counts = Tensor::empty({d.B, d.H, d.C}, DType::i32, Q.device());
   const float *q = Q.f32(), *k = K.f32(), *v = V.f32();
   float *out = r.out.f32(), *ac = r.weights.f32(), *qc = r.centroids.f32();
   int32_t* count = r.counts.i32();
@@ -250,17 +263,28 @@ ClusteredAttentionGrads clustered_attention_backward(const Tensor& dout, const T
                ": expected assignment (B, H, N) and K (B, H, S, E), got ", describe(assignment),
                " and ", K.defined() ? describe(K) : "undefined");
   const Shape q_shape{assignment.size(0), assignment.size(1), assignment.size(2), K.size(3)};
-  const Dims d = check_inputs(op, q_shape, K, V, lengths, assignment, clusters, temperature);
-  const Params p = params_of(d, lengths, assignment, temperature);
+  const Dims d =
+      check_inputs(op, q_shape, K, V, lengths, assignment, clusters, temperature, true);
   check_saved(op, "dout", dout, K, DType::f32, {d.B, d.H, d.N, d.M});
   check_saved(op, "weights", forward.weights, K, DType::f32, {d.B, d.H, d.C, d.S});
   check_saved(op, "centroids", forward.centroids, K, DType::f32, {d.B, d.H, d.C, d.E});
   check_saved(op, "counts", forward.counts, K, DType::i32, {d.B, d.H, d.C});
-  const Dropout drop = dropout_of(forward.dropout.p, forward.dropout.seed, forward.dropout.offset);
   ClusteredAttentionGrads g;
   g.dQ = Tensor::empty(q_shape, DType::f32, K.device());
   g.dK = Tensor::empty(K.shape(), DType::f32, K.device());
   g.dV = Tensor::empty(V.shape(), DType::f32, K.device());
+  if (K.device() == Device::cuda) {
+    DeviceParams dp;
+    device_params(d, lengths, assignment, temperature, forward.dropout, dp);
+    const cuda::ClusteredDims cd{d.B, d.H, d.N, d.S, d.E, d.M, d.C};
+    const Tensor ws = device_workspace(cuda::clustered_attention_backward_workspace(cd, dp.p));
+    cuda::clustered_attention_backward(cd, dp.p, K.f32(), V.f32(), forward.weights.f32(),
+                                       forward.centroids.f32(), dout.f32(), g.dQ.f32(),
+                                       g.dK.f32(), g.dV.f32(), ws.f32());
+    return g;
+  }
+  const Params p = params_of(d, lengths, assignment, temperature);
+  const Dropout drop = dropout_of(forward.dropout.p, forward.dropout.seed, forward.dropout.offset);
   const float *k = K.f32(), *v = V.f32(), *ac = forward.weights.f32(),
               *qc = forward.centroids.f32(), *go = dout.f32();
   float *dQ = g.dQ.f32(), *dK = g.dK.f32(), *dV = g.dV.f32();

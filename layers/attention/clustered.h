@@ -29,8 +29,10 @@
 //
 // Threads: one task per (b, h) pair, or, with fewer pairs than threads, every thread inside
 // each pair (the products split over keys or rows, the loops over clusters and queries); see
-// clustered_common.h. Results never depend on the thread count. cpu only: CUDA tensors are
-// rejected with a clustr::Error.
+// clustered_common.h. Results never depend on the thread count. On the CUDA device (all tensors
+// there, lengths and assignment included) the same ops run as kernels (clustered_cuda.h), with
+// the same semantics, dropout mask and saved tensors; members are grouped on the host from a
+// copy of the assignment.
 #pragma once
 
 #include <cstdint>

@@ -1,7 +1,8 @@
 // Pieces shared by the clustered attention ops (clustered.cpp, eq. 3-6, and
 // improved_clustered.cpp, eq. 9-11): sizes, kernel parameters, scratch carving, small row
 // helpers, the attention-dropout mask, the grouping of queries by cluster, the centroids and
-// centroid weights of one (b, h) pair, and the argument checks. Internal to those two files.
+// centroid weights of one (b, h) pair, the argument checks, and the device kernels' parameters.
+// Internal to those two files.
 //
 // Legend: B batch, H heads, N queries, S keys, E query/key dim, M value dim, C clusters; L the
 // valid keys of a sequence (lengths[b], or S).
@@ -18,6 +19,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/cpu/gemm.h"
 #include "core/error.h"
@@ -26,6 +28,8 @@
 #include "core/parallel.h"
 #include "core/philox.h"
 #include "core/tensor.h"
+#include "layers/attention/clustered.h"
+#include "layers/attention/clustered_cuda.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -236,16 +240,18 @@ inline void softmax_backward_rows(const Dims& d, int64_t L, const float* w, floa
 using detail::check_f32;
 
 // Checks dtypes, devices, shapes, lengths (values in [0, S]), the assignment (values in
-// [-1, C)), C and the temperature against Q's shape (B, H, N, E); returns the sizes.
+// [-1, C)), C and the temperature against Q's shape (B, H, N, E); returns the sizes. Tensors on
+// the CUDA device are refused unless `cuda_ok` (the op has device kernels); their values are
+// checked on a host copy.
 inline Dims check_inputs(const char* op, const Shape& q_shape, const Tensor& K, const Tensor& V,
                   const Tensor& lengths, const Tensor& assignment, int64_t clusters,
-                  float temperature) {
+                  float temperature, bool cuda_ok = false) {
   check_f32(op, "K", K);
   check_f32(op, "V", V);
   detail::check_dtype(op, "assignment", assignment, DType::i32);
   detail::check_same_device(op, K, V);
   detail::check_same_device(op, K, assignment);
-  detail::require_cpu(op, K);
+  if (!cuda_ok) detail::require_cpu(op, K);
   const std::string Q = "Q " + to_string(q_shape);
   CLUSTR_CHECK(q_shape.size() == 4, op, ": expected Q of shape (B, H, N, E), got ", Q);
   Dims d;
@@ -266,7 +272,8 @@ inline Dims check_inputs(const char* op, const Shape& q_shape, const Tensor& K, 
   CLUSTR_CHECK(assignment.shape() == (Shape{d.B, d.H, d.N}), op,
                ": expected assignment of shape (B, H, N) = (", d.B, ", ", d.H, ", ", d.N,
                ") to match ", Q, ", got ", describe(assignment));
-  const int32_t* a = assignment.i32();
+  std::vector<int32_t> copy;
+  const int32_t* a = detail::host_i32(assignment, copy);
   for (int64_t i = 0; i < d.B * d.H * d.N; ++i)
     CLUSTR_CHECK(a[i] >= -1 && a[i] < clusters, op, ": assignment value ", a[i], " at (",
                  i / (d.H * d.N), ", ", i / d.N % d.H, ", ", i % d.N,
@@ -292,6 +299,48 @@ inline void check_saved(const char* op, const char* what, const Tensor& t, const
   detail::check_same_device(op, like, t);
   CLUSTR_CHECK(t.shape() == shape, op, ": expected ", what, " of shape ", to_string(shape),
                ", got ", describe(t));
+}
+
+// The device kernels' parameters (clustered_cuda.h): the members of each cluster grouped on
+// the host from a copy of the assignment (the CPU's group(), so sums over members run in the
+// CPU's order), copied to the device; the lengths on both sides.
+struct DeviceParams {
+  std::vector<int32_t> lengths_host;
+  Tensor count, start, order;  // i32 on the device: (B, H, C), (B, H, C + 1), (B, H, N)
+  cuda::ClusteredParams p;
+};
+inline void device_params(const Dims& d, const Tensor& lengths, const Tensor& assignment,
+                          float temperature, const ClusteredDropout& dropout, DeviceParams& r) {
+  const int64_t BH = d.B * d.H;
+  const std::vector<int32_t> a = assignment.to_int_vector();
+  std::vector<int32_t> count(static_cast<size_t>(BH * d.C)),
+      start(static_cast<size_t>(BH * (d.C + 1))), order(static_cast<size_t>(BH * d.N), 0);
+  for (int64_t bh = 0; bh < BH; ++bh) {
+    Members m{count.data() + bh * d.C, start.data() + bh * (d.C + 1), order.data() + bh * d.N};
+    group(d, a.data() + bh * d.N, m);
+  }
+  r.count = Tensor::from_int_vector(count, {d.B, d.H, d.C}).to(Device::cuda);
+  r.start = Tensor::from_int_vector(start, {BH * (d.C + 1)}).to(Device::cuda);
+  r.order = Tensor::from_int_vector(order, {BH * d.N}).to(Device::cuda);
+  if (lengths.defined()) {
+    r.lengths_host = lengths.to_int_vector();
+    r.p.lengths_host = r.lengths_host.data();
+    r.p.lengths = lengths.i32();
+  }
+  r.p.assignment = assignment.i32();
+  r.p.count = r.count.i32();
+  r.p.start = r.start.i32();
+  r.p.order = r.order.i32();
+  r.p.temperature = temperature > 0.0f
+                        ? temperature
+                        : static_cast<float>(1.0 / std::sqrt(static_cast<double>(d.E)));
+  r.p.dropout = dropout.p;
+  r.p.seed = dropout.seed;
+  r.p.offset = dropout.offset;
+}
+
+inline Tensor device_workspace(int64_t floats) {
+  return Tensor::empty({floats > 0 ? floats : 1}, DType::f32, Device::cuda);
 }
 
 }  // namespace clustr::clustered_detail

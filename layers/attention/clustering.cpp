@@ -11,9 +11,12 @@
 
 #include "core/error.h"
 #include "core/cpu/gemm.h"
+#include "core/cuda/cuda.h"
+#include "core/math.h"
 #include "core/ops_check.h"
 #include "core/parallel.h"
 #include "core/philox.h"
+#include "layers/attention/clustering_cuda.h"
 
 namespace clustr {
 
@@ -93,7 +96,7 @@ void hash_queries(const float* q, int64_t V, const Sizes& s, const Draws& r, boo
   std::vector<float> threshold(static_cast<size_t>(K));
   for (int k = 0; k < K; ++k) {
     float u = uint_to_unit(philox4x32(r.seed, r.threshold_base + static_cast<uint64_t>(k)).v[0]);
-    threshold[static_cast<size_t>(k)] = lo[k] + u * (hi[k] - lo[k]);
+    threshold[static_cast<size_t>(k)] = math::clustering_threshold(lo[k], hi[k], u);
   }
 #pragma omp parallel for schedule(static) if (inner)
   for (int64_t i = 0; i < V; ++i) {
@@ -298,7 +301,6 @@ void cluster_one(const float* q, int64_t V, const Sizes& s, const Draws& r, bool
 Sizes check_inputs(const char* op, const Tensor& Q, const Tensor& lengths,
                    const ClusteringOptions& o) {
   detail::check_f32(op, "Q", Q);
-  detail::require_cpu(op, Q);
   CLUSTR_CHECK(Q.rank() == 4, op, ": expected Q of shape (B, H, N, E), got ", describe(Q));
   Sizes s{Q.size(0), Q.size(1), Q.size(2), Q.size(3), o.clusters, o.bits, o.iterations};
   CLUSTR_CHECK(s.E >= 1, op, ": expected Q with E >= 1 (the last axis), got ", describe(Q));
@@ -306,11 +308,59 @@ Sizes check_inputs(const char* op, const Tensor& Q, const Tensor& lengths,
   CLUSTR_CHECK(o.bits >= 1 && o.bits <= 63, op, ": expected bits in [1, 63] (codes are 64-bit), got ",
                o.bits);
   CLUSTR_CHECK(o.iterations >= 0, op, ": expected iterations >= 0, got ", o.iterations);
-  if (lengths.defined()) {
-    detail::require_cpu(op, lengths);
-    detail::check_lengths(op, lengths, s.B, s.N, "N", "Q", Q);
-  }
+  if (lengths.defined()) detail::check_lengths(op, lengths, s.B, s.N, "N", "Q", Q);
   return s;
+}
+
+// The device path (clustering_cuda.h): hashing and Lloyd rounds on the device, the seeding on
+// the host between them, by the CPU's own seed_centroids on copied codes (8 bytes a query): it
+// is C sequential weighted draws, each depending on the last, and gives the same centroids
+// whatever device the codes came from. planes (K, E) are the host's draw, copied, so the random
+// stream is the CPU's.
+Clustering cluster_queries_cuda(const Tensor& Q, const Tensor& lengths, const Sizes& s,
+                                const Tensor& planes, const Draws& r) {
+  const int64_t BH = s.B * s.H;
+  const Device dev = Device::cuda;
+  cuda::ClusteringDims d{s.B, s.H, s.N, s.E, s.C, s.K, s.L};
+  const Tensor planes_dev = planes.to(dev);
+  const int32_t* len_dev = lengths.defined() ? lengths.i32() : nullptr;
+  std::vector<int32_t> len_copy;
+  const int32_t* len = lengths.defined() ? detail::host_i32(lengths, len_copy) : nullptr;
+  Tensor codes_holder = Tensor::empty({2 * BH * s.N + 2}, DType::i32, dev);
+  uint64_t* codes_dev = static_cast<uint64_t*>(codes_holder.raw());
+  cuda::cluster_hash(d, Q.f32(), planes_dev.f32(), len_dev, r.seed, r.threshold_base, codes_dev);
+
+  std::vector<uint64_t> codes(static_cast<size_t>(BH * s.N)), seeds(static_cast<size_t>(BH * s.C), 0);
+  std::vector<int32_t> active(static_cast<size_t>(BH), 0);
+  if (!codes.empty()) cuda::copy_d2h(codes.data(), codes_dev, codes.size() * sizeof(uint64_t));
+  auto seed_one = [&](int64_t bh, bool inner) {
+    Draws one = r;
+    one.seed_base += static_cast<uint64_t>(bh * s.C);
+    const int64_t V = len ? len[bh / s.H] : s.N;
+    if (V == 0) return;
+    std::vector<int32_t> dist(static_cast<size_t>(V));
+    std::vector<uint64_t> centroids(static_cast<size_t>(s.C), 0);
+    active[static_cast<size_t>(bh)] =
+        seed_centroids(codes.data() + bh * s.N, V, s, one, inner, dist.data(), centroids);
+    std::copy(centroids.begin(), centroids.end(), seeds.begin() + bh * s.C);
+  };
+  if (BH >= num_threads() || s.N < kInnerMinN) {
+#pragma omp parallel for schedule(dynamic)
+    for (int64_t bh = 0; bh < BH; ++bh) seed_one(bh, false);
+  } else {
+    for (int64_t bh = 0; bh < BH; ++bh) seed_one(bh, true);
+  }
+
+  Clustering out;
+  out.assignment = Tensor::empty({s.B, s.H, s.N}, DType::i32, dev);
+  out.counts = Tensor::empty({s.B, s.H, s.C}, DType::i32, dev);
+  Tensor seeds_holder = Tensor::empty({2 * BH * s.C + 2}, DType::i32, dev);
+  uint64_t* seeds_dev = static_cast<uint64_t*>(seeds_holder.raw());
+  if (!seeds.empty()) cuda::copy_h2d(seeds_dev, seeds.data(), seeds.size() * sizeof(uint64_t));
+  const Tensor active_dev = Tensor::from_int_vector(active, {BH}).to(dev);
+  cuda::cluster_lloyd(d, codes_dev, len_dev, active_dev.i32(), seeds_dev, out.assignment.i32(),
+                      out.counts.i32());
+  return out;
 }
 
 }  // namespace
@@ -325,6 +375,7 @@ Clustering cluster_queries(const Tensor& Q, const Tensor& lengths,
   normal_(planes, gen);
   Draws r{planes.f32(), gen.seed(), gen.reserve(static_cast<uint64_t>(BH * s.K)),
           gen.reserve(static_cast<uint64_t>(BH * s.C))};
+  if (Q.device() == Device::cuda) return cluster_queries_cuda(Q, lengths, s, planes, r);
 
   Clustering out;
   out.assignment = Tensor::empty({s.B, s.H, s.N}, DType::i32);

@@ -46,6 +46,7 @@
 #include "autograd/node.h"
 #include "core/parallel.h"
 #include "layers/attention/clustered_common.h"
+#include "layers/attention/improved_clustered_cuda.h"
 
 namespace clustr {
 
@@ -461,8 +462,8 @@ ImprovedClusteredAttentionOutput improved_clustered_attention_forward(
   detail::check_same_device(op, Q, K);
   check_topk(op, topk);
   check_dropout(op, dropout);
-  const Dims d = check_inputs(op, Q.shape(), K, V, lengths, assignment, clusters, temperature);
-  const Params p = params_of(d, lengths, assignment, temperature);
+  const Dims d =
+      check_inputs(op, Q.shape(), K, V, lengths, assignment, clusters, temperature, true);
   const int64_t kw = std::min(topk, d.S);
   ImprovedClusteredAttentionOutput r;
   r.out = Tensor::empty({d.B, d.H, d.N, d.M}, DType::f32, Q.device());
@@ -472,6 +473,19 @@ ImprovedClusteredAttentionOutput improved_clustered_attention_forward(
   r.topk = Tensor::empty({d.B, d.H, d.C, kw}, DType::i32, Q.device());
   r.mass = Tensor::empty({d.B, d.H, d.C}, DType::f32, Q.device());
   r.dropout = dropout;
+  if (Q.device() == Device::cuda) {
+    DeviceParams dp;
+    device_params(d, lengths, assignment, temperature, dropout, dp);
+    const cuda::ClusteredDims cd{d.B, d.H, d.N, d.S, d.E, d.M, d.C};
+    const Tensor ws =
+        device_workspace(cuda::improved_clustered_attention_forward_workspace(cd, kw, dp.p));
+    cuda::improved_clustered_attention_forward(cd, dp.p, topk, kw, Q.f32(), K.f32(), V.f32(),
+                                               r.out.f32(), r.weights.f32(), r.centroids.f32(),
+                                               r.topk.i32(), r.mass.f32(), ws.f32());
+    r.counts = dp.count;
+    return r;
+  }
+  const Params p = params_of(d, lengths, assignment, temperature);
   const Dropout drop = dropout_of(dropout.p, dropout.seed, dropout.offset);
   const float *q = Q.f32(), *k = K.f32(), *v = V.f32();
   float *out = r.out.f32(), *ac = r.weights.f32(), *qc = r.centroids.f32(), *mass = r.mass.f32();
@@ -495,8 +509,8 @@ ImprovedClusteredAttentionGrads improved_clustered_attention_backward(
                forward.topk.defined() ? describe(forward.topk) : "undefined");
   check_dropout(op, forward.dropout);
   const int64_t clusters = forward.topk.size(2), kw = forward.topk.size(3);
-  const Dims d = check_inputs(op, Q.shape(), K, V, lengths, assignment, clusters, temperature);
-  const Params p = params_of(d, lengths, assignment, temperature);
+  const Dims d =
+      check_inputs(op, Q.shape(), K, V, lengths, assignment, clusters, temperature, true);
   check_saved(op, "dout", dout, K, DType::f32, {d.B, d.H, d.N, d.M});
   check_saved(op, "weights", forward.weights, K, DType::f32, {d.B, d.H, d.C, d.S});
   check_saved(op, "centroids", forward.centroids, K, DType::f32, {d.B, d.H, d.C, d.E});
@@ -508,6 +522,19 @@ ImprovedClusteredAttentionGrads improved_clustered_attention_backward(
   g.dQ = Tensor::empty(Q.shape(), DType::f32, K.device());
   g.dK = Tensor::empty(K.shape(), DType::f32, K.device());
   g.dV = Tensor::empty(V.shape(), DType::f32, K.device());
+  if (K.device() == Device::cuda) {
+    DeviceParams dp;
+    device_params(d, lengths, assignment, temperature, forward.dropout, dp);
+    const cuda::ClusteredDims cd{d.B, d.H, d.N, d.S, d.E, d.M, d.C};
+    const Tensor ws =
+        device_workspace(cuda::improved_clustered_attention_backward_workspace(cd, kw, dp.p));
+    cuda::improved_clustered_attention_backward(
+        cd, dp.p, kw, Q.f32(), K.f32(), V.f32(), forward.weights.f32(), forward.centroids.f32(),
+        forward.topk.i32(), forward.mass.f32(), dout.f32(), g.dQ.f32(), g.dK.f32(), g.dV.f32(),
+        ws.f32());
+    return g;
+  }
+  const Params p = params_of(d, lengths, assignment, temperature);
   const Dropout drop =
       dropout_of(forward.dropout.p, forward.dropout.seed, forward.dropout.offset);
   const float *q = Q.f32(), *k = K.f32(), *v = V.f32(), *ac = forward.weights.f32(),
@@ -546,6 +573,7 @@ Tensor attention_matrix(AttentionType type, const Tensor& Q, const Tensor& K,
   const char* op = "attention_matrix";
   check_f32(op, "Q", Q);
   detail::check_same_device(op, Q, K);
+  detail::require_cpu(op, Q);  // an analysis on host memory
   CLUSTR_CHECK(K.rank() == 4, op, ": expected K of shape (B, H, S, E), got ", describe(K));
   const int64_t B = Q.size(0), H = Q.size(1), N = Q.size(2), S = K.size(2);
   const Tensor V = Tensor::zeros({B, H, S, 1}, DType::f32, Q.device());

@@ -38,8 +38,9 @@
 // Threads: one task per (b, h) pair, or, with fewer pairs than threads, every thread inside
 // each pair: the C x S products through the GEMM's threads, the top-k selections and the
 // members' exact softmax cluster by cluster; dK and dV get each cluster's contribution through
-// a slot of its own, added in cluster order. Results never depend on the thread count. cpu
-// only: CUDA tensors are rejected.
+// a slot of its own, added in cluster order. Results never depend on the thread count.
+// Tensors on the CUDA device run improved_clustered_cuda.h's kernels (the same T_j and m_j for
+// the same Ac, no float atomics); attention_matrix() is cpu only.
 #pragma once
 
 #include <cstdint>

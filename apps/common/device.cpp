@@ -1,0 +1,29 @@
+// The apps' --device flag (device.h).
+#include "apps/common/device.h"
+
+#include "core/cuda/cuda.h"
+#include "core/error.h"
+
+namespace clustr {
+
+Device resolve_device(const std::string& device) {
+  if (device == "cpu") return Device::cpu;
+  CLUSTR_CHECK(device == "cuda", "--device must be cpu or cuda, got '", device, "'");
+  CLUSTR_CHECK(cuda::compiled(),
+               "--device cuda: this build has no CUDA backend (it is built when CMake finds the "
+               "CUDA toolkit; -DCLUSTR_CUDA=ON requires it); use --device cpu");
+  CLUSTR_CHECK(cuda::available(), "--device cuda: no usable GPU: ", cuda::unavailable_reason(),
+               "; use --device cpu");
+  return Device::cuda;
+}
+
+Tensor on_device(const Tensor& t, Device device) {
+  return !t.defined() || t.device() == device ? t : t.to(device);
+}
+
+Device device_of(const Module& model) {
+  const std::vector<Variable> params = model.parameters();
+  return params.empty() ? Device::cpu : params.front().data().device();
+}
+
+}  // namespace clustr

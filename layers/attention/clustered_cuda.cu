@@ -1,0 +1,123 @@
+// CUDA kernels of clustered attention for a given clustering (clustered_cuda.h gives the
+// contract, clustered.h the semantics). Written against core/cuda/kernel.h, so the same code
+// runs on a GPU and in device emulation.
+//
+// Legend: B batch, H heads, N queries, S keys, E query/key dim, M value dim, C clusters; L the
+// valid keys of a sequence (lengths[b], or S).
+//   vc, dvc (B, H, C, M), ds and ad (B, H, C, S), dqc (B, H, C, E): scratch.
+//
+// How: the products are cuBLAS strided-batched GEMMs over the heads of one sequence, sized by
+// its L (over all B H pairs at once without lengths), so masked keys take no part in any
+// product and whatever padded K, V hold cannot leak into a result, as on the CPU. Own kernels
+// do the rest: the per-cluster sums over members (eq. 4-5 and dVc) in query order, as the CPU
+// sums them; the masked softmax of eq. 3 with the dropout mask (one CUDA block per row of Ac);
+// the broadcast of eq. 6 and of dQ_i = dQc_j / |j|; and in backward one row kernel for the mask
+// and the softmax gradient. dK and dV come whole from one GEMM each (a sum over clusters), so
+// nothing is accumulated across launches and there are no float atomics: results do not depend
+// on timing. The kernels and helpers, shared with improved clustered attention, are in
+// clustered_cuda_kernels.h.
+#include "layers/attention/clustered_cuda.h"
+
+#include "layers/attention/clustered_cuda_kernels.h"
+
+namespace clustr::cuda {
+
+using namespace clustered_kernels;
+
+int64_t clustered_attention_forward_workspace(const ClusteredDims& d, const ClusteredParams& p) {
+  const int64_t pairs_c = d.B * d.H * d.C;
+  return pairs_c * d.M + (p.dropout > 0.0f ? pairs_c * d.S : 0);
+}
+int64_t clustered_attention_backward_workspace(const ClusteredDims& d, const ClusteredParams& p) {
+  const int64_t pairs_c = d.B * d.H * d.C;
+  return pairs_c * (d.M + d.S + d.E) + (p.dropout > 0.0f ? pairs_c * d.S : 0);
+}
+
+void clustered_attention_forward(const ClusteredDims& d, const ClusteredParams& p,
+                                 const float* Q, const float* K, const float* V, float* out,
+                                 float* weights, float* centroids, float* workspace) {
+  const int64_t BH = d.B * d.H, H = d.H, N = d.N, S = d.S, E = d.E, M = d.M, C = d.C;
+  if (BH == 0 || C == 0) return;
+  require("cuda::clustered_attention_forward");
+  const Dropout drop = dropout_of(p);
+  float* vc = workspace;
+  float* ad = drop.on() ? workspace + BH * C * M : nullptr;
+  // eq. 4-5: Qc
+  launch("cuda::clustered_attention_forward (centroids)", {grid_of(BH * C)},
+         {row_threads(E)}, 0,
+         MemberSumKernel{Q, centroids, p.count, p.start, p.order, N, C, E, true});
+  // eq. 3: Ac = softmax(t Qc K^T + mask)
+  for_each_sequence(d, p, [&](int64_t b0, int64_t nb, int64_t L) {
+    product(false, true, C, L, E, p.temperature, centroids + b0 * H * C * E, E, C * E,
+            K + b0 * H * S * E, E, S * E, weights + b0 * H * C * S, S, C * S, nb * H);
+  });
+  const unsigned threads = row_threads(S);
+  if (S > 0)
+    launch("cuda::clustered_attention_forward (weights)", {grid_of(BH * C)}, {threads},
+           threads * sizeof(double),
+           WeightsRowsKernel{weights, ad, p.count, p.lengths, H, C, S, drop});
+  // Vc = Ac V (Ac D / (1 - p) with dropout)
+  const float* w = drop.on() ? ad : weights;
+  for_each_sequence(d, p, [&](int64_t b0, int64_t nb, int64_t L) {
+    product(false, false, C, M, L, 1.0f, w + b0 * H * C * S, S, C * S, V + b0 * H * S * M, M,
+            S * M, vc + b0 * H * C * M, M, C * M, nb * H);
+  });
+  // eq. 6: out_i = Vc_{j(i)}
+  const int64_t total = BH * N * M;
+  launch("cuda::clustered_attention_forward (broadcast)", {elementwise_blocks(total)},
+         {kElementwiseThreads}, 0,
+         BroadcastKernel{vc, out, p.assignment, p.count, p.lengths, H, N, S, C, M, total, false});
+}
+
+void clustered_attention_backward(const ClusteredDims& d, const ClusteredParams& p,
+                                  const float* K, const float* V, const float* weights,
+                                  const float* centroids, const float* dout, float* dQ,
+                                  float* dK, float* dV, float* workspace) {
+  const int64_t BH = d.B * d.H, H = d.H, N = d.N, S = d.S, E = d.E, M = d.M, C = d.C;
+  // Masked keys get no gradient: the GEMMs below write only the first L rows of dK and dV.
+  if (p.lengths_host) {
+    fill_f32(dK, 0.0f, BH * S * E);
+    fill_f32(dV, 0.0f, BH * S * M);
+  }
+  if (BH == 0 || C == 0) return;
+  require("cuda::clustered_attention_backward");
+  const Dropout drop = dropout_of(p);
+  float* dvc = workspace;
+  float* ds = dvc + BH * C * M;
+  float* dqc = ds + BH * C * S;
+  float* ad = drop.on() ? dqc + BH * C * E : nullptr;
+  // dVc_j = sum_{i in j} dO_i
+  launch("cuda::clustered_attention_backward (member sums)", {grid_of(BH * C)},
+         {row_threads(M)}, 0,
+         MemberSumKernel{dout, dvc, p.count, p.start, p.order, N, C, M, false});
+  // dAc = dVc V^T
+  for_each_sequence(d, p, [&](int64_t b0, int64_t nb, int64_t L) {
+    product(false, true, C, L, M, 1.0f, dvc + b0 * H * C * M, M, C * M, V + b0 * H * S * M, M,
+            S * M, ds + b0 * H * C * S, S, C * S, nb * H);
+  });
+  // The mask on Ac and dAc, then dS = Ac (dAc - rowsum(dAc Ac))
+  const unsigned threads = row_threads(S);
+  if (S > 0)
+    launch("cuda::clustered_attention_backward (rows)", {grid_of(BH * C)}, {threads},
+           threads * sizeof(double),
+           BackwardRowsKernel{weights, ds, ad, p.lengths, H, C, S, drop});
+  const float* w = drop.on() ? ad : weights;
+  const float t = p.temperature;
+  for_each_sequence(d, p, [&](int64_t b0, int64_t nb, int64_t L) {
+    const int64_t bc = b0 * H * C, batch = nb * H;
+    // dV = (Ac D r)^T dVc, dQc = t dS K, dK = t dS^T Qc
+    product(true, false, L, M, C, 1.0f, w + bc * S, S, C * S, dvc + bc * M, M, C * M,
+            dV + b0 * H * S * M, M, S * M, batch);
+    product(false, false, C, E, L, t, ds + bc * S, S, C * S, K + b0 * H * S * E, E, S * E,
+            dqc + bc * E, E, C * E, batch);
+    product(true, false, L, E, C, t, ds + bc * S, S, C * S, centroids + bc * E, E, C * E,
+            dK + b0 * H * S * E, E, S * E, batch);
+  });
+  // dQ_i = dQc_{j(i)} / |j(i)| (through the mean of eq. 4-5)
+  const int64_t total = BH * N * E;
+  launch("cuda::clustered_attention_backward (broadcast)", {elementwise_blocks(total)},
+         {kElementwiseThreads}, 0,
+         BroadcastKernel{dqc, dQ, p.assignment, p.count, p.lengths, H, N, S, C, E, total, true});
+}
+
+}  // namespace clustr::cuda

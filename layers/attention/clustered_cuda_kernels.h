@@ -1,0 +1,208 @@
+// Kernels and host helpers shared by the device clustered attention ops (clustered_cuda.cu,
+// eq. 3-6, and improved_clustered_cuda.cu, eq. 9-11): the attention-dropout mask words, the
+// per-cluster member sums, the masked softmax rows of Ac and their backward, the broadcast of a
+// cluster's row to its members, and the per-sequence batched GEMMs. Written against
+// core/cuda/kernel.h; included only by those .cu files.
+//
+// Legend: B batch, H heads, N queries, S keys, E query/key dim, M value dim, C clusters; L the
+// valid keys of a sequence (lengths[b], or S). Rows of (pair bh, cluster j) are row bh C + j.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "core/cuda/cuda.h"
+#include "core/cuda/kernel.h"
+#include "core/math.h"
+#include "core/philox.h"
+#include "layers/attention/clustered_cuda.h"
+
+namespace clustr::cuda::clustered_kernels {
+
+struct AddDouble {
+  CLUSTR_HD double operator()(double a, double b) const { return a + b; }
+};
+
+struct Dropout {
+  float p = 0.0f, scale = 1.0f;
+  uint64_t seed = 0, offset = 0;
+  CLUSTR_HD bool on() const { return p > 0.0f; }
+};
+
+inline Dropout dropout_of(const ClusteredParams& p) {
+  Dropout d;
+  if (p.dropout > 0.0f) {
+    d.p = p.dropout;
+    d.scale = 1.0f / (1.0f - p.dropout);
+    d.seed = p.seed;
+    d.offset = p.offset;
+  }
+  return d;
+}
+
+// f(c, word) for the columns c in [0, n) of a row whose column 0 is mask element idx0, word the
+// element's Philox word; each thread takes whole Philox blocks (four consecutive elements).
+template <class F>
+CLUSTR_DEVICE void for_each_word(const Thread& t, const Dropout& drop, uint64_t idx0, int64_t n,
+                                 F f) {
+  if (n <= 0) return;
+  const uint64_t first = idx0 / 4, last = (idx0 + static_cast<uint64_t>(n) - 1) / 4;
+  for (uint64_t q = first + t.thread_idx().x; q <= last; q += t.block_dim().x) {
+    const Philox4 w = philox4x32(drop.seed, drop.offset + q);
+    for (uint64_t k = 0; k < 4; ++k) {
+      const int64_t c = static_cast<int64_t>(4 * q + k - idx0);
+      if (c >= 0 && c < n) f(c, w.v[k]);
+    }
+  }
+}
+
+CLUSTR_DEVICE int64_t keys_of(const int32_t* lengths, int64_t bh, int64_t H, int64_t S) {
+  return lengths ? lengths[bh / H] : S;
+}
+
+// y (B, H, C, w) = sum over the members of each cluster of the rows of x (B, H, N, w), in query
+// order from 0 (the CPU's sum_members); with `mean`, divided by |j| when |j| > 1 (eq. 4-5).
+// Empty clusters get 0. One CUDA block per (pair, cluster), threads over w.
+struct MemberSumKernel {
+  static constexpr bool kUsesBarrier = false;
+  const float* x;
+  float* y;
+  const int32_t *count, *start, *order;
+  int64_t N, C, w;
+  bool mean;
+  CLUSTR_DEVICE void operator()(const Thread& t) const {
+    const int64_t j = t.block_idx().x % C, bh = t.block_idx().x / C;
+    const int32_t* st = start + bh * (C + 1);
+    const int32_t* ord = order + bh * N;
+    const int32_t n = count[bh * C + j];
+    for (int64_t e = t.thread_idx().x; e < w; e += t.block_dim().x) {
+      float acc = 0.0f;
+      for (int32_t r = st[j]; r < st[j + 1]; ++r) acc += x[(bh * N + ord[r]) * w + e];
+      if (mean && n > 1) acc /= static_cast<float>(n);
+      y[(bh * C + j) * w + e] = acc;
+    }
+  }
+};
+
+// eq. 3 row by row, one CUDA block per row (pair bh, cluster j) = block bh C + j: the first L columns of ac (B, H, C,
+// S) hold t Qc K^T and become softmax over them, the rest 0; rows of empty clusters, and all
+// rows when L = 0, are 0. With dropout, ad = Ac D / (1 - p) on the first L columns.
+struct WeightsRowsKernel {
+  static constexpr bool kUsesBarrier = true;
+  float* ac;
+  float* ad;  // null without dropout
+  const int32_t* count;
+  const int32_t* lengths;
+  int64_t H, C, S;
+  Dropout drop;
+  CLUSTR_DEVICE void operator()(const Thread& t) const {
+    const unsigned tid = t.thread_idx().x, nt = t.block_dim().x;
+    const int64_t j = t.block_idx().x % C, bh = t.block_idx().x / C;
+    const int64_t L = keys_of(lengths, bh, H, S);
+    float* x = ac + (bh * C + j) * S;
+    if (count[bh * C + j] == 0 || L == 0) {  // the same for the whole block
+      for (int64_t c = tid; c < S; c += nt) x[c] = 0.0f;
+      return;
+    }
+    float m = x[0];
+    for (int64_t c = tid; c < L; c += nt) m = math::Maximum{}(m, x[c]);
+    m = block_reduce(t, m, t.shared<float>(), math::Maximum{});
+    double acc = 0.0;
+    for (int64_t c = tid; c < L; c += nt) {
+      x[c] = math::exp(x[c] - m);
+      acc += x[c];
+    }
+    const float inv = 1.0f / static_cast<float>(block_reduce(t, acc, t.shared<double>(),
+                                                             AddDouble{}));
+    for (int64_t c = tid; c < L; c += nt) x[c] *= inv;
+    for (int64_t c = L + tid; c < S; c += nt) x[c] = 0.0f;
+    if (!drop.on()) return;
+    t.sync();  // the mask's columns fall to other threads than the normalisation's
+    float* y = ad + (bh * C + j) * S;
+    const float p = drop.p, scale = drop.scale;
+    for_each_word(t, drop, static_cast<uint64_t>((bh * C + j) * S), L,
+                  [&](int64_t c, uint32_t word) { y[c] = math::dropout_value(x[c], word, p, scale); });
+  }
+};
+
+// Backward of eq. 3 and of the mask, one CUDA block per row (as WeightsRowsKernel): on the first L columns,
+// ad = Ac D r and g = dAc D r (with dropout), then g = Ac (g - sum_l Ac[l] g[l]) in place.
+struct BackwardRowsKernel {
+  static constexpr bool kUsesBarrier = true;
+  const float* ac;
+  float* ds;  // dAc in, dS out
+  float* ad;  // null without dropout
+  const int32_t* lengths;
+  int64_t H, C, S;
+  Dropout drop;
+  CLUSTR_DEVICE void operator()(const Thread& t) const {
+    const unsigned tid = t.thread_idx().x, nt = t.block_dim().x;
+    const int64_t j = t.block_idx().x % C, bh = t.block_idx().x / C;
+    const int64_t L = keys_of(lengths, bh, H, S);
+    const int64_t row = (bh * C + j) * S;
+    const float* w = ac + row;
+    float* g = ds + row;
+    if (drop.on()) {
+      float* y = ad + row;
+      const float p = drop.p, scale = drop.scale;
+      for_each_word(t, drop, static_cast<uint64_t>(row), L, [&](int64_t c, uint32_t word) {
+        y[c] = math::dropout_value(w[c], word, p, scale);
+        g[c] = math::dropout_value(g[c], word, p, scale);
+      });
+      t.sync();
+    }
+    double acc = 0.0;
+    for (int64_t c = tid; c < L; c += nt) acc += double(g[c]) * w[c];
+    const float dot = static_cast<float>(block_reduce(t, acc, t.shared<double>(), AddDouble{}));
+    for (int64_t c = tid; c < L; c += nt) g[c] = math::softmax_dx(w[c], g[c], dot);
+  }
+};
+
+// y (B, H, N, w): row i of pair bh = src (B, H, C, w) row a[i] (divided by |a[i]| with
+// `mean`), 0 for padded queries and when the sequence has no valid key. One thread per element.
+struct BroadcastKernel {
+  static constexpr bool kUsesBarrier = false;
+  const float* src;
+  float* y;
+  const int32_t* assignment;
+  const int32_t* count;
+  const int32_t* lengths;
+  int64_t H, N, S, C, w, total;
+  bool mean;
+  CLUSTR_DEVICE void operator()(const Thread& t) const {
+    for (int64_t e = global_x(t); e < total; e += grid_stride_x(t)) {
+      const int64_t row = e / w, bh = row / N;
+      const int32_t j = assignment[row];
+      if (j < 0 || keys_of(lengths, bh, H, S) == 0) {
+        y[e] = 0.0f;
+        continue;
+      }
+      const float v = src[(bh * C + j) * w + e % w];
+      y[e] = mean ? v / static_cast<float>(count[bh * C + j]) : v;
+    }
+  }
+};
+
+// Calls f(b0, nb, L) for runs of sequences that share their key count L: all B at once without
+// lengths, else one sequence at a time (the GEMM sizes come from the host lengths).
+template <class F>
+inline void for_each_sequence(const ClusteredDims& d, const ClusteredParams& p, F f) {
+  if (!p.lengths_host) return f(int64_t{0}, d.B, d.S);
+  for (int64_t b = 0; b < d.B; ++b) f(b, int64_t{1}, static_cast<int64_t>(p.lengths_host[b]));
+}
+
+// A batch of GEMMs over `batch` pairs, C_i(rows, cols) = alpha op(A_i) op(B_i) with an inner
+// size that may be 0 (then C_i = 0; every such C here is a contiguous block), and nothing to do
+// for an empty C.
+inline void product(bool ta, bool tb, int64_t rows, int64_t cols, int64_t inner, float alpha,
+             const float* A, int64_t lda, int64_t sa, const float* Bm, int64_t ldb, int64_t sb,
+             float* Cm, int64_t ldc, int64_t sc, int64_t batch) {
+  if (rows == 0 || cols == 0 || batch == 0) return;
+  if (inner == 0) return fill_f32(Cm, 0.0f, batch * sc);
+  gemm_strided_batched(ta, tb, rows, cols, inner, alpha, A, lda, sa, Bm, ldb, sb, 0.0f, Cm, ldc,
+                       sc, batch);
+}
+
+inline unsigned grid_of(int64_t n) { return static_cast<unsigned>(n); }
+
+}  // namespace clustr::cuda::clustered_kernels

@@ -1,0 +1,39 @@
+// CUDA kernels of query clustering (layers/attention/clustering.h, the paper's sec. 3.2.2): the
+// hashing and the Lloyd iterations on device pointers. The k-means++ seeding between them runs on
+// the host (clustering.cpp): it is C sequential steps, each a weighted draw that depends on the
+// previous one, over N codes of 8 bytes per (b, h), so copying the codes costs less than a
+// kernel launch per step would. Implemented by clustering_cuda.cu when clustr has the CUDA
+// backend (a GPU build or device emulation), and by clustering_no_cuda.cpp otherwise, where
+// every call throws a clear error.
+//
+// Legend: B batch, H heads, N queries, E per-head dim, C clusters, K bits, L Lloyd rounds.
+//   Q (B, H, N, E), planes (K, E), codes u64 (B, H, N), centroids u64 (B, H, C), active i32
+//   (B, H), assignment i32 (B, H, N), counts i32 (B, H, C); lengths a device array (B) or null:
+//   queries at positions >= lengths[b] are padding.
+// Semantics (the thresholds' random stream, ties, the stopping rule) are clustering.h's.
+#pragma once
+
+#include <cstdint>
+
+namespace clustr::cuda {
+
+struct ClusteringDims {
+  int64_t B = 0, H = 0, N = 0, E = 0;
+  int C = 1, K = 1, L = 0;
+};
+
+// codes (=): bit k of valid query i is (planes_k . q_i > t_k), t_k = lo + u (hi - lo) over the
+// pair's valid queries, u from philox4x32(seed, threshold_base + (b H + h) K + k).v[0]; the
+// codes of padded queries are 0. One GEMM gives every projection.
+void cluster_hash(const ClusteringDims& d, const float* Q, const float* planes,
+                  const int32_t* lengths, uint64_t seed, uint64_t threshold_base,
+                  uint64_t* codes);
+
+// Lloyd rounds in Hamming space from the seeded centroids: the first active[b, h] of the pair's
+// C centroids are seeded (the others never receive a member). centroids are updated in place;
+// assignment and counts are written (=), -1 for padded queries.
+void cluster_lloyd(const ClusteringDims& d, const uint64_t* codes, const int32_t* lengths,
+                   const int32_t* active, uint64_t* centroids, int32_t* assignment,
+                   int32_t* counts);
+
+}  // namespace clustr::cuda

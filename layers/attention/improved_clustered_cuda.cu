@@ -1,0 +1,527 @@
+// CUDA kernels of improved clustered attention for a given clustering (improved_clustered_cuda.h
+// gives the contract, improved_clustered.h the semantics, improved_clustered.cpp the backward's
+// derivation). Written against core/cuda/kernel.h, so the same code runs on a GPU and in device
+// emulation.
+//
+// Legend: B batch, H heads, N queries, S keys, E query/key dim, M value dim, C clusters; L the
+// valid keys of a sequence; kk = min(k, L) the keys of a cluster's top-k set T_j (0 for an empty
+// cluster), kw = min(k, S) the saved width; t the temperature.
+//   Scratch: rc, dvc (B, H, C, M); acr, ds (B, H, C, S); dqc (B, H, C, E); pw, gw, pv (B, H, N,
+//   kw): a member query's exact weights P_i, G_i / dZ_i and the dropped P_i; rowdot (B, H, N).
+//
+// How. The centroid part reuses clustered attention's kernels (clustered_cuda_kernels.h): the
+// member sums in query order, the masked softmax rows of Ac (eq. 3-5), their backward, and the
+// per-sequence batched GEMMs sized by L, so masked keys never enter a product. Own kernels:
+//  - eq. 9-10, one CUDA block per row of Ac: a radix select over the order-preserving bits of
+//    the weights finds the kk-th largest value (32 block-wide counts), then one thread walks the
+//    row in key order, taking the keys above it and the lowest-indexed keys equal to it, and sums
+//    m_j over them in ascending key order, as the CPU does: given the same Ac, T_j and m_j are
+//    the CPU's bit for bit (the order "weight descending, then index ascending" is total).
+//  - eq. 11, second term: Ac with T_j zeroed (and the cluster's dropout mask) times V, once per
+//    cluster, by GEMM.
+//  - eq. 11, first term, one CUDA block per query: the kk scores, their softmax, the query's
+//    dropout mask, m_j P_i V_T plus the cluster's remainder. Backward recomputes P_i the same way
+//    and forms G_i = dO_i V_T^T, dZ_i = m_j P_i (G_i - P_i . G_i) and dq_i = t dZ_i K_T.
+//  - dm_j (eq. 10's mass, in backward), one block per cluster: the members' P_i . G_i summed in
+//    query order, written onto the T_j columns of dAc before the softmax backward of eq. 3.
+//  - dK_T, dV_T, one CUDA block per key l: the clusters whose T_j holds l in cluster order, each
+//    cluster's members in query order, the CPU's order of additions. Several clusters' top-k
+//    sets share keys, and gathering per key instead of scattering per cluster leaves each
+//    element of dK and dV to one thread: no float atomics, results independent of timing.
+#include "layers/attention/improved_clustered_cuda.h"
+
+#include "layers/attention/clustered_cuda_kernels.h"
+
+namespace clustr::cuda {
+
+using namespace clustered_kernels;
+
+namespace {
+
+struct AddInt {
+  CLUSTR_HD int operator()(int a, int b) const { return a + b; }
+};
+
+// The first query-mask element of query i of pair bh (improved_clustered.h): after the B H C S
+// elements of the clusters' masks, kw per query.
+CLUSTR_DEVICE uint64_t member_mask(int64_t BHCS, int64_t kw, int64_t row) {
+  return static_cast<uint64_t>(BHCS + row * kw);
+}
+
+// The number of keys in a top-k row T (kw): its entries before the first -1.
+CLUSTR_DEVICE int64_t topk_size(const int32_t* T, int64_t kw) {
+  int64_t kk = 0;
+  while (kk < kw && T[kk] >= 0) ++kk;
+  return kk;
+}
+
+// Unsigned integers in the order of the floats (the sign flipped for positives, every bit for
+// negatives). Weights are >= 0 and never -0 (exp times a positive), so equal keys are equal
+// floats, as the CPU's comparisons see them.
+CLUSTR_DEVICE uint32_t order_key(float x) {
+  const uint32_t u = math::bits_of(x);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// eq. 9-10, one CUDA block per row (pair bh, cluster j) of ac (B, H, C, S): tk (kw) = the kk
+// valid keys with the largest weights (ties to the lower key index) in ascending key order, -1
+// padded; mass = their weights summed in that order (0 for an empty set).
+struct TopkKernel {
+  static constexpr bool kUsesBarrier = true;
+  const float* ac;
+  const int32_t* count;
+  const int32_t* lengths;
+  int32_t* tk;
+  float* mass;
+  int64_t H, C, S, k, kw;
+  CLUSTR_DEVICE void operator()(const Thread& t) const {
+    const unsigned tid = t.thread_idx().x, nt = t.block_dim().x;
+    const int64_t row = t.block_idx().x, bh = row / C;
+    const int64_t L = keys_of(lengths, bh, H, S);
+    const int64_t kk = count[row] == 0 ? 0 : (k < L ? k : L);
+    const float* w = ac + row * S;
+    // The kk-th largest key, bit by bit from the top: the largest bar with >= kk keys at or
+    // above it (every thread reaches the same bar).
+    uint32_t bar = 0;
+    int64_t take_equal = L;  // kk == L: every valid key, whatever its weight
+    if (kk > 0 && kk < L) {
+      for (int bit = 31; bit >= 0; --bit) {
+        const uint32_t trial = bar | (1u << bit);
+        int n = 0;
+        for (int64_t c = tid; c < L; c += nt) n += order_key(w[c]) >= trial ? 1 : 0;
+        if (block_reduce(t, n, t.shared<int>(), AddInt{}) >= kk) bar = trial;
+      }
+      int above = 0;
+      for (int64_t c = tid; c < L; c += nt) above += order_key(w[c]) > bar ? 1 : 0;
+      take_equal = kk - block_reduce(t, above, t.shared<int>(), AddInt{});
+    }
+    if (tid != 0) return;  // no barrier below
+    int32_t* T = tk + row * kw;
+    int64_t n = 0, equal = 0;
+    float m = 0.0f;
+    for (int64_t c = 0; c < L && n < kk; ++c) {
+      const uint32_t key = order_key(w[c]);
+      const bool take = kk == L || key > bar || (key == bar && equal++ < take_equal);
+      if (!take) continue;
+      T[n++] = static_cast<int32_t>(c);
+      m += w[c];
+    }
+    for (int64_t c = n; c < kw; ++c) T[c] = -1;
+    mass[row] = m;
+  }
+};
+
+// One CUDA block per row (pair bh, cluster j): acr = Ac with the T_j columns zeroed, times the
+// cluster's dropout mask, on the first L columns (the GEMMs read no others); with g (the
+// backward's dAc, or null) masked by the same words.
+struct RemainderKernel {
+  static constexpr bool kUsesBarrier = true;
+  const float* ac;
+  const int32_t* tk;
+  const int32_t* lengths;
+  float* acr;
+  float* g;
+  int64_t H, C, S, kw;
+  Dropout drop;
+  CLUSTR_DEVICE void operator()(const Thread& t) const {
+    const unsigned tid = t.thread_idx().x, nt = t.block_dim().x;
+    const int64_t row = t.block_idx().x, bh = row / C;
+    const int64_t L = keys_of(lengths, bh, H, S);
+    const float* w = ac + row * S;
+    float* y = acr + row * S;
+    if (drop.on()) {
+      float* gr = g ? g + row * S : nullptr;
+      const float p = drop.p, scale = drop.scale;
+      for_each_word(t, drop, static_cast<uint64_t>(row * S), L, [&](int64_t c, uint32_t word) {
+        y[c] = math::dropout_value(w[c], word, p, scale);
+        if (gr) gr[c] = math::dropout_value(gr[c], word, p, scale);
+      });
+    } else {
+      for (int64_t c = tid; c < L; c += nt) y[c] = w[c];
+    }
+    t.sync();  // the T_j columns fall to other threads than the copy's
+    const int32_t* T = tk + row * kw;
+    for (int64_t c = tid; c < kw; c += nt)
+      if (T[c] >= 0) y[T[c]] = 0.0f;
+  }
+};
+
+// P (kk) = softmax over c of t q . K[T[c]] (the exact member weights on T_j, eq. 11), kk >= 1;
+// every thread of the block calls it. Ends with a barrier.
+CLUSTR_DEVICE void member_weights(const Thread& t, const float* q, const float* k,
+                                  const int32_t* T, int64_t kk, int64_t E, float temperature,
+                                  float* P) {
+  const unsigned tid = t.thread_idx().x, nt = t.block_dim().x;
+  for (int64_t c = tid; c < kk; c += nt) {
+    const float* kr = k + static_cast<int64_t>(T[c]) * E;
+    float dot = 0.0f;
+    for (int64_t e = 0; e < E; ++e) dot += q[e] * kr[e];
+    P[c] = temperature * dot;
+  }
+  t.sync();
+  float mx = P[0];
+  for (int64_t c = tid; c < kk; c += nt) mx = math::Maximum{}(mx, P[c]);
+  mx = block_reduce(t, mx, t.shared<float>(), math::Maximum{});
+  double acc = 0.0;
+  for (int64_t c = tid; c < kk; c += nt) {
+    P[c] = math::exp(P[c] - mx);
+    acc += P[c];
+  }
+  const float inv =
+      1.0f / static_cast<float>(block_reduce(t, acc, t.shared<double>(), AddDouble{}));
+  for (int64_t c = tid; c < kk; c += nt) P[c] *= inv;
+  t.sync();
+}
+
+// eq. 11 for each query, one CUDA block per row (pair bh, query i), striding over the rows:
+// out_i = m_j (P_i D_i / (1 - p)) V_T + rc_j; 0 for padded queries and when L = 0. pw (kw) of
+// the row holds P_i.
+struct MemberForwardKernel {
+  static constexpr bool kUsesBarrier = true;
+  const float *Q, *K, *V, *rc, *mass;
+  const int32_t *assignment, *tk, *lengths;
+  float* pw;
+  float* out;
+  int64_t rows_, H, N, S, E, M, C, kw, BHCS;
+  float temperature;
+  Dropout drop;
+  CLUSTR_DEVICE void operator()(const Thread& t) const {
+    const unsigned tid = t.thread_idx().x, nt = t.block_dim().x;
+    for (int64_t row = t.block_idx().x; row < rows_; row += t.grid_dim().x) {
+      const int64_t bh = row / N;
+      const int32_t j = assignment[row];
+      float* o = out + row * M;
+      if (j < 0 || keys_of(lengths, bh, H, S) == 0) {  // the same for the whole block
+        for (int64_t e = tid; e < M; e += nt) o[e] = 0.0f;
+        continue;
+      }
+      const int64_t cl = bh * C + j;
+      const int32_t* T = tk + cl * kw;
+      const int64_t kk = topk_size(T, kw);
+      float* P = pw + row * kw;
+      member_weights(t, Q + row * E, K + bh * S * E, T, kk, E, temperature, P);
+      if (drop.on()) {
+        const float p = drop.p, scale = drop.scale;
+        for_each_word(t, drop, member_mask(BHCS, kw, row), kk, [&](int64_t c, uint32_t word) {
+          P[c] = math::dropout_value(P[c], word, p, scale);
+        });
+        t.sync();
+      }
+      const float* v = V + bh * S * M;
+      const float m = mass[cl];
+      for (int64_t e = tid; e < M; e += nt) {
+        float acc = 0.0f;
+        for (int64_t c = 0; c < kk; ++c) acc += P[c] * v[static_cast<int64_t>(T[c]) * M + e];
+        o[e] = m * acc + rc[cl * M + e];
+      }
+      t.sync();  // P is reused by the block's next row
+    }
+  }
+};
+
+// The exact part of eq. 11's backward for each query, one CUDA block per row (pair bh, query
+// i): P_i again, G_i[c] = dO_i . V[T[c]], with dropout pv = P D r and G = G D r, then
+// rowdot_i = P_i . G_i, dZ_i = m_j P_i (G_i - rowdot_i) (in gw) and dQ_i = t dZ_i K_T (=); 0 rows
+// for padded queries and when L = 0.
+struct MemberBackwardKernel {
+  static constexpr bool kUsesBarrier = true;
+  const float *Q, *K, *V, *dout, *mass;
+  const int32_t *assignment, *tk, *lengths;
+  float *pw, *gw, *pv, *rowdot, *dQ;
+  int64_t rows_, H, N, S, E, M, C, kw, BHCS;
+  float temperature;
+  Dropout drop;
+  CLUSTR_DEVICE void operator()(const Thread& t) const {
+    const unsigned tid = t.thread_idx().x, nt = t.block_dim().x;
+    for (int64_t row = t.block_idx().x; row < rows_; row += t.grid_dim().x) {
+      const int64_t bh = row / N;
+      const int32_t j = assignment[row];
+      float* dq = dQ + row * E;
+      if (j < 0 || keys_of(lengths, bh, H, S) == 0) {  // the same for the whole block
+        for (int64_t e = tid; e < E; e += nt) dq[e] = 0.0f;
+        if (tid == 0) rowdot[row] = 0.0f;
+        continue;
+      }
+      const int64_t cl = bh * C + j;
+      const int32_t* T = tk + cl * kw;
+      const int64_t kk = topk_size(T, kw);
+      const float* k = K + bh * S * E;
+      const float* v = V + bh * S * M;
+      const float* go = dout + row * M;
+      float *P = pw + row * kw, *G = gw + row * kw;
+      member_weights(t, Q + row * E, k, T, kk, E, temperature, P);
+      for (int64_t c = tid; c < kk; c += nt) {
+        const float* vr = v + static_cast<int64_t>(T[c]) * M;
+        float dot = 0.0f;
+        for (int64_t e = 0; e < M; ++e) dot += go[e] * vr[e];
+        G[c] = dot;
+      }
+      t.sync();
+      if (drop.on()) {
+        float* Pd = pv + row * kw;
+        const float p = drop.p, scale = drop.scale;
+        for_each_word(t, drop, member_mask(BHCS, kw, row), kk, [&](int64_t c, uint32_t word) {
+          Pd[c] = math::dropout_value(P[c], word, p, scale);
+          G[c] = math::dropout_value(G[c], word, p, scale);
+        });
+        t.sync();
+      }
+      double acc = 0.0;
+      for (int64_t c = tid; c < kk; c += nt) acc += double(P[c]) * G[c];
+      const float dot = static_cast<float>(block_reduce(t, acc, t.shared<double>(), AddDouble{}));
+      if (tid == 0) rowdot[row] = dot;
+      const float m = mass[cl];
+      for (int64_t c = tid; c < kk; c += nt) G[c] = m * P[c] * (G[c] - dot);
+      t.sync();
+      for (int64_t e = tid; e < E; e += nt) {
+        float acc_e = 0.0f;
+        for (int64_t c = 0; c < kk; ++c) acc_e += G[c] * k[static_cast<int64_t>(T[c]) * E + e];
+        dq[e] = temperature * acc_e;
+      }
+      t.sync();  // P and G are reused by the block's next row
+    }
+  }
+};
+
+// eq. 10 backward, one CUDA block per row (pair bh, cluster j): dm_j = the members' rowdot
+// summed in query order, written to the T_j columns of ds (dAc; m_j = sum_T Ac_j).
+struct MassGradKernel {
+  static constexpr bool kUsesBarrier = true;
+  const float* rowdot;
+  const int32_t *tk, *start, *order;
+  float* ds;
+  int64_t N, C, S, kw;
+  CLUSTR_DEVICE void operator()(const Thread& t) const {
+    const unsigned tid = t.thread_idx().x, nt = t.block_dim().x;
+    const int64_t row = t.block_idx().x, bh = row / C, j = row % C;
+    float* dm = t.shared<float>();
+    if (tid == 0) {
+      const int32_t* st = start + bh * (C + 1);
+      float acc = 0.0f;
+      for (int32_t r = st[j]; r < st[j + 1]; ++r) acc += rowdot[bh * N + order[bh * N + r]];
+      dm[0] = acc;
+    }
+    t.sync();
+    const int32_t* T = tk + row * kw;
+    for (int64_t c = tid; c < kw; c += nt)
+      if (T[c] >= 0) ds[row * S + T[c]] = dm[0];
+  }
+};
+
+// The slot of key l in the ascending top-k row T (kw, -1 padded), or -1.
+CLUSTR_DEVICE int64_t slot_of(const int32_t* T, int64_t kw, int32_t l) {
+  int64_t lo = 0, hi = kw;  // the first slot whose key is >= l or -1 (padding sorts last)
+  while (lo < hi) {
+    const int64_t mid = (lo + hi) / 2;
+    if (T[mid] >= 0 && T[mid] < l) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo < kw && T[lo] == l ? lo : -1;
+}
+
+// dK_T and dV_T of eq. 11's exact part, one CUDA block per key row (pair bh, key l), striding
+// over the rows, threads over the columns: dK[l] = sum over the clusters j with l = T_j[c], in
+// cluster order, of t sum_{i in j} dZ_i[c] q_i (=, the members in query order); dV[l] += the
+// same sums of m_j pv_i[c] dO_i (accumulated onto the remainder's GEMM). Masked keys: dK 0.
+struct KeyGradKernel {
+  static constexpr bool kUsesBarrier = false;
+  const float *Q, *dout, *gw, *pv, *mass;
+  const int32_t *tk, *count, *start, *order, *lengths;
+  float *dK, *dV;
+  int64_t rows_, H, N, S, E, M, C, kw;
+  float temperature;
+  CLUSTR_DEVICE void operator()(const Thread& t) const {
+    const unsigned tid = t.thread_idx().x, nt = t.block_dim().x;
+    const int64_t width = E > M ? E : M;
+    for (int64_t row = t.block_idx().x; row < rows_; row += t.grid_dim().x) {
+      const int64_t bh = row / S, l = row % S;
+      float* dk = dK + row * E;
+      float* dv = dV + row * M;
+      if (l >= keys_of(lengths, bh, H, S)) {
+        for (int64_t e = tid; e < E; e += nt) dk[e] = 0.0f;
+        continue;
+      }
+      const int32_t* st = start + bh * (C + 1);
+      const int32_t* ord = order + bh * N;
+      for (int64_t e = tid; e < width; e += nt) {
+        float k_acc = 0.0f, v_acc = e < M ? dv[e] : 0.0f;
+        for (int64_t j = 0; j < C; ++j) {
+          if (count[bh * C + j] == 0) continue;
+          const int64_t c = slot_of(tk + (bh * C + j) * kw, kw, static_cast<int32_t>(l));
+          if (c < 0) continue;
+          float ks = 0.0f, vs = 0.0f;
+          for (int32_t r = st[j]; r < st[j + 1]; ++r) {
+            const int64_t i = bh * N + ord[r];
+            if (e < E) ks += gw[i * kw + c] * Q[i * E + e];
+            if (e < M) vs += pv[i * kw + c] * dout[i * M + e];
+          }
+          k_acc += temperature * ks;
+          v_acc += mass[bh * C + j] * vs;
+        }
+        if (e < E) dk[e] = k_acc;
+        if (e < M) dv[e] = v_acc;
+      }
+    }
+  }
+};
+
+// dQ (B, H, N, E) += dqc_j / |j| for each query of cluster j (the mean of eq. 4-5); padded
+// queries and sequences without keys are left alone. One thread per element.
+struct CentroidGradKernel {
+  static constexpr bool kUsesBarrier = false;
+  const float* dqc;
+  const int32_t *assignment, *count, *lengths;
+  float* dQ;
+  int64_t H, N, S, C, E, total;
+  CLUSTR_DEVICE void operator()(const Thread& t) const {
+    for (int64_t x = global_x(t); x < total; x += grid_stride_x(t)) {
+      const int64_t row = x / E, bh = row / N;
+      const int32_t j = assignment[row];
+      if (j < 0 || keys_of(lengths, bh, H, S) == 0) continue;
+      const float n = static_cast<float>(count[bh * C + j]);
+      dQ[x] += dqc[(bh * C + j) * E + x % E] / n;
+    }
+  }
+};
+
+unsigned strided_blocks(int64_t rows) { return row_blocks(rows); }
+
+}  // namespace
+
+int64_t improved_clustered_attention_forward_workspace(const ClusteredDims& d, int64_t kw,
+                                                       const ClusteredParams&) {
+  const int64_t pairs_c = d.B * d.H * d.C;
+  return pairs_c * (d.M + d.S) + d.B * d.H * d.N * kw;
+}
+int64_t improved_clustered_attention_backward_workspace(const ClusteredDims& d, int64_t kw,
+                                                        const ClusteredParams& p) {
+  const int64_t pairs_c = d.B * d.H * d.C, rows = d.B * d.H * d.N;
+  return pairs_c * (d.M + 2 * d.S + d.E) + rows * (2 * kw + 1) +
+         (p.dropout > 0.0f ? rows * kw : 0);
+}
+
+void improved_clustered_attention_forward(const ClusteredDims& d, const ClusteredParams& p,
+                                          int64_t topk, int64_t kw, const float* Q,
+                                          const float* K, const float* V, float* out,
+                                          float* weights, float* centroids, int32_t* tk,
+                                          float* mass, float* workspace) {
+  const int64_t BH = d.B * d.H, H = d.H, N = d.N, S = d.S, E = d.E, M = d.M, C = d.C;
+  if (BH == 0 || C == 0) return;
+  require("cuda::improved_clustered_attention_forward");
+  const Dropout drop = dropout_of(p);
+  float* rc = workspace;
+  float* acr = rc + BH * C * M;
+  float* pw = acr + BH * C * S;
+  // eq. 4-5: Qc; eq. 3: Ac = softmax(t Qc K^T + mask) (no dropout: T_j and m_j see Ac itself)
+  launch("cuda::improved_clustered_attention_forward (centroids)", {grid_of(BH * C)},
+         {row_threads(E)}, 0,
+         MemberSumKernel{Q, centroids, p.count, p.start, p.order, N, C, E, true});
+  for_each_sequence(d, p, [&](int64_t b0, int64_t nb, int64_t L) {
+    product(false, true, C, L, E, p.temperature, centroids + b0 * H * C * E, E, C * E,
+            K + b0 * H * S * E, E, S * E, weights + b0 * H * C * S, S, C * S, nb * H);
+  });
+  const unsigned threads = row_threads(S);
+  if (S > 0)
+    launch("cuda::improved_clustered_attention_forward (weights)", {grid_of(BH * C)},
+           {threads}, threads * sizeof(double),
+           WeightsRowsKernel{weights, nullptr, p.count, p.lengths, H, C, S, Dropout{}});
+  else
+    fill_f32(mass, 0.0f, BH * C);
+  // eq. 9-10: T_j, m_j
+  if (S > 0)
+    launch("cuda::improved_clustered_attention_forward (top-k)", {grid_of(BH * C)}, {threads},
+           threads * sizeof(int),
+           TopkKernel{weights, p.count, p.lengths, tk, mass, H, C, S, topk, kw});
+  // eq. 11, second term once per cluster: rc = (Ac with T_j zeroed, cluster mask) V
+  if (S > 0)
+    launch("cuda::improved_clustered_attention_forward (remainder)", {grid_of(BH * C)},
+           {threads}, 0,
+           RemainderKernel{weights, tk, p.lengths, acr, nullptr, H, C, S, kw, drop});
+  for_each_sequence(d, p, [&](int64_t b0, int64_t nb, int64_t L) {
+    product(false, false, C, M, L, 1.0f, acr + b0 * H * C * S, S, C * S, V + b0 * H * S * M, M,
+            S * M, rc + b0 * H * C * M, M, C * M, nb * H);
+  });
+  // eq. 11, first term, and the sum of the two
+  const int64_t rows = BH * N;
+  const unsigned mt = row_threads(kw > M ? kw : M);
+  launch("cuda::improved_clustered_attention_forward (members)", {strided_blocks(rows)}, {mt},
+         mt * sizeof(double),
+         MemberForwardKernel{Q, K, V, rc, mass, p.assignment, tk, p.lengths, pw, out, rows, H, N,
+                             S, E, M, C, kw, BH * C * S, p.temperature, drop});
+}
+
+void improved_clustered_attention_backward(const ClusteredDims& d, const ClusteredParams& p,
+                                           int64_t kw, const float* Q, const float* K,
+                                           const float* V, const float* weights,
+                                           const float* centroids, const int32_t* tk,
+                                           const float* mass, const float* dout, float* dQ,
+                                           float* dK, float* dV, float* workspace) {
+  const int64_t BH = d.B * d.H, H = d.H, N = d.N, S = d.S, E = d.E, M = d.M, C = d.C;
+  // Masked keys get no gradient: the GEMMs below write only the first L rows of dV.
+  if (p.lengths_host) fill_f32(dV, 0.0f, BH * S * M);
+  if (BH == 0 || C == 0) return;
+  require("cuda::improved_clustered_attention_backward");
+  const Dropout drop = dropout_of(p);
+  const int64_t rows = BH * N;
+  float* dvc = workspace;
+  float* ds = dvc + BH * C * M;
+  float* acr = ds + BH * C * S;
+  float* dqc = acr + BH * C * S;
+  float* pw = dqc + BH * C * E;
+  float* gw = pw + rows * kw;
+  float* rowdot = gw + rows * kw;
+  float* pv = drop.on() ? rowdot + rows : pw;  // the weights that multiply V and dO
+  const float t = p.temperature;
+  // dVc_j = sum_{i in j} dO_i; dAc = dVc V^T off T_j (masked); dV = (Ac off T_j, masked)^T dVc
+  launch("cuda::improved_clustered_attention_backward (member sums)", {grid_of(BH * C)},
+         {row_threads(M)}, 0,
+         MemberSumKernel{dout, dvc, p.count, p.start, p.order, N, C, M, false});
+  for_each_sequence(d, p, [&](int64_t b0, int64_t nb, int64_t L) {
+    product(false, true, C, L, M, 1.0f, dvc + b0 * H * C * M, M, C * M, V + b0 * H * S * M, M,
+            S * M, ds + b0 * H * C * S, S, C * S, nb * H);
+  });
+  const unsigned threads = row_threads(S);
+  if (S > 0)
+    launch("cuda::improved_clustered_attention_backward (remainder)", {grid_of(BH * C)},
+           {threads}, 0, RemainderKernel{weights, tk, p.lengths, acr, ds, H, C, S, kw, drop});
+  for_each_sequence(d, p, [&](int64_t b0, int64_t nb, int64_t L) {
+    const int64_t bc = b0 * H * C;
+    product(true, false, L, M, C, 1.0f, acr + bc * S, S, C * S, dvc + bc * M, M, C * M,
+            dV + b0 * H * S * M, M, S * M, nb * H);
+  });
+  // The exact top-k part: dZ_i, rowdot_i and dQ_i = t dZ_i K_T per query
+  const unsigned mt = row_threads(kw > M ? (kw > E ? kw : E) : (M > E ? M : E));
+  launch("cuda::improved_clustered_attention_backward (members)", {strided_blocks(rows)}, {mt},
+         mt * sizeof(double),
+         MemberBackwardKernel{Q, K, V, dout, mass, p.assignment, tk, p.lengths, pw, gw, pv,
+                              rowdot, dQ, rows, H, N, S, E, M, C, kw, BH * C * S, t, drop});
+  // dK_T (=) and dV_T (+=) gathered per key, clusters in order
+  const int64_t key_rows = BH * S;
+  launch("cuda::improved_clustered_attention_backward (keys)", {strided_blocks(key_rows)},
+         {row_threads(E > M ? E : M)}, 0,
+         KeyGradKernel{Q, dout, gw, pv, mass, tk, p.count, p.start, p.order, p.lengths, dK, dV,
+                       key_rows, H, N, S, E, M, C, kw, t});
+  // dm_j onto the T_j columns of dAc, then the softmax backward of eq. 3
+  if (S > 0) {
+    launch("cuda::improved_clustered_attention_backward (mass)", {grid_of(BH * C)}, {threads},
+           sizeof(float), MassGradKernel{rowdot, tk, p.start, p.order, ds, N, C, S, kw});
+    launch("cuda::improved_clustered_attention_backward (rows)", {grid_of(BH * C)}, {threads},
+           threads * sizeof(double),
+           BackwardRowsKernel{weights, ds, nullptr, p.lengths, H, C, S, Dropout{}});
+  }
+  // Through the centroids (eq. 4-5): dK += t dzc^T Qc, dQc = t dzc K, dQ_i += dQc_j / |j|
+  for_each_sequence(d, p, [&](int64_t b0, int64_t nb, int64_t L) {
+    const int64_t bc = b0 * H * C, batch = nb * H;
+    if (L > 0)
+      gemm_strided_batched(true, false, L, E, C, t, ds + bc * S, S, C * S, centroids + bc * E,
+                           E, C * E, 1.0f, dK + b0 * H * S * E, E, S * E, batch);
+    product(false, false, C, E, L, t, ds + bc * S, S, C * S, K + b0 * H * S * E, E, S * E,
+            dqc + bc * E, E, C * E, batch);
+  });
+  const int64_t total = BH * N * E;
+  launch("cuda::improved_clustered_attention_backward (centroid gradient)",
+         {elementwise_blocks(total)}, {kElementwiseThreads}, 0,
+         CentroidGradKernel{dqc, p.assignment, p.count, p.lengths, dQ, H, N, S, C, E, total});
+}
+
+}  // namespace clustr::cuda

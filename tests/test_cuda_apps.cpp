@@ -1,0 +1,163 @@
+// The apps on the CUDA device against the CPU: one or two training steps of a tiny copy-task
+// model and of a tiny speech model (on a synthetic tone corpus), run from the same seed with
+// --device cpu and --device cuda. The models are built on the CPU from the seed and then moved,
+// dropout masks come from the same Philox words on both devices, so the losses agree to float
+// rounding and the parameters after the steps stay close. SGD keeps a parameter's change
+// proportional to its gradient (Adam's first step is lr * sign(g), which would turn a rounding
+// difference in a gradient near zero into a difference of 2 lr).
+//
+// Tolerances: the devices sum in other orders (cuBLAS against the CPU GEMM's blocking, the
+// reductions' trees), so a loss may differ by a few float ulps of its value; after SGD steps
+// with lr 0.05 a parameter moves by lr * g, so its difference is lr times a gradient's rounding
+// difference. The worst parameter difference is printed.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "apps/copy_task/options.h"
+#include "apps/copy_task/train.h"
+#include "apps/speech/options.h"
+#include "apps/speech/train.h"
+#include "check.h"
+#include "core/tensor.h"
+#include "tone_corpus.h"
+
+using namespace clustr;
+using clustr::test::TempDir;
+
+namespace {
+
+constexpr double kLossTolerance = 1e-5;   // relative
+constexpr double kParamTolerance = 1e-5;  // absolute, after the steps
+
+double relative_difference(double a, double b) {
+  return std::fabs(a - b) / std::max(1e-12, std::max(std::fabs(a), std::fabs(b)));
+}
+
+using NamedValues = std::vector<std::pair<std::string, std::vector<float>>>;
+
+NamedValues host_parameters(const Module& model) {
+  NamedValues out;
+  for (const auto& [name, p] : model.named_parameters())
+    out.emplace_back(name, p.data().to_vector());  // a host copy on either device
+  return out;
+}
+
+// Every parameter of `cuda` within kParamTolerance of `cpu`; prints the worst.
+void check_parameters_close(const NamedValues& cuda, const NamedValues& cpu) {
+  REQUIRE(cuda.size() == cpu.size());
+  double worst = 0;
+  std::string where;
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    REQUIRE(cuda[i].first == cpu[i].first);
+    REQUIRE(cuda[i].second.size() == cpu[i].second.size());
+    for (size_t j = 0; j < cpu[i].second.size(); ++j) {
+      const double d = std::fabs(double(cuda[i].second[j]) - double(cpu[i].second[j]));
+      if (!(d <= worst)) {  // NaN counts as the worst
+        worst = d;
+        where = cpu[i].first + "[" + std::to_string(j) + "]: cuda " +
+                std::to_string(cuda[i].second[j]) + ", cpu " + std::to_string(cpu[i].second[j]);
+      }
+    }
+  }
+  MESSAGE("largest parameter difference " << worst << " at " << where);
+  CHECK_MESSAGE(worst <= kParamTolerance, "largest parameter difference " << worst << " at "
+                                                                         << where << " (allowed "
+                                                                         << kParamTolerance << ")");
+}
+
+}  // namespace
+
+TEST_CASE("apps: two copy-task training steps on cuda match the cpu") {
+  TempDir dir;
+  copy::RunOptions o = copy::preset_options("cpu");
+  o.model.layers = 1;
+  o.model.heads = 2;
+  o.model.head_dim = 8;
+  o.model.feedforward = 16;
+  o.model.dropout = 0.1f;  // the same masks on both devices
+  o.model.attention.type = AttentionType::full;
+  o.task = CopyTaskConfig{5, 4, 0.2f};
+  o.train.batch = 4;
+  o.train.optimizer = "sgd";
+  o.train.momentum = 0.9f;
+  o.train.lr = 0.05f;
+  o.train.warmup = 0;
+  o.train.clip = 1.0f;
+  o.output.out = dir.file("run");
+  o.output.eval_batches = 2;
+
+  std::vector<float> losses[2];
+  std::vector<double> accuracies[2];
+  double eval_loss[2] = {0, 0};
+  NamedValues params[2];
+  for (int d = 0; d < 2; ++d) {
+    o.device = d == 0 ? "cpu" : "cuda";
+    copy::Trainer trainer(o, nullptr);
+    CHECK(trainer.device() == (d == 0 ? Device::cpu : Device::cuda));
+    for (int s = 0; s < 2; ++s) {
+      double acc = 0;
+      losses[d].push_back(trainer.train_step(&acc));
+      accuracies[d].push_back(acc);
+    }
+    eval_loss[d] = trainer.evaluate_heldout().loss;
+    params[d] = host_parameters(trainer.model());
+  }
+  for (size_t s = 0; s < 2; ++s) {
+    INFO("step " << s + 1 << ": loss cuda " << losses[1][s] << ", cpu " << losses[0][s]);
+    CHECK(relative_difference(losses[1][s], losses[0][s]) <= kLossTolerance);
+    CHECK(accuracies[1][s] == accuracies[0][s]);
+  }
+  INFO("held-out loss cuda " << eval_loss[1] << ", cpu " << eval_loss[0]);
+  CHECK(relative_difference(eval_loss[1], eval_loss[0]) <= kLossTolerance);
+  check_parameters_close(params[1], params[0]);
+}
+
+TEST_CASE("apps: two speech training steps on cuda match the cpu") {
+  TempDir corpus, out;
+  clustr::test::write_tone_corpus(corpus.file("corpus"), 8, 2, /*bad=*/false);
+  speech::RunOptions o = speech::preset_options("cpu");
+  o.data.corpus = corpus.file("corpus");
+  o.model.layers = 1;
+  o.model.heads = 2;
+  o.model.head_dim = 8;
+  o.model.feedforward = 16;
+  o.model.dropout = 0.1f;
+  o.model.stacking = 2;
+  o.model.attention.type = AttentionType::full;
+  o.train.batch = 4;
+  o.train.epochs = 1;
+  o.train.max_steps = 2;
+  o.train.optimizer = "radam";  // its first steps are momentum SGD (no adaptive term yet)
+  o.train.lr = 0.05f;
+  o.train.warmup = 0;
+  o.train.lr_schedule = "constant";
+  o.output.log_interval = 1;
+  o.output.examples = 0;
+  o.output.write_plots = false;
+
+  speech::TrainResult r[2];
+  NamedValues params[2];
+  for (int d = 0; d < 2; ++d) {
+    o.device = d == 0 ? "cpu" : "cuda";
+    o.output.out = out.file(o.device);
+    speech::Trainer trainer(o, nullptr);
+    r[d] = trainer.run();
+    params[d] = host_parameters(trainer.model());
+  }
+  REQUIRE(r[0].steps == 2);
+  CHECK(r[1].steps == r[0].steps);
+  INFO("first loss cuda " << r[1].first_loss << ", cpu " << r[0].first_loss << "; second "
+                          << r[1].last_loss << ", " << r[0].last_loss << "; dev "
+                          << r[1].last_dev.loss << ", " << r[0].last_dev.loss);
+  CHECK(relative_difference(r[1].first_loss, r[0].first_loss) <= kLossTolerance);
+  CHECK(relative_difference(r[1].last_loss, r[0].last_loss) <= kLossTolerance);
+  CHECK(relative_difference(r[1].last_dev.loss, r[0].last_dev.loss) <= kLossTolerance);
+  CHECK(r[1].last_dev.greedy.edits == r[0].last_dev.greedy.edits);
+  check_parameters_close(params[1], params[0]);
+}

@@ -1,0 +1,412 @@
+// Query clustering (layers/attention/clustering.h) and clustered attention (clustered.h) on the
+// device against the CPU, through the front doors: the same seed gives the same assignment and
+// counts (integers: exact equality), at 1 and 2 host threads, on awkward shapes (N = 1, 3, 17,
+// 129, 300; C = 1, C > N; key lengths with padded queries, a sequence of length 0; identical
+// queries); clustered attention forward and backward for a given assignment (empty clusters,
+// padded queries, N != S, E != M, lengths), with dropout (the same seed gives the same mask),
+// and attention() with the clustered type through autograd; improved-clustered attention
+// (eq. 9-11) the same way, with the top-k sets compared exactly (k = 1, k below the valid keys,
+// k >= S, which must also equal full attention). Part of the test_cuda program
+// (tests/test_cuda.cpp has its main): run on a GPU or on the emulated device, skipped elsewhere.
+//
+// Tolerance: the centroids are sums over members in query order on both devices and must agree
+// bit for bit; the products' sums run in another order on the device (cuBLAS, a tree over the
+// block for the row sums), so the other results are compared row by row with a relative
+// tolerance (kRowTol) of the row's scale (its largest element, at least a tenth of the
+// tensor's). Zero rows (padded queries, empty clusters, masked keys) must be exactly 0.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "autograd/variable.h"
+#include "check.h"
+#include "core/parallel.h"
+#include "core/random.h"
+#include "core/tensor.h"
+#include "layers/attention/attention.h"
+#include "layers/attention/clustered.h"
+#include "layers/attention/clustering.h"
+#include "layers/attention/full.h"
+#include "layers/attention/improved_clustered.h"
+
+using clustr::Device;
+using clustr::Tensor;
+using clustr::Variable;
+using clustr::test::random_tensor;
+
+namespace {
+
+constexpr double kRowTol = 2e-5;
+
+Tensor on(const Tensor& t, Device d) { return t.defined() ? t.to(d) : Tensor(); }
+
+// actual (device) against expected (cpu) in rows of `width`: each element within kRowTol of
+// its row's scale; an expected 0 of an all-zero row must be exactly 0. Prints the worst.
+void check_rows(const char* what, const std::vector<float>& actual,
+                const std::vector<float>& expected, int64_t width) {
+  REQUIRE(actual.size() == expected.size());
+  double tensor_scale = 0;
+  for (float e : expected) tensor_scale = std::max(tensor_scale, double(std::fabs(e)));
+  const size_t w = static_cast<size_t>(std::max<int64_t>(width, 1));
+  int64_t bad = 0;
+  size_t worst = 0;
+  double worst_excess = 0, worst_tol = 0;
+  for (size_t r0 = 0; r0 < expected.size(); r0 += w) {
+    const size_t r1 = std::min(r0 + w, expected.size());
+    double scale = 0;
+    for (size_t i = r0; i < r1; ++i) scale = std::max(scale, double(std::fabs(expected[i])));
+    const double tol = scale == 0 ? 0 : kRowTol * std::max(scale, 0.1 * tensor_scale);
+    for (size_t i = r0; i < r1; ++i) {
+      const double err = std::fabs(double(actual[i]) - expected[i]);
+      if (!(err <= tol)) {
+        ++bad;
+        const double excess = tol > 0 ? err / tol : INFINITY;
+        if (!(excess <= worst_excess)) worst = i, worst_excess = excess, worst_tol = tol;
+      }
+    }
+  }
+  std::ostringstream os;
+  os.precision(9);
+  if (bad)
+    os << what << ": " << bad << " of " << actual.size() << " elements outside " << kRowTol
+       << " of their row's scale; worst at " << worst << ": device " << actual[worst] << ", cpu "
+       << expected[worst] << " (tolerance " << worst_tol << ")";
+  CHECK_MESSAGE(bad == 0, os.str());
+}
+
+// ---- clustering ---------------------------------------------------------------------------
+
+struct ClusterCase {
+  int64_t B, H, N, E;
+  int C, bits, iterations;
+  std::vector<int32_t> lengths;  // empty: none
+  bool identical = false;        // every query of a pair the same
+};
+
+void check_clustering(const ClusterCase& c, uint32_t seed) {
+  INFO("(B, H, N, E) = (" << c.B << ", " << c.H << ", " << c.N << ", " << c.E << "), C = " << c.C
+                          << ", bits = " << c.bits << ", L = " << c.iterations
+                          << (c.lengths.empty() ? "" : ", lengths") << (c.identical ? ", identical" : ""));
+  Tensor Q = random_tensor({c.B, c.H, c.N, c.E}, seed);
+  if (c.identical) {
+    std::vector<float> q = Q.to_vector();
+    for (int64_t bh = 0; bh < c.B * c.H; ++bh)
+      for (int64_t i = 1; i < c.N; ++i)
+        for (int64_t e = 0; e < c.E; ++e) q[(bh * c.N + i) * c.E + e] = q[bh * c.N * c.E + e];
+    Q = Tensor::from_vector(q, Q.shape());
+  }
+  const Tensor L = c.lengths.empty() ? Tensor() : Tensor::from_int_vector(c.lengths, {c.B});
+  const clustr::ClusteringOptions o{c.C, c.bits, c.iterations};
+  clustr::Generator g_cpu(seed + 100);
+  const clustr::Clustering cpu = clustr::cluster_queries(Q, L, o, g_cpu);
+  for (int threads : {1, 2}) {
+    CAPTURE(threads);
+    clustr::ThreadCountScope scope(threads);
+    clustr::Generator g_dev(seed + 100);
+    const clustr::Clustering dev =
+        clustr::cluster_queries(Q.to(Device::cuda), on(L, Device::cuda), o, g_dev);
+    CHECK(dev.assignment.device() == Device::cuda);
+    CHECK(dev.counts.device() == Device::cuda);
+    CHECK(dev.assignment.to_int_vector() == cpu.assignment.to_int_vector());
+    CHECK(dev.counts.to_int_vector() == cpu.counts.to_int_vector());
+    CHECK(g_dev.offset() == g_cpu.offset());
+  }
+}
+
+// ---- clustered attention ------------------------------------------------------------------
+
+struct AttnCase {
+  int64_t B, H, N, S, E, M, C;
+  std::vector<int32_t> lengths;  // empty: none
+  float dropout = 0.0f;
+  float temperature = 0.0f;
+};
+
+struct Inputs {
+  Tensor Q, K, V, dO, lengths, assignment;  // on the cpu
+};
+
+// Assignment: valid queries spread over clusters 0 .. C - 2 (C - 1 stays empty when C > 1),
+// padded queries (N == S with lengths, i >= L) -1.
+Inputs make_inputs(const AttnCase& c, uint32_t seed) {
+  Inputs in;
+  in.Q = random_tensor({c.B, c.H, c.N, c.E}, seed);
+  in.K = random_tensor({c.B, c.H, c.S, c.E}, seed + 1);
+  in.V = random_tensor({c.B, c.H, c.S, c.M}, seed + 2);
+  in.dO = random_tensor({c.B, c.H, c.N, c.M}, seed + 3);
+  if (!c.lengths.empty()) in.lengths = Tensor::from_int_vector(c.lengths, {c.B});
+  const std::vector<float> r = clustr::test::random_values(c.B * c.H * c.N, seed + 4, 0.0f, 1.0f);
+  std::vector<int32_t> a(r.size());
+  const int64_t used = c.C > 1 ? c.C - 1 : 1;
+  for (int64_t bh = 0; bh < c.B * c.H; ++bh)
+    for (int64_t i = 0; i < c.N; ++i) {
+      const size_t x = static_cast<size_t>(bh * c.N + i);
+      const bool padded = !c.lengths.empty() && c.N == c.S && i >= c.lengths[bh / c.H];
+      a[x] = padded ? -1 : std::min<int32_t>(static_cast<int32_t>(r[x] * used), used - 1);
+    }
+  in.assignment = Tensor::from_int_vector(a, {c.B, c.H, c.N});
+  return in;
+}
+
+struct Result {
+  std::vector<float> out, weights, centroids, dQ, dK, dV;
+  std::vector<int32_t> counts;
+};
+Result run(const AttnCase& c, const Inputs& in, Device dev) {
+  const Tensor Q = on(in.Q, dev), K = on(in.K, dev), V = on(in.V, dev), L = on(in.lengths, dev),
+               A = on(in.assignment, dev);
+  clustr::ClusteredDropout drop;
+  drop.p = c.dropout;
+  drop.seed = 4321;
+  drop.offset = 9;
+  const clustr::ClusteredAttentionOutput f =
+      clustr::clustered_attention_forward(Q, K, V, L, A, c.C, c.temperature, drop);
+  const clustr::ClusteredAttentionGrads g =
+      clustr::clustered_attention_backward(on(in.dO, dev), K, V, L, A, f, c.temperature);
+  CHECK(f.out.device() == dev);
+  CHECK(g.dQ.device() == dev);
+  CHECK(g.dV.device() == dev);
+  return {f.out.to_vector(), f.weights.to_vector(), f.centroids.to_vector(), g.dQ.to_vector(),
+          g.dK.to_vector(),  g.dV.to_vector(),      f.counts.to_int_vector()};
+}
+
+void check_attention(const AttnCase& c, uint32_t seed) {
+  INFO("(B, H, N, S, E, M, C) = (" << c.B << ", " << c.H << ", " << c.N << ", " << c.S << ", "
+                                   << c.E << ", " << c.M << ", " << c.C << ")"
+                                   << (c.lengths.empty() ? "" : " lengths")
+                                   << " dropout " << c.dropout);
+  const Inputs in = make_inputs(c, seed);
+  const Result cpu = run(c, in, Device::cpu), dev = run(c, in, Device::cuda);
+  CHECK(dev.counts == cpu.counts);
+  CHECK(dev.centroids == cpu.centroids);  // member sums in query order on both devices
+  check_rows("out", dev.out, cpu.out, c.M);
+  check_rows("weights", dev.weights, cpu.weights, c.S);
+  check_rows("dQ", dev.dQ, cpu.dQ, c.E);
+  check_rows("dK", dev.dK, cpu.dK, c.E);
+  check_rows("dV", dev.dV, cpu.dV, c.M);
+}
+
+// ---- improved clustered attention ---------------------------------------------------------
+
+struct ImprovedResult {
+  std::vector<float> out, weights, centroids, mass, dQ, dK, dV;
+  std::vector<int32_t> counts, topk;
+};
+ImprovedResult run_improved(const AttnCase& c, int64_t topk, const Inputs& in, Device dev) {
+  const Tensor Q = on(in.Q, dev), K = on(in.K, dev), V = on(in.V, dev), L = on(in.lengths, dev),
+               A = on(in.assignment, dev);
+  clustr::ClusteredDropout drop;
+  drop.p = c.dropout;
+  drop.seed = 8765;
+  drop.offset = 3;
+  const clustr::ImprovedClusteredAttentionOutput f = clustr::improved_clustered_attention_forward(
+      Q, K, V, L, A, c.C, topk, c.temperature, drop);
+  const clustr::ImprovedClusteredAttentionGrads g = clustr::improved_clustered_attention_backward(
+      on(in.dO, dev), Q, K, V, L, A, f, c.temperature);
+  CHECK(f.out.device() == dev);
+  CHECK(f.topk.device() == dev);
+  CHECK(g.dK.device() == dev);
+  return {f.out.to_vector(),  f.weights.to_vector(), f.centroids.to_vector(),
+          f.mass.to_vector(), g.dQ.to_vector(),      g.dK.to_vector(),
+          g.dV.to_vector(),   f.counts.to_int_vector(), f.topk.to_int_vector()};
+}
+
+// repeats > 0: the keys cycle through their first `repeats` rows, so Ac has exact ties across
+// the top-k boundary (broken towards the lower key index on both devices).
+void check_improved(const AttnCase& c, int64_t topk, uint32_t seed, int64_t repeats = 0) {
+  INFO("(B, H, N, S, E, M, C) = (" << c.B << ", " << c.H << ", " << c.N << ", " << c.S << ", "
+                                   << c.E << ", " << c.M << ", " << c.C << "), k = " << topk
+                                   << (c.lengths.empty() ? "" : " lengths") << " dropout "
+                                   << c.dropout);
+  Inputs in = make_inputs(c, seed);
+  if (repeats > 0) {
+    std::vector<float> k = in.K.to_vector();
+    for (int64_t bh = 0; bh < c.B * c.H; ++bh)
+      for (int64_t l = repeats; l < c.S; ++l)
+        for (int64_t e = 0; e < c.E; ++e)
+          k[(bh * c.S + l) * c.E + e] = k[(bh * c.S + l % repeats) * c.E + e];
+    in.K = Tensor::from_vector(k, in.K.shape());
+  }
+  const ImprovedResult cpu = run_improved(c, topk, in, Device::cpu);
+  const ImprovedResult dev = run_improved(c, topk, in, Device::cuda);
+  CHECK(dev.counts == cpu.counts);
+  CHECK(dev.centroids == cpu.centroids);  // member sums in query order on both devices
+  CHECK(dev.topk == cpu.topk);            // the same rule on (nearly) the same Ac
+  check_rows("weights", dev.weights, cpu.weights, c.S);
+  check_rows("mass", dev.mass, cpu.mass, c.C);
+  check_rows("out", dev.out, cpu.out, c.M);
+  check_rows("dQ", dev.dQ, cpu.dQ, c.E);
+  check_rows("dK", dev.dK, cpu.dK, c.E);
+  check_rows("dV", dev.dV, cpu.dV, c.M);
+}
+
+}  // namespace
+
+TEST_CASE("cuda clustering: the same seed gives the cpu's assignment on awkward shapes") {
+  check_clustering({1, 1, 1, 1, 1, 63, 10, {}}, 1);
+  check_clustering({1, 2, 3, 4, 5, 63, 10, {}}, 2);           // C > N
+  check_clustering({3, 2, 17, 8, 4, 31, 10, {17, 5, 0}}, 3);  // padded queries, a length 0
+  check_clustering({1, 2, 129, 16, 8, 63, 10, {}}, 4);
+  check_clustering({2, 1, 300, 8, 20, 63, 10, {300, 251}}, 5);
+  check_clustering({2, 2, 129, 5, 1, 16, 3, {}}, 6);          // C = 1
+  check_clustering({1, 1, 300, 8, 25, 7, 0, {}}, 7);          // few bits: ties; L = 0
+  check_clustering({2, 1, 17, 6, 4, 63, 10, {17, 9}, true}, 8);  // identical queries
+}
+
+TEST_CASE("cuda clustered attention: forward and backward match the cpu") {
+  check_attention({1, 1, 1, 1, 1, 1, 1, {}}, 11);
+  check_attention({2, 3, 17, 17, 8, 8, 4, {}}, 12);
+  check_attention({1, 2, 129, 65, 16, 32, 9, {}}, 13);   // N != S, E != M
+  check_attention({2, 1, 3, 129, 5, 3, 6, {}}, 14);      // C > N
+  AttnCase t{1, 2, 17, 9, 4, 6, 3, {}};
+  t.temperature = 0.7f;
+  check_attention(t, 15);
+}
+
+TEST_CASE("cuda clustered attention: key lengths, padded queries and empty clusters") {
+  check_attention({3, 2, 17, 17, 8, 5, 5, {17, 6, 0}}, 21);  // padded queries, a length 0
+  check_attention({2, 2, 17, 23, 4, 3, 3, {0, 11}}, 22);     // N != S: no padded query
+  check_attention({2, 1, 300, 300, 8, 12, 16, {300, 199}}, 23);
+}
+
+TEST_CASE("cuda clustered attention: dropout draws the cpu's mask from the same seed") {
+  AttnCase c{2, 2, 17, 19, 4, 3, 5, {19, 11}};
+  c.dropout = 0.3f;
+  check_attention(c, 31);
+  AttnCase d{1, 2, 129, 129, 8, 8, 7, {120}};
+  d.dropout = 0.3f;
+  check_attention(d, 32);
+}
+
+TEST_CASE("cuda clustered attention: attention() with the clustered type runs backward on the device") {
+  clustr::AttentionConfig config;
+  config.type = clustr::AttentionType::clustered;
+  config.clusters = 6;
+  config.bits = 31;
+  config.iterations = 5;
+  config.dropout = 0.2f;
+  const int64_t B = 2, H = 2, N = 29, E = 8;
+  const Tensor q = random_tensor({B, H, N, E}, 41), k = random_tensor({B, H, N, E}, 42),
+               v = random_tensor({B, H, N, E}, 43), dO = random_tensor({B, H, N, E}, 44);
+  const Tensor L = Tensor::from_int_vector({29, 17}, {B});
+  std::vector<float> out[2], dq[2], dk[2], dv[2];
+  for (int x = 0; x < 2; ++x) {
+    const Device dev = x == 0 ? Device::cpu : Device::cuda;
+    Variable Q(q.to(dev), true), K(k.to(dev), true), V(v.to(dev), true);
+    clustr::Generator gen(7);
+    const Variable o = clustr::attention(config, Q, K, V, L.to(dev), gen, /*training=*/true);
+    CHECK(o.data().device() == dev);
+    o.backward(dO.to(dev));
+    REQUIRE(Q.grad().defined());
+    CHECK(Q.grad().device() == dev);
+    out[x] = o.data().to_vector();
+    dq[x] = Q.grad().to_vector();
+    dk[x] = K.grad().to_vector();
+    dv[x] = V.grad().to_vector();
+  }
+  check_rows("out", out[1], out[0], E);
+  check_rows("dQ", dq[1], dq[0], E);
+  check_rows("dK", dk[1], dk[0], E);
+  check_rows("dV", dv[1], dv[0], E);
+}
+
+TEST_CASE("cuda improved clustered attention: forward and backward match the cpu") {
+  check_improved({1, 1, 1, 1, 1, 1, 1, {}}, 1, 61);
+  check_improved({2, 3, 3, 5, 4, 4, 2, {}}, 1, 62);      // k = 1
+  check_improved({2, 3, 17, 17, 8, 8, 4, {}}, 5, 63);    // k < S, an empty cluster
+  check_improved({1, 2, 129, 65, 16, 32, 9, {}}, 7, 64); // N != S, E != M
+  check_improved({2, 1, 3, 129, 5, 3, 6, {}}, 32, 65);   // C > N: empty clusters
+  check_improved({1, 2, 17, 9, 4, 6, 3, {}}, 9, 66);     // k = S
+  check_improved({1, 2, 17, 9, 4, 6, 3, {}}, 40, 67);    // k > S
+  AttnCase t{1, 2, 17, 23, 4, 6, 3, {}};
+  t.temperature = 0.7f;
+  check_improved(t, 4, 68);
+}
+
+TEST_CASE("cuda improved clustered attention: ties in Ac pick the cpu's keys") {
+  check_improved({2, 2, 17, 23, 4, 5, 4, {}}, 4, 69, 3);        // 3 distinct keys, k = 4
+  check_improved({2, 1, 33, 40, 6, 3, 5, {40, 29}}, 7, 70, 5);  // with lengths
+}
+
+TEST_CASE("cuda improved clustered attention: key lengths, padded queries and empty clusters") {
+  check_improved({3, 2, 17, 17, 8, 5, 5, {17, 6, 0}}, 4, 71);  // padded queries, a length 0
+  check_improved({3, 2, 17, 17, 8, 5, 5, {17, 6, 0}}, 8, 72);  // k >= L for the second
+  check_improved({2, 2, 17, 23, 4, 3, 3, {0, 11}}, 2, 73);     // N != S: no padded query
+  check_improved({2, 1, 129, 129, 8, 12, 16, {129, 100}}, 16, 74);
+}
+
+TEST_CASE("cuda improved clustered attention: dropout draws the cpu's masks from the same seed") {
+  AttnCase c{2, 2, 17, 19, 4, 3, 5, {19, 11}};
+  c.dropout = 0.3f;
+  check_improved(c, 3, 81);
+  check_improved(c, 19, 82);  // k >= S: no remainder
+  AttnCase d{1, 2, 129, 129, 8, 8, 7, {120}};
+  d.dropout = 0.3f;
+  check_improved(d, 10, 83);
+}
+
+TEST_CASE("cuda improved clustered attention: k >= the valid keys is full attention") {
+  const AttnCase c{2, 2, 17, 23, 8, 5, 4, {23, 11}};
+  const Inputs in = make_inputs(c, 91);
+  const Tensor Q = in.Q.to(Device::cuda), K = in.K.to(Device::cuda), V = in.V.to(Device::cuda),
+               L = in.lengths.to(Device::cuda), dO = in.dO.to(Device::cuda);
+  const clustr::ImprovedClusteredAttentionOutput f = clustr::improved_clustered_attention_forward(
+      Q, K, V, L, in.assignment.to(Device::cuda), c.C, c.S);
+  const clustr::ImprovedClusteredAttentionGrads g = clustr::improved_clustered_attention_backward(
+      dO, Q, K, V, L, in.assignment.to(Device::cuda), f);
+  const clustr::FullAttentionOptions o;
+  const clustr::FullAttentionOutput full = clustr::full_attention_forward(Q, K, V, L, o);
+  const clustr::FullAttentionGrads fg =
+      clustr::full_attention_backward(dO, Q, K, V, full.out, full.logsumexp, L, o);
+  for (float m : f.mass.to_vector()) CHECK((m == 0.0f || std::fabs(m - 1.0f) < 1e-6f));
+  check_rows("out", f.out.to_vector(), full.out.to_vector(), c.M);
+  check_rows("dQ", g.dQ.to_vector(), fg.dQ.to_vector(), c.E);
+  check_rows("dK", g.dK.to_vector(), fg.dK.to_vector(), c.E);
+  check_rows("dV", g.dV.to_vector(), fg.dV.to_vector(), c.M);
+}
+
+TEST_CASE("cuda improved clustered attention: attention() runs backward on the device") {
+  clustr::AttentionConfig config;
+  config.type = clustr::AttentionType::improved_clustered;
+  config.clusters = 6;
+  config.bits = 31;
+  config.iterations = 5;
+  config.topk = 7;
+  config.dropout = 0.2f;
+  const int64_t B = 2, H = 2, N = 29, E = 8;
+  const Tensor q = random_tensor({B, H, N, E}, 101), k = random_tensor({B, H, N, E}, 102),
+               v = random_tensor({B, H, N, E}, 103), dO = random_tensor({B, H, N, E}, 104);
+  const Tensor L = Tensor::from_int_vector({29, 17}, {B});
+  std::vector<float> out[2], dq[2], dk[2], dv[2];
+  for (int x = 0; x < 2; ++x) {
+    const Device dev = x == 0 ? Device::cpu : Device::cuda;
+    Variable Q(q.to(dev), true), K(k.to(dev), true), V(v.to(dev), true);
+    clustr::Generator gen(7);
+    const Variable o = clustr::attention(config, Q, K, V, L.to(dev), gen, /*training=*/true);
+    CHECK(o.data().device() == dev);
+    o.backward(dO.to(dev));
+    REQUIRE(Q.grad().defined());
+    CHECK(Q.grad().device() == dev);
+    out[x] = o.data().to_vector();
+    dq[x] = Q.grad().to_vector();
+    dk[x] = K.grad().to_vector();
+    dv[x] = V.grad().to_vector();
+  }
+  check_rows("out", out[1], out[0], E);
+  check_rows("dQ", dq[1], dq[0], E);
+  check_rows("dK", dk[1], dk[0], E);
+  check_rows("dV", dv[1], dv[0], E);
+}
+
+TEST_CASE("cuda improved clustered attention: attention_matrix() stays on the cpu") {
+  const Tensor x = random_tensor({1, 1, 5, 4}, 111).to(Device::cuda);
+  const Tensor a = Tensor::zeros({1, 1, 5}, clustr::DType::i32, Device::cuda);
+  CHECK_THROWS_WITH_AS(clustr::attention_matrix(clustr::AttentionType::improved_clustered, x, x,
+                                                Tensor(), a, 1, 2),
+                       doctest::Contains("no CUDA kernel"), clustr::Error);
+}
