@@ -25,6 +25,7 @@
 
 #include "autograd/variable.h"
 #include "check.h"
+#include "cuda_check.h"
 #include "core/cuda/cuda.h"
 #include "core/tensor.h"
 #include "layers/attention/full.h"
@@ -33,6 +34,7 @@ using clustr::Device;
 using clustr::FullAttentionOptions;
 using clustr::Tensor;
 using clustr::Variable;
+using clustr::test::on;
 using clustr::test::random_tensor;
 
 namespace {
@@ -63,36 +65,8 @@ std::string name_of(const Case& c) {
 // times its row's scale (above); -inf must match. Prints the worst element on failure.
 void check_rows(const char* what, const std::vector<float>& actual,
                 const std::vector<float>& expected, int64_t width) {
-  REQUIRE(actual.size() == expected.size());
-  int64_t bad = 0;
-  size_t worst = 0;
-  double worst_excess = 0, worst_tol = 0, tensor_scale = 0;
-  for (float e : expected)
-    if (std::isfinite(e)) tensor_scale = std::max(tensor_scale, double(std::fabs(e)));
-  const size_t w = static_cast<size_t>(std::max<int64_t>(width, 1));
-  for (size_t r0 = 0; r0 < expected.size(); r0 += w) {
-    double scale = 0.1 * tensor_scale;
-    for (size_t i = r0; i < std::min(r0 + w, expected.size()); ++i)
-      if (std::isfinite(expected[i])) scale = std::max(scale, double(std::fabs(expected[i])));
-    const double tol = kRowTol * scale;
-    for (size_t i = r0; i < std::min(r0 + w, expected.size()); ++i) {
-      const double a = actual[i], e = expected[i];
-      if (std::isinf(e) && a == e) continue;
-      const double err = std::fabs(a - e);
-      if (!(err <= tol)) {
-        ++bad;
-        const double excess = tol > 0 ? err / tol : INFINITY;
-        if (!(excess <= worst_excess)) worst = i, worst_excess = excess, worst_tol = tol;
-      }
-    }
-  }
-  std::ostringstream os;
-  os.precision(9);
-  if (bad)
-    os << what << ": " << bad << " of " << actual.size() << " elements outside " << kRowTol
-       << " of their row's scale; worst at " << worst << ": device " << actual[worst] << ", cpu "
-       << expected[worst] << " (tolerance " << worst_tol << ")";
-  CHECK_MESSAGE(bad == 0, os.str());
+  clustr::test::check_rows(what, actual, expected, width, kRowTol,
+                           clustr::test::ZeroRows::scaled);
 }
 
 struct Inputs {
@@ -107,7 +81,6 @@ Inputs make_inputs(const Case& c, uint32_t seed) {
   if (!c.lengths.empty()) in.lengths = Tensor::from_int_vector(c.lengths, {c.B});
   return in;
 }
-Tensor on(const Tensor& t, Device d) { return t.defined() ? t.to(d) : Tensor(); }
 
 struct Result {
   std::vector<float> out, lse, dQ, dK, dV;

@@ -19,12 +19,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "autograd/variable.h"
 #include "check.h"
+#include "cuda_check.h"
 #include "core/parallel.h"
 #include "core/random.h"
 #include "core/tensor.h"
@@ -37,46 +37,19 @@
 using clustr::Device;
 using clustr::Tensor;
 using clustr::Variable;
+using clustr::test::on;
 using clustr::test::random_tensor;
 
 namespace {
 
 constexpr double kRowTol = 2e-5;
 
-Tensor on(const Tensor& t, Device d) { return t.defined() ? t.to(d) : Tensor(); }
-
 // actual (device) against expected (cpu) in rows of `width`: each element within kRowTol of
 // its row's scale; an expected 0 of an all-zero row must be exactly 0. Prints the worst.
 void check_rows(const char* what, const std::vector<float>& actual,
                 const std::vector<float>& expected, int64_t width) {
-  REQUIRE(actual.size() == expected.size());
-  double tensor_scale = 0;
-  for (float e : expected) tensor_scale = std::max(tensor_scale, double(std::fabs(e)));
-  const size_t w = static_cast<size_t>(std::max<int64_t>(width, 1));
-  int64_t bad = 0;
-  size_t worst = 0;
-  double worst_excess = 0, worst_tol = 0;
-  for (size_t r0 = 0; r0 < expected.size(); r0 += w) {
-    const size_t r1 = std::min(r0 + w, expected.size());
-    double scale = 0;
-    for (size_t i = r0; i < r1; ++i) scale = std::max(scale, double(std::fabs(expected[i])));
-    const double tol = scale == 0 ? 0 : kRowTol * std::max(scale, 0.1 * tensor_scale);
-    for (size_t i = r0; i < r1; ++i) {
-      const double err = std::fabs(double(actual[i]) - expected[i]);
-      if (!(err <= tol)) {
-        ++bad;
-        const double excess = tol > 0 ? err / tol : INFINITY;
-        if (!(excess <= worst_excess)) worst = i, worst_excess = excess, worst_tol = tol;
-      }
-    }
-  }
-  std::ostringstream os;
-  os.precision(9);
-  if (bad)
-    os << what << ": " << bad << " of " << actual.size() << " elements outside " << kRowTol
-       << " of their row's scale; worst at " << worst << ": device " << actual[worst] << ", cpu "
-       << expected[worst] << " (tolerance " << worst_tol << ")";
-  CHECK_MESSAGE(bad == 0, os.str());
+  clustr::test::check_rows(what, actual, expected, width, kRowTol,
+                           clustr::test::ZeroRows::exact);
 }
 
 // ---- clustering ---------------------------------------------------------------------------
@@ -245,6 +218,40 @@ void check_improved(const AttnCase& c, int64_t topk, uint32_t seed, int64_t repe
   check_rows("dV", dev.dV, cpu.dV, c.M);
 }
 
+// attention() with `config` (its type, and topk where it has one) on the cpu and on the device
+// from the same inputs (seeds seed to seed + 3) and generator: forward and backward run on each
+// device and agree within check_rows.
+void check_attention_api(clustr::AttentionConfig config, uint32_t seed) {
+  config.clusters = 6;
+  config.bits = 31;
+  config.iterations = 5;
+  config.dropout = 0.2f;
+  const int64_t B = 2, H = 2, N = 29, E = 8;
+  const Tensor q = random_tensor({B, H, N, E}, seed), k = random_tensor({B, H, N, E}, seed + 1),
+               v = random_tensor({B, H, N, E}, seed + 2),
+               dO = random_tensor({B, H, N, E}, seed + 3);
+  const Tensor L = Tensor::from_int_vector({29, 17}, {B});
+  std::vector<float> out[2], dq[2], dk[2], dv[2];
+  for (int x = 0; x < 2; ++x) {
+    const Device dev = x == 0 ? Device::cpu : Device::cuda;
+    Variable Q(q.to(dev), true), K(k.to(dev), true), V(v.to(dev), true);
+    clustr::Generator gen(7);
+    const Variable o = clustr::attention(config, Q, K, V, L.to(dev), gen, /*training=*/true);
+    CHECK(o.data().device() == dev);
+    o.backward(dO.to(dev));
+    REQUIRE(Q.grad().defined());
+    CHECK(Q.grad().device() == dev);
+    out[x] = o.data().to_vector();
+    dq[x] = Q.grad().to_vector();
+    dk[x] = K.grad().to_vector();
+    dv[x] = V.grad().to_vector();
+  }
+  check_rows("out", out[1], out[0], E);
+  check_rows("dQ", dq[1], dq[0], E);
+  check_rows("dK", dk[1], dk[0], E);
+  check_rows("dV", dv[1], dv[0], E);
+}
+
 }  // namespace
 
 TEST_CASE("cuda clustering: the same seed gives the cpu's assignment on awkward shapes") {
@@ -286,33 +293,7 @@ TEST_CASE("cuda clustered attention: dropout draws the cpu's mask from the same 
 TEST_CASE("cuda clustered attention: attention() with the clustered type runs backward on the device") {
   clustr::AttentionConfig config;
   config.type = clustr::AttentionType::clustered;
-  config.clusters = 6;
-  config.bits = 31;
-  config.iterations = 5;
-  config.dropout = 0.2f;
-  const int64_t B = 2, H = 2, N = 29, E = 8;
-  const Tensor q = random_tensor({B, H, N, E}, 41), k = random_tensor({B, H, N, E}, 42),
-               v = random_tensor({B, H, N, E}, 43), dO = random_tensor({B, H, N, E}, 44);
-  const Tensor L = Tensor::from_int_vector({29, 17}, {B});
-  std::vector<float> out[2], dq[2], dk[2], dv[2];
-  for (int x = 0; x < 2; ++x) {
-    const Device dev = x == 0 ? Device::cpu : Device::cuda;
-    Variable Q(q.to(dev), true), K(k.to(dev), true), V(v.to(dev), true);
-    clustr::Generator gen(7);
-    const Variable o = clustr::attention(config, Q, K, V, L.to(dev), gen, /*training=*/true);
-    CHECK(o.data().device() == dev);
-    o.backward(dO.to(dev));
-    REQUIRE(Q.grad().defined());
-    CHECK(Q.grad().device() == dev);
-    out[x] = o.data().to_vector();
-    dq[x] = Q.grad().to_vector();
-    dk[x] = K.grad().to_vector();
-    dv[x] = V.grad().to_vector();
-  }
-  check_rows("out", out[1], out[0], E);
-  check_rows("dQ", dq[1], dq[0], E);
-  check_rows("dK", dk[1], dk[0], E);
-  check_rows("dV", dv[1], dv[0], E);
+  check_attention_api(config, 41);
 }
 
 TEST_CASE("cuda improved clustered attention: forward and backward match the cpu") {
@@ -373,34 +354,8 @@ TEST_CASE("cuda improved clustered attention: k >= the valid keys is full attent
 TEST_CASE("cuda improved clustered attention: attention() runs backward on the device") {
   clustr::AttentionConfig config;
   config.type = clustr::AttentionType::improved_clustered;
-  config.clusters = 6;
-  config.bits = 31;
-  config.iterations = 5;
   config.topk = 7;
-  config.dropout = 0.2f;
-  const int64_t B = 2, H = 2, N = 29, E = 8;
-  const Tensor q = random_tensor({B, H, N, E}, 101), k = random_tensor({B, H, N, E}, 102),
-               v = random_tensor({B, H, N, E}, 103), dO = random_tensor({B, H, N, E}, 104);
-  const Tensor L = Tensor::from_int_vector({29, 17}, {B});
-  std::vector<float> out[2], dq[2], dk[2], dv[2];
-  for (int x = 0; x < 2; ++x) {
-    const Device dev = x == 0 ? Device::cpu : Device::cuda;
-    Variable Q(q.to(dev), true), K(k.to(dev), true), V(v.to(dev), true);
-    clustr::Generator gen(7);
-    const Variable o = clustr::attention(config, Q, K, V, L.to(dev), gen, /*training=*/true);
-    CHECK(o.data().device() == dev);
-    o.backward(dO.to(dev));
-    REQUIRE(Q.grad().defined());
-    CHECK(Q.grad().device() == dev);
-    out[x] = o.data().to_vector();
-    dq[x] = Q.grad().to_vector();
-    dk[x] = K.grad().to_vector();
-    dv[x] = V.grad().to_vector();
-  }
-  check_rows("out", out[1], out[0], E);
-  check_rows("dQ", dq[1], dq[0], E);
-  check_rows("dK", dk[1], dk[0], E);
-  check_rows("dV", dv[1], dv[0], E);
+  check_attention_api(config, 101);
 }
 
 TEST_CASE("cuda improved clustered attention: attention_matrix() stays on the cpu") {

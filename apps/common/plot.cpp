@@ -323,7 +323,7 @@ void write_image_panels(const std::string& path, const std::vector<Panel>& panel
     return out;
   };
   const int side_w = cols * o.scale, side_h = rows * o.scale, gap = 40;
-  const int left = 80, top = 70, n = static_cast<int>(panels.size());
+  const int left = 80, top = 90, n = static_cast<int>(panels.size());
   const int width = std::max(left + n * side_w + (n - 1) * gap + 30,
                              left + Canvas::text_width(o.title) + 30);
   const int height = top + side_h + 80;

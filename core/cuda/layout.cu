@@ -23,6 +23,7 @@
 #include "core/cuda/cuda.h"
 #include "core/cuda/kernel.h"
 #include "core/cuda/scratch.h"
+#include "core/cuda/strided.h"
 #include "core/error.h"
 #include "core/permute_plan.h"
 #include "core/shape.h"
@@ -36,25 +37,7 @@ constexpr unsigned kTile = 32;
 constexpr unsigned kTileRows = 8;  // a block of kTile x kTileRows threads moves a tile
 
 // y (n) = x read through the output's axes: y[i] = x[sum_d idx_d(i) * src[d]].
-struct PermuteKernel {
-  static constexpr bool kUsesBarrier = false;
-  const uint32_t* x;
-  uint32_t* y;
-  int64_t n;
-  int rank;
-  int64_t shape[kMaxRank], src[kMaxRank];
-  CLUSTR_DEVICE void operator()(const Thread& t) const {
-    for (int64_t i = global_x(t); i < n; i += grid_stride_x(t)) {
-      int64_t rem = i, off = 0;
-      for (int d = rank - 1; d >= 0; --d) {
-        const int64_t idx = rem % shape[d];
-        rem /= shape[d];
-        off += idx * src[d];
-      }
-      y[i] = x[off];
-    }
-  }
-};
+using PermuteKernel = StridedCopyKernel<kMaxRank>;
 
 // The input's innermost axis (size M, input stride 1) lands on an output axis of stride dst_m;
 // the output's innermost axis (size N, output stride 1) reads input stride src_n. The other
@@ -161,7 +144,7 @@ void permute(const uint32_t* x, uint32_t* y, int rank, const int64_t* in_shape, 
   for (int i = 0; i < r; ++i) out_shape[i] = s.shape[s.perm[i]], src[i] = in_strides[s.perm[i]];
   if (s.perm[r - 1] == r - 1) {
     PermuteKernel k{x, y, total, r, {}, {}};
-    for (int i = 0; i < r; ++i) k.shape[i] = out_shape[i], k.src[i] = src[i];
+    for (int i = 0; i < r; ++i) k.shape[i] = out_shape[i], k.stride[i] = src[i];
     launch("cuda::permute", {elementwise_blocks(total)}, {kElementwiseThreads}, 0, k);
     return;
   }

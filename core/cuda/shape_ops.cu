@@ -13,6 +13,7 @@
 #include "core/cuda/cuda.h"
 #include "core/cuda/kernel.h"
 #include "core/cuda/scratch.h"
+#include "core/cuda/strided.h"
 #include "core/error.h"
 
 namespace clustr::cuda {
@@ -50,25 +51,7 @@ void rows_op(const char* name, const T* src, int64_t src_pitch, T* dst, int64_t 
 }
 
 // out (n) = x read through the output's axes with strides (0 repeats x along an axis).
-struct BroadcastKernel {
-  static constexpr bool kUsesBarrier = false;
-  const uint32_t* x;
-  uint32_t* out;
-  int64_t n;
-  int rank;
-  int64_t shape[kMaxRank], stride[kMaxRank];
-  CLUSTR_DEVICE void operator()(const Thread& t) const {
-    for (int64_t i = global_x(t); i < n; i += grid_stride_x(t)) {
-      int64_t rem = i, off = 0;
-      for (int d = rank - 1; d >= 0; --d) {
-        const int64_t idx = rem % shape[d];
-        rem /= shape[d];
-        off += idx * stride[d];
-      }
-      out[i] = x[off];
-    }
-  }
-};
+using BroadcastKernel = StridedCopyKernel<kMaxRank>;
 
 // Runs of x's axes, size-1 axes dropped, neighbours of the same kind (kept or summed) merged:
 // the stages of cpu::sum_to.

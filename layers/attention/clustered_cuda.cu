@@ -36,21 +36,15 @@ int64_t clustered_attention_backward_workspace(const ClusteredDims& d, const Clu
 void clustered_attention_forward(const ClusteredDims& d, const ClusteredParams& p,
                                  const float* Q, const float* K, const float* V, float* out,
                                  float* weights, float* centroids, float* workspace) {
-  const int64_t BH = d.B * d.H, H = d.H, N = d.N, S = d.S, E = d.E, M = d.M, C = d.C;
+  const int64_t BH = d.B * d.H, H = d.H, N = d.N, S = d.S, M = d.M, C = d.C;
   if (BH == 0 || C == 0) return;
   require("cuda::clustered_attention_forward");
   const Dropout drop = dropout_of(p);
   float* vc = workspace;
   float* ad = drop.on() ? workspace + BH * C * M : nullptr;
-  // eq. 4-5: Qc
-  launch("cuda::clustered_attention_forward (centroids)", {grid_of(BH * C)},
-         {row_threads(E)}, 0,
-         MemberSumKernel{Q, centroids, p.count, p.start, p.order, N, C, E, true});
-  // eq. 3: Ac = softmax(t Qc K^T + mask)
-  for_each_sequence(d, p, [&](int64_t b0, int64_t nb, int64_t L) {
-    product(false, true, C, L, E, p.temperature, centroids + b0 * H * C * E, E, C * E,
-            K + b0 * H * S * E, E, S * E, weights + b0 * H * C * S, S, C * S, nb * H);
-  });
+  // eq. 4-5: Qc; eq. 3: Ac = softmax(t Qc K^T + mask)
+  centroid_logits("cuda::clustered_attention_forward (centroids)", d, p, Q, K, centroids,
+                  weights);
   const unsigned threads = row_threads(S);
   if (S > 0)
     launch("cuda::clustered_attention_forward (weights)", {grid_of(BH * C)}, {threads},
@@ -86,15 +80,8 @@ void clustered_attention_backward(const ClusteredDims& d, const ClusteredParams&
   float* ds = dvc + BH * C * M;
   float* dqc = ds + BH * C * S;
   float* ad = drop.on() ? dqc + BH * C * E : nullptr;
-  // dVc_j = sum_{i in j} dO_i
-  launch("cuda::clustered_attention_backward (member sums)", {grid_of(BH * C)},
-         {row_threads(M)}, 0,
-         MemberSumKernel{dout, dvc, p.count, p.start, p.order, N, C, M, false});
-  // dAc = dVc V^T
-  for_each_sequence(d, p, [&](int64_t b0, int64_t nb, int64_t L) {
-    product(false, true, C, L, M, 1.0f, dvc + b0 * H * C * M, M, C * M, V + b0 * H * S * M, M,
-            S * M, ds + b0 * H * C * S, S, C * S, nb * H);
-  });
+  // dVc_j = sum_{i in j} dO_i; dAc = dVc V^T
+  cluster_value_grads("cuda::clustered_attention_backward (member sums)", d, p, dout, V, dvc, ds);
   // The mask on Ac and dAc, then dS = Ac (dAc - rowsum(dAc Ac))
   const unsigned threads = row_threads(S);
   if (S > 0)

@@ -1,5 +1,5 @@
 // Kernels and host helpers shared by the device clustered attention ops (clustered_cuda.cu,
-// eq. 3-6, and improved_clustered_cuda.cu, eq. 9-11): the attention-dropout mask words, the
+// eq. 3-6, and improved_clustered_cuda.cu, eq. 9-11), beside layers/attention/dropout_cuda.h: the
 // per-cluster member sums, the masked softmax rows of Ac and their backward, the broadcast of a
 // cluster's row to its members, and the per-sequence batched GEMMs. Written against
 // core/cuda/kernel.h; included only by those .cu files.
@@ -16,45 +16,14 @@
 #include "core/math.h"
 #include "core/philox.h"
 #include "layers/attention/clustered_cuda.h"
+#include "layers/attention/dropout_cuda.h"
 
 namespace clustr::cuda::clustered_kernels {
 
-struct AddDouble {
-  CLUSTR_HD double operator()(double a, double b) const { return a + b; }
-};
-
-struct Dropout {
-  float p = 0.0f, scale = 1.0f;
-  uint64_t seed = 0, offset = 0;
-  CLUSTR_HD bool on() const { return p > 0.0f; }
-};
-
-inline Dropout dropout_of(const ClusteredParams& p) {
-  Dropout d;
-  if (p.dropout > 0.0f) {
-    d.p = p.dropout;
-    d.scale = 1.0f / (1.0f - p.dropout);
-    d.seed = p.seed;
-    d.offset = p.offset;
-  }
-  return d;
-}
-
-// f(c, word) for the columns c in [0, n) of a row whose column 0 is mask element idx0, word the
-// element's Philox word; each thread takes whole Philox blocks (four consecutive elements).
-template <class F>
-CLUSTR_DEVICE void for_each_word(const Thread& t, const Dropout& drop, uint64_t idx0, int64_t n,
-                                 F f) {
-  if (n <= 0) return;
-  const uint64_t first = idx0 / 4, last = (idx0 + static_cast<uint64_t>(n) - 1) / 4;
-  for (uint64_t q = first + t.thread_idx().x; q <= last; q += t.block_dim().x) {
-    const Philox4 w = philox4x32(drop.seed, drop.offset + q);
-    for (uint64_t k = 0; k < 4; ++k) {
-      const int64_t c = static_cast<int64_t>(4 * q + k - idx0);
-      if (c >= 0 && c < n) f(c, w.v[k]);
-    }
-  }
-}
+using attention_kernels::AddDouble;
+using attention_kernels::Dropout;
+using attention_kernels::dropout_of;
+using attention_kernels::for_each_word;
 
 CLUSTR_DEVICE int64_t keys_of(const int32_t* lengths, int64_t bh, int64_t H, int64_t S) {
   return lengths ? lengths[bh / H] : S;
@@ -204,5 +173,33 @@ inline void product(bool ta, bool tb, int64_t rows, int64_t cols, int64_t inner,
 }
 
 inline unsigned grid_of(int64_t n) { return static_cast<unsigned>(n); }
+
+// eq. 4-5 and the logits of eq. 3: centroids (B, H, C, E) = the mean of each cluster's queries
+// (launch name `what`), then the first L columns of each sequence's weights (B, H, C, S) =
+// t Qc K^T.
+inline void centroid_logits(const char* what, const ClusteredDims& d, const ClusteredParams& p,
+                            const float* Q, const float* K, float* centroids, float* weights) {
+  const int64_t H = d.H, N = d.N, S = d.S, E = d.E, C = d.C;
+  launch(what, {grid_of(d.B * H * C)}, {row_threads(E)}, 0,
+         MemberSumKernel{Q, centroids, p.count, p.start, p.order, N, C, E, true});
+  for_each_sequence(d, p, [&](int64_t b0, int64_t nb, int64_t L) {
+    product(false, true, C, L, E, p.temperature, centroids + b0 * H * C * E, E, C * E,
+            K + b0 * H * S * E, E, S * E, weights + b0 * H * C * S, S, C * S, nb * H);
+  });
+}
+
+// dVc (B, H, C, M) = the sum of each cluster's rows of dout (launch name `what`), then the first
+// L columns of each sequence's dAc (B, H, C, S) = dVc V^T.
+inline void cluster_value_grads(const char* what, const ClusteredDims& d,
+                                const ClusteredParams& p, const float* dout, const float* V,
+                                float* dvc, float* ds) {
+  const int64_t H = d.H, N = d.N, S = d.S, M = d.M, C = d.C;
+  launch(what, {grid_of(d.B * H * C)}, {row_threads(M)}, 0,
+         MemberSumKernel{dout, dvc, p.count, p.start, p.order, N, C, M, false});
+  for_each_sequence(d, p, [&](int64_t b0, int64_t nb, int64_t L) {
+    product(false, true, C, L, M, 1.0f, dvc + b0 * H * C * M, M, C * M, V + b0 * H * S * M, M,
+            S * M, ds + b0 * H * C * S, S, C * S, nb * H);
+  });
+}
 
 }  // namespace clustr::cuda::clustered_kernels

@@ -36,6 +36,7 @@
 #include "core/error.h"
 #include "core/math.h"
 #include "core/philox.h"
+#include "layers/attention/dropout_cuda.h"
 
 namespace clustr::cuda {
 
@@ -63,32 +64,10 @@ int64_t score_floats(const FullAttentionDims& d) {
   return d.H * block_rows(d) * max64(1, d.S);
 }
 
-struct AddDouble {
-  CLUSTR_HD double operator()(double a, double b) const { return a + b; }
-};
-
-// The dropout of one call: element idx of the weights keeps when its Philox word says so.
-struct Dropout {
-  float p = 0.0f, scale = 1.0f;
-  uint64_t seed = 0, offset = 0;
-};
-
-// Calls f(j, word) for the columns j in [0, n) of a row whose column 0 has dropout element
-// number idx0, with word the element's Philox word. Each thread takes whole Philox blocks (four
-// consecutive elements), so each block of words is computed once per row.
-template <class F>
-CLUSTR_DEVICE void for_each_word(const Thread& t, const Dropout& drop, uint64_t idx0, int64_t n,
-                                 F f) {
-  if (n <= 0) return;
-  const uint64_t first = idx0 / 4, last = (idx0 + static_cast<uint64_t>(n) - 1) / 4;
-  for (uint64_t q = first + t.thread_idx().x; q <= last; q += t.block_dim().x) {
-    const Philox4 w = philox4x32(drop.seed, drop.offset + q);
-    for (uint64_t k = 0; k < 4; ++k) {
-      const int64_t j = static_cast<int64_t>(4 * q + k - idx0);
-      if (j >= 0 && j < n) f(j, w.v[k]);
-    }
-  }
-}
+using attention_kernels::AddDouble;
+using attention_kernels::Dropout;
+using attention_kernels::dropout_of;
+using attention_kernels::for_each_word;
 
 // Where one query block's rows are: rows [i0, i0 + rows) of sequence b, keys [0, ld) computed.
 struct BlockRows {
@@ -230,17 +209,6 @@ BlockRows block_of(const FullAttentionParams& p, const Sequence& q, int64_t b, i
   k.length = q.length;
   k.ld = math::attention_keys_seen(i0 + k.rows - 1, q.length, p.causal);
   return k;
-}
-
-Dropout dropout_of(const FullAttentionParams& p) {
-  Dropout drop;
-  if (p.dropout > 0.0f) {
-    drop.p = p.dropout;
-    drop.scale = 1.0f / (1.0f - p.dropout);
-    drop.seed = p.seed;
-    drop.offset = p.offset;
-  }
-  return drop;
 }
 
 }  // namespace

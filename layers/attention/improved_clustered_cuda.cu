@@ -413,13 +413,8 @@ void improved_clustered_attention_forward(const ClusteredDims& d, const Clustere
   float* acr = rc + BH * C * M;
   float* pw = acr + BH * C * S;
   // eq. 4-5: Qc; eq. 3: Ac = softmax(t Qc K^T + mask) (no dropout: T_j and m_j see Ac itself)
-  launch("cuda::improved_clustered_attention_forward (centroids)", {grid_of(BH * C)},
-         {row_threads(E)}, 0,
-         MemberSumKernel{Q, centroids, p.count, p.start, p.order, N, C, E, true});
-  for_each_sequence(d, p, [&](int64_t b0, int64_t nb, int64_t L) {
-    product(false, true, C, L, E, p.temperature, centroids + b0 * H * C * E, E, C * E,
-            K + b0 * H * S * E, E, S * E, weights + b0 * H * C * S, S, C * S, nb * H);
-  });
+  centroid_logits("cuda::improved_clustered_attention_forward (centroids)", d, p, Q, K,
+                  centroids, weights);
   const unsigned threads = row_threads(S);
   if (S > 0)
     launch("cuda::improved_clustered_attention_forward (weights)", {grid_of(BH * C)},
@@ -473,13 +468,8 @@ void improved_clustered_attention_backward(const ClusteredDims& d, const Cluster
   float* pv = drop.on() ? rowdot + rows : pw;  // the weights that multiply V and dO
   const float t = p.temperature;
   // dVc_j = sum_{i in j} dO_i; dAc = dVc V^T off T_j (masked); dV = (Ac off T_j, masked)^T dVc
-  launch("cuda::improved_clustered_attention_backward (member sums)", {grid_of(BH * C)},
-         {row_threads(M)}, 0,
-         MemberSumKernel{dout, dvc, p.count, p.start, p.order, N, C, M, false});
-  for_each_sequence(d, p, [&](int64_t b0, int64_t nb, int64_t L) {
-    product(false, true, C, L, M, 1.0f, dvc + b0 * H * C * M, M, C * M, V + b0 * H * S * M, M,
-            S * M, ds + b0 * H * C * S, S, C * S, nb * H);
-  });
+  cluster_value_grads("cuda::improved_clustered_attention_backward (member sums)", d, p, dout, V,
+                      dvc, ds);
   const unsigned threads = row_threads(S);
   if (S > 0)
     launch("cuda::improved_clustered_attention_backward (remainder)", {grid_of(BH * C)},
