@@ -319,7 +319,7 @@ void write_image_panels(const std::string& path, const std::vector<Panel>& panel
         break;
       }
     for (int i = 0; i < n; i += step) out.push_back(i);
-    if (out.back() != n - 1 && (n - 1 - out.back()) * o.scale >= 24) out.push_back(n - 1);
+    if (out.back() != n - 1 && (n - 1 - out.back()) * o.scale >= 40) out.push_back(n - 1);
     return out;
   };
   const int side_w = cols * o.scale, side_h = rows * o.scale, gap = 40;
