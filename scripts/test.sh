@@ -4,7 +4,8 @@
 #      GPU tests run on the GPU, and report "skipped" where no GPU is present;
 #   2. a build under AddressSanitizer + UndefinedBehaviorSanitizer and the same tests, with the
 #      CUDA backend on the emulated device (-DCLUSTR_CUDA=EMULATE), so the GPU tests run on
-#      every machine, their kernels checked by the sanitizers too.
+#      every machine, their kernels checked by the sanitizers too; with the apps, so that
+#      `--device cuda` runs of both apps and their one-step comparisons with the CPU run too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
@@ -18,7 +19,7 @@ ctest --test-dir build --output-on-failure -j "$jobs"
 
 echo "== sanitizer build (ASan + UBSan), CUDA kernels on the emulated device =="
 cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCLUSTR_SANITIZE=ON \
-  -DCLUSTR_CUDA=EMULATE -DCLUSTR_APPS=OFF
+  -DCLUSTR_CUDA=EMULATE -DCLUSTR_APPS=ON
 cmake --build build-sanitize -j "$jobs"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --test-dir build-sanitize --output-on-failure -j "$jobs"
