@@ -245,7 +245,8 @@ using detail::check_f32;
 // checked on a host copy.
 inline Dims check_inputs(const char* op, const Shape& q_shape, const Tensor& K, const Tensor& V,
                   const Tensor& lengths, const Tensor& assignment, int64_t clusters,
-                  float temperature, bool cuda_ok = false) {
+                  float temperature, bool cuda_ok = false,
+                  std::vector<int32_t>* assignment_host = nullptr) {
   check_f32(op, "K", K);
   check_f32(op, "V", V);
   detail::check_dtype(op, "assignment", assignment, DType::i32);
@@ -272,7 +273,9 @@ inline Dims check_inputs(const char* op, const Shape& q_shape, const Tensor& K, 
   CLUSTR_CHECK(assignment.shape() == (Shape{d.B, d.H, d.N}), op,
                ": expected assignment of shape (B, H, N) = (", d.B, ", ", d.H, ", ", d.N,
                ") to match ", Q, ", got ", describe(assignment));
-  std::vector<int32_t> copy;
+  // A device assignment is read from a host copy; device_params groups the members from it.
+  std::vector<int32_t> local;
+  std::vector<int32_t>& copy = assignment_host ? *assignment_host : local;
   const int32_t* a = detail::host_i32(assignment, copy);
   for (int64_t i = 0; i < d.B * d.H * d.N; ++i)
     CLUSTR_CHECK(a[i] >= -1 && a[i] < clusters, op, ": assignment value ", a[i], " at (",
@@ -282,14 +285,18 @@ inline Dims check_inputs(const char* op, const Shape& q_shape, const Tensor& K, 
   return d;
 }
 
+// The temperature the kernels use: the given one, or 1 / sqrt(E) when it is <= 0.
+inline float effective_temperature(float temperature, int64_t E) {
+  return temperature > 0.0f ? temperature
+                            : static_cast<float>(1.0 / std::sqrt(static_cast<double>(E)));
+}
+
 inline Params params_of(const Dims& d, const Tensor& lengths, const Tensor& assignment,
                  float temperature) {
   Params p;
   p.lengths = lengths.defined() ? lengths.i32() : nullptr;
   p.assignment = assignment.i32();
-  p.temperature = temperature > 0.0f
-                      ? temperature
-                      : static_cast<float>(1.0 / std::sqrt(static_cast<double>(d.E)));
+  p.temperature = effective_temperature(temperature, d.E);
   return p;
 }
 
@@ -302,17 +309,20 @@ inline void check_saved(const char* op, const char* what, const Tensor& t, const
 }
 
 // The device kernels' parameters (clustered_cuda.h): the members of each cluster grouped on
-// the host from a copy of the assignment (the CPU's group(), so sums over members run in the
-// CPU's order), copied to the device; the lengths on both sides.
+// the host from the copy of the assignment that check_inputs made (`a`; the CPU's group(), so
+// sums over members run in the CPU's order), copied to the device; the lengths on both sides.
 struct DeviceParams {
   std::vector<int32_t> lengths_host;
   Tensor count, start, order;  // i32 on the device: (B, H, C), (B, H, C + 1), (B, H, N)
   cuda::ClusteredParams p;
 };
 inline void device_params(const Dims& d, const Tensor& lengths, const Tensor& assignment,
-                          float temperature, const ClusteredDropout& dropout, DeviceParams& r) {
+                          const std::vector<int32_t>& a, float temperature,
+                          const ClusteredDropout& dropout, DeviceParams& r) {
   const int64_t BH = d.B * d.H;
-  const std::vector<int32_t> a = assignment.to_int_vector();
+  CLUSTR_CHECK(static_cast<int64_t>(a.size()) == BH * d.N,
+               "device_params: expected the host copy of the assignment (", BH * d.N,
+               " values), got ", a.size());
   std::vector<int32_t> count(static_cast<size_t>(BH * d.C)),
       start(static_cast<size_t>(BH * (d.C + 1))), order(static_cast<size_t>(BH * d.N), 0);
   for (int64_t bh = 0; bh < BH; ++bh) {
@@ -331,9 +341,7 @@ inline void device_params(const Dims& d, const Tensor& lengths, const Tensor& as
   r.p.count = r.count.i32();
   r.p.start = r.start.i32();
   r.p.order = r.order.i32();
-  r.p.temperature = temperature > 0.0f
-                        ? temperature
-                        : static_cast<float>(1.0 / std::sqrt(static_cast<double>(d.E)));
+  r.p.temperature = effective_temperature(temperature, d.E);
   r.p.dropout = dropout.p;
   r.p.seed = dropout.seed;
   r.p.offset = dropout.offset;
