@@ -1,6 +1,7 @@
 // The CUDA backend against the CPU: copies, fill, the caching allocator, and GEMM compared with
 // cpu::gemm_reference over awkward shapes, every transpose pair and padded leading dimensions.
-// The ops' kernels are in test_cuda_ops.cpp, the launch abstraction in test_cuda_launch.cpp.
+// The ops' kernels are in test_cuda_ops.cpp, the launch abstraction in test_cuda_launch.cpp,
+// streams, events and the stream-aware allocator in test_cuda_streams.cpp.
 //
 // This program has its own main: it runs on a GPU, or on the emulated device of a
 // -DCLUSTR_CUDA=EMULATE build; without either (or in a build without the CUDA backend) it

@@ -229,11 +229,11 @@ TEST_CASE("cuda launch: the emulator checks which side of a copy is device memor
   if (!cuda::emulated()) return;  // a GPU's unified addressing would accept some of these
   std::vector<float> host(16, 1.0f);
   Tensor dev = Tensor::zeros({16}, DType::f32, Device::cuda);
-  CHECK(cudaMemcpy(host.data(), host.data() + 8, 32, cudaMemcpyHostToDevice) ==
+  CHECK(cudaMemcpyAsync(host.data(), host.data() + 8, 32, cudaMemcpyHostToDevice) ==
         cudaErrorInvalidValue);
-  CHECK(cudaMemcpy(dev.f32(), dev.f32() + 8, 32, cudaMemcpyDeviceToHost) ==
+  CHECK(cudaMemcpyAsync(dev.f32(), dev.f32() + 8, 32, cudaMemcpyDeviceToHost) ==
         cudaErrorInvalidValue);
-  CHECK(cudaMemcpy(dev.f32(), host.data(), size_t(1) << 30, cudaMemcpyHostToDevice) ==
+  CHECK(cudaMemcpyAsync(dev.f32(), host.data(), size_t(1) << 30, cudaMemcpyHostToDevice) ==
         cudaErrorInvalidValue);  // past the end of the device block (nothing is copied)
   cudaGetLastError();
   // cuBLAS refuses matrices outside device memory rather than reading the host heap.

@@ -21,10 +21,15 @@
 // In device emulation the cuBLAS calls below go to a host GEMM with cuBLAS's column-major
 // contract (core/cuda/emulation.h), so this mapping is tested on machines without a GPU.
 //
+// Streams: every call runs on the calling host thread's current stream (cuda.h). The one cuBLAS
+// handle is bound to that stream (cublasSetStream) right before each call, under a lock, so
+// that host threads with different current streams do not move each other's calls.
+//
 // Precision: the handle uses CUBLAS_DEFAULT_MATH, i.e. full FP32 arithmetic with no TF32 tensor
 // cores and no BF16x9 emulation, so results agree with the CPU to FP32 rounding.
 #include <climits>
 #include <cstdint>
+#include <mutex>
 
 #include "core/cuda/check.h"
 #include "core/cuda/cuda.h"
@@ -37,11 +42,9 @@ namespace clustr::cuda {
 namespace {
 
 // One handle for the process, made on first use (its creation is slow and allocates device
-// memory). The function-local static makes creation thread-safe, and cuBLAS allows one handle
-// to be shared by host threads as long as its settings are not changed after creation. It is
-// never destroyed: cublasDestroy during static destruction can run after the CUDA runtime has
-// shut down. It is bound to the current device (device 0) and the legacy default stream, so its
-// work is ordered with our kernels and copies.
+// memory). The function-local static makes creation thread-safe. It is never destroyed:
+// cublasDestroy during static destruction can run after the CUDA runtime has shut down. It is
+// bound to the current device (device 0); its stream is set per call (Bound below).
 cublasHandle_t handle() {
   static const cublasHandle_t h = [] {
     cublasHandle_t made = nullptr;
@@ -56,6 +59,25 @@ cublasHandle_t handle() {
   }();
   return h;
 }
+
+// The handle, bound to the current stream, for one call. cublasSetStream is cuBLAS's documented
+// way to move a handle between streams from one call to the next; it changes the handle for
+// every host thread that shares it, so the lock is held from it until the call has been queued
+// (cuBLAS calls return once their kernels are queued, so it is held briefly).
+class Bound {
+ public:
+  Bound() : lock_(mutex()) {
+    CLUSTR_CUBLAS_CHECK(cublasSetStream(handle(), current_stream()));
+  }
+  cublasHandle_t get() const { return handle(); }
+
+ private:
+  static std::mutex& mutex() {
+    static std::mutex m;
+    return m;
+  }
+  std::lock_guard<std::mutex> lock_;
+};
 
 cublasOperation_t op_of(bool trans) { return trans ? CUBLAS_OP_T : CUBLAS_OP_N; }
 
@@ -120,7 +142,8 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
   require(op);
   if (K == 0 || alpha == 0.0f) return scale(C, M, N, ldc, 0, 1, beta);
   // Swapped operands: see the comment at the top of the file.
-  CLUSTR_CUBLAS_CHECK(cublasSgemm(handle(), op_of(trans_b), op_of(trans_a), static_cast<int>(N),
+  const Bound h;
+  CLUSTR_CUBLAS_CHECK(cublasSgemm(h.get(), op_of(trans_b), op_of(trans_a), static_cast<int>(N),
                                   static_cast<int>(M), static_cast<int>(K), &alpha, B,
                                   static_cast<int>(ldb), A, static_cast<int>(lda), &beta, C,
                                   static_cast<int>(ldc)));
@@ -145,8 +168,9 @@ void gemm_strided_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int6
   if (M == 0 || N == 0 || batch == 0) return;
   require(op);
   if (K == 0 || alpha == 0.0f) return scale(C, M, N, ldc, stride_c, batch, beta);
+  const Bound h;
   CLUSTR_CUBLAS_CHECK(cublasSgemmStridedBatched(
-      handle(), op_of(trans_b), op_of(trans_a), static_cast<int>(N), static_cast<int>(M),
+      h.get(), op_of(trans_b), op_of(trans_a), static_cast<int>(N), static_cast<int>(M),
       static_cast<int>(K), &alpha, B, static_cast<int>(ldb), static_cast<long long>(stride_b), A,
       static_cast<int>(lda), static_cast<long long>(stride_a), &beta, C, static_cast<int>(ldc),
       static_cast<long long>(stride_c), static_cast<int>(batch)));

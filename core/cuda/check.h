@@ -2,15 +2,15 @@
 // (core/cuda/, optim/cuda/): it includes the toolkit's headers, or in device emulation their
 // host stand-in core/cuda/emulation.h, so nothing outside the CUDA backend may include it.
 //
-//   CLUSTR_CUDA_CHECK(cudaMemcpy(...));     throws clustr::Error unless cudaSuccess
-//   CLUSTR_CUBLAS_CHECK(cublasSgemm(...));  throws clustr::Error unless CUBLAS_STATUS_SUCCESS
-//   kernel<<<grid, block>>>(...); CLUSTR_CUDA_CHECK_LAUNCH();
+//   CLUSTR_CUDA_CHECK(cudaMemcpyAsync(...));  throws clustr::Error unless cudaSuccess
+//   CLUSTR_CUBLAS_CHECK(cublasSgemm(...));    throws clustr::Error unless CUBLAS_STATUS_SUCCESS
+//   kernel<<<grid, block, 0, stream>>>(...); CLUSTR_CUDA_CHECK_LAUNCH();
 //
 // The message names the call as written, where it is, and the error's name and description:
 //   "cudaMalloc(&p, n) failed at .../runtime.cu:88: cudaErrorMemoryAllocation (out of memory)"
 // Kernel faults are reported asynchronously by whatever CUDA call comes next. Define
-// CLUSTR_CUDA_DEBUG_SYNC when compiling to synchronize after every launch, so that a fault is
-// reported at the launch that caused it (slow; for debugging only).
+// CLUSTR_CUDA_DEBUG_SYNC when compiling to synchronize the current stream after every launch,
+// so that a fault is reported at the launch that caused it (slow; for debugging only).
 #pragma once
 
 #if defined(CLUSTR_CUDA_EMULATION)
@@ -20,6 +20,7 @@
 #include <cuda_runtime.h>
 #endif
 
+#include "core/cuda/cuda.h"  // current_stream()
 #include "core/error.h"
 
 namespace clustr::cuda::checks {
@@ -51,8 +52,12 @@ inline const char* cublas_status_string(cublasStatus_t s) {
 #endif
 }
 
+// The runtime also keeps a failed call's error as this thread's last error; it is reported
+// here, so it is cleared, or the next launch check would report it again under the kernel's
+// name. (A sticky error, a kernel fault, stays: every later call returns it.)
 [[noreturn]] inline void throw_cuda_error(cudaError_t e, const char* expr, const char* file,
                                           int line) {
+  cudaGetLastError();
   throw Error(::clustr::detail::cat(expr, " failed at ", file, ":", line, ": ",
                                     cudaGetErrorName(e), " (", cudaGetErrorString(e), ")"));
 }
@@ -85,7 +90,8 @@ inline const char* cublas_status_string(cublasStatus_t s) {
 #define CLUSTR_CUDA_CHECK_LAUNCH()                                                     \
   do {                                                                                 \
     CLUSTR_CUDA_CHECK_NAMED(cudaGetLastError(), "kernel launch");                      \
-    CLUSTR_CUDA_CHECK_NAMED(cudaDeviceSynchronize(), "kernel execution");              \
+    CLUSTR_CUDA_CHECK_NAMED(cudaStreamSynchronize(::clustr::cuda::current_stream()),   \
+                            "kernel execution");                                       \
   } while (0)
 #else
 #define CLUSTR_CUDA_CHECK_LAUNCH() CLUSTR_CUDA_CHECK_NAMED(cudaGetLastError(), "kernel launch")

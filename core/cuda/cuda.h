@@ -12,6 +12,11 @@
 #include "core/ops.h"
 #include "core/tensor.h"
 
+// The runtime's opaque stream and event types: cudaStream_t is CUstream_st*, cudaEvent_t is
+// CUevent_st* (in the toolkit, and in device emulation's core/cuda/emulation.h).
+struct CUstream_st;
+struct CUevent_st;
+
 namespace clustr::cuda {
 
 bool compiled();                 // built with the CUDA backend (a GPU build or device emulation)
@@ -20,20 +25,119 @@ bool available();                // compiled, and a usable GPU is present
 std::string unavailable_reason();  // why available() is false ("" when it is true)
 void require(const char* what);  // throws, naming `what`, when no usable GPU is present
 
-// Caching allocator: freed blocks are kept for reuse (by rounded size) instead of cudaFree.
+// ---- streams and events (core/cuda/runtime.cu) -------------------------------------------------
+//
+// Work queued on one stream runs in order; work on two streams may run concurrently. Every
+// kernel launch, cuBLAS call and copy of this backend goes on the calling host thread's
+// *current stream*: the legacy default stream unless a StreamGuard has made a Stream current.
+// Code that never makes a Stream current runs exactly as before, all on the default stream.
+//
+//   cuda::Stream side;                       // a new stream
+//   cuda::Event ready;
+//   ready.record();                          // what the default stream has queued so far...
+//   {
+//     cuda::StreamGuard guard(side);         // ...this thread's work now goes on `side`
+//     ready.wait();                          // `side` waits for it (the host does not)
+//     Tensor y = softmax(x);                 // allocated, computed on `side`
+//   }                                        // back on the default stream
+//
+// Streams are non-blocking (they do not wait for the legacy default stream), so work on two
+// streams is ordered only by Events or synchronization, as in PyTorch.
+//
+// The allocator's rule: a block is reused only by allocations made on the stream that was
+// current when it was allocated (see alloc()). So a tensor that is used on a second stream must
+// be kept alive until that stream's work on it is done (or that stream synchronized): freed
+// earlier, its block could be handed to new work on its own stream while the second stream
+// still reads it.
+
+using StreamHandle = ::CUstream_st*;            // a cudaStream_t
+constexpr StreamHandle kDefaultStream = nullptr;  // the legacy default stream
+
+// This host thread's current stream (kDefaultStream unless a StreamGuard says otherwise).
+StreamHandle current_stream();
+
+// Owns one stream. Movable, not copyable; a moved-from Stream holds none, and using it throws.
+// Destroying a Stream waits for its queued work, then destroys it; the allocator's blocks
+// that belonged to it (cached ones, and live ones when they are freed later) go to the
+// default stream. A Stream must outlive every StreamGuard made from it: an allocation while a
+// destroyed stream is current throws a clustr::Error (a launch there is undefined on a GPU).
+class Stream {
+ public:
+  Stream();  // a new non-blocking stream; throws without a usable GPU
+  ~Stream();
+  Stream(Stream&& other) noexcept : h_(other.h_) { other.h_ = nullptr; }
+  Stream& operator=(Stream&& other) noexcept;
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+
+  StreamHandle handle() const;  // the cudaStream_t, for use with other CUDA code
+  void synchronize() const;     // the host waits until everything queued on it has finished
+
+ private:
+  StreamHandle h_ = nullptr;  // null: moved from
+};
+
+// Makes a stream current on this host thread for its scope and restores the previous one.
+// Guards nest; other host threads are not affected.
+class StreamGuard {
+ public:
+  explicit StreamGuard(const Stream& s);
+  // kDefaultStream, or the handle() of a live Stream (anything else throws).
+  explicit StreamGuard(StreamHandle s);
+  ~StreamGuard();
+  StreamGuard(const StreamGuard&) = delete;
+  StreamGuard& operator=(const StreamGuard&) = delete;
+
+ private:
+  StreamHandle previous_;
+};
+
+// A marker in a stream's queue: record() captures the work queued so far, wait() makes another
+// stream's later work wait for it on the device, without blocking the host. Created without
+// timing (cudaEventDisableTiming): it orders work, it does not measure it. Movable, not
+// copyable; a moved-from Event holds none, and using it throws.
+class Event {
+ public:
+  Event();  // throws without a usable GPU
+  ~Event();
+  Event(Event&& other) noexcept : h_(other.h_) { other.h_ = nullptr; }
+  Event& operator=(Event&& other) noexcept;
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+
+  void record();                 // on the current stream
+  void record(const Stream& s);
+  void wait() const;             // the current stream waits for the recorded work
+  void wait(const Stream& s) const;
+  bool query() const;            // has the recorded work finished? (true if nothing recorded)
+  void synchronize() const;      // the host waits for the recorded work
+
+ private:
+  ::CUevent_st* h_ = nullptr;  // null: moved from
+};
+
+// ---- memory and copies (core/cuda/runtime.cu) --------------------------------------------------
+
+// Caching allocator: freed blocks are kept for reuse (by rounded size) instead of cudaFree, in
+// one free list per stream. alloc() serves the current stream: it takes a block that was freed
+// on that stream, or a new one, and the block remembers that stream; free() puts it back on
+// that stream's list. Reuse is then ordered after the work that used the block (the rule for
+// tensors used on a second stream is in the streams section above).
 void* alloc(size_t bytes);
 void free(void* ptr, size_t bytes);
 MemoryStats memory_stats();  // live/peak bytes of tensor storage on the device
 void reset_peak();
-void empty_cache();           // returns cached blocks to the driver
-size_t cached_bytes();        // bytes held in the cache, not in use
+void empty_cache();           // synchronizes the device, then returns cached blocks to the driver
+size_t cached_bytes();        // bytes held in the cache (every stream's), not in use
 
+// On the current stream. copy_h2d and copy_d2h return when the host buffer may be reused or
+// read (they synchronize the current stream); copy_d2d does not wait.
 void copy_h2d(void* dst, const void* src_host, size_t bytes);
 void copy_d2h(void* dst_host, const void* src, size_t bytes);
 void copy_d2d(void* dst, const void* src, size_t bytes);
 void fill_f32(float* dst, float value, int64_t n);
 void fill_i32(int32_t* dst, int32_t value, int64_t n);
-void synchronize();
+void synchronize();  // the host waits for all work on every stream (cudaDeviceSynchronize)
 
 // Row-major GEMM on device memory, same arguments and meaning as cpu::gemm (core/cpu/gemm.h):
 // C(M,N) = alpha * op(A) op(B) + beta * C, op(X) = X or X^T. Runs through cuBLAS.

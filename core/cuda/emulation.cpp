@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <vector>
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -79,6 +80,45 @@ bool no_devices() {
   return v != nullptr && std::strcmp(v, "0") == 0;
 }
 
+// Streams and events are numbered handles, never dereferenced and never reused (see
+// emulation.h). They share one numbering, so an event passed as a stream is refused too.
+struct Handles {
+  std::mutex mu;
+  std::set<uintptr_t> streams, events;  // the live ones
+  uintptr_t next = 0x1000;              // clear of the toolkit's special stream values (1, 2)
+
+  uintptr_t add(std::set<uintptr_t>& to) {
+    std::lock_guard<std::mutex> lock(mu);
+    const uintptr_t id = next;
+    next += 0x10;
+    to.insert(id);
+    return id;
+  }
+  bool remove(std::set<uintptr_t>& from, uintptr_t id) {
+    std::lock_guard<std::mutex> lock(mu);
+    return from.erase(id) == 1;
+  }
+  bool has(const std::set<uintptr_t>& in, uintptr_t id) {
+    std::lock_guard<std::mutex> lock(mu);
+    return in.count(id) == 1;
+  }
+};
+
+// Never destroyed, like the device memory: a Stream held in a static object is destroyed
+// during static destruction.
+Handles& handles() {
+  static Handles* h = new Handles;
+  return *h;
+}
+
+uintptr_t id_of(const void* handle) { return reinterpret_cast<uintptr_t>(handle); }
+
+// The null stream is the legacy default stream, always there.
+bool live_stream(cudaStream_t s) {
+  return s == nullptr || handles().has(handles().streams, id_of(s));
+}
+bool live_event(cudaEvent_t e) { return e != nullptr && handles().has(handles().events, id_of(e)); }
+
 }  // namespace
 
 const char* cudaGetErrorName(cudaError_t e) {
@@ -88,6 +128,8 @@ const char* cudaGetErrorName(cudaError_t e) {
     case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
     case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
     case cudaErrorNoDevice: return "cudaErrorNoDevice";
+    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
+    case cudaErrorNotReady: return "cudaErrorNotReady";
     case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
   }
   return "cudaErrorUnknown";
@@ -100,6 +142,8 @@ const char* cudaGetErrorString(cudaError_t e) {
     case cudaErrorMemoryAllocation: return "out of memory";
     case cudaErrorInvalidConfiguration: return "invalid configuration argument";
     case cudaErrorNoDevice: return "no CUDA-capable device is detected (device emulation)";
+    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+    case cudaErrorNotReady: return "device not ready";
     case cudaErrorLaunchFailure: return "unspecified launch failure";
   }
   return "unknown error";
@@ -140,7 +184,9 @@ cudaError_t cudaFree(void* ptr) {
   return cudaSuccess;
 }
 
-cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                            cudaStream_t stream) {
+  if (!live_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
   if (bytes == 0) return cudaSuccess;
   if (dst == nullptr || src == nullptr) return fail(cudaErrorInvalidValue);
   DeviceMemory& m = device_memory();
@@ -150,8 +196,8 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
   const bool src_ok = src_device ? m.contains(src, bytes) : !m.touches(src, bytes);
   if (!dst_ok || !src_ok) {
     std::fprintf(stderr,
-                 "clustr device emulation: cudaMemcpy of %zu bytes (kind %d): the %s pointer %p "
-                 "is not %s memory\n",
+                 "clustr device emulation: cudaMemcpyAsync of %zu bytes (kind %d): the %s "
+                 "pointer %p is not %s memory\n",
                  bytes, static_cast<int>(kind), dst_ok ? "source" : "destination",
                  dst_ok ? src : static_cast<const void*>(dst),
                  (dst_ok ? src_device : dst_device) ? "device" : "host");
@@ -179,10 +225,69 @@ cudaError_t cudaGetLastError() {
   return e;
 }
 
+// ---- streams and events ------------------------------------------------------------------------
+// Work has finished when its call returns, so only the handles need checking.
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags) {
+  if (stream == nullptr || (flags & ~cudaStreamNonBlocking) != 0)
+    return fail(cudaErrorInvalidValue);
+  if (no_devices()) return fail(cudaErrorNoDevice);
+  Handles& h = handles();
+  *stream = reinterpret_cast<cudaStream_t>(h.add(h.streams));
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  Handles& h = handles();
+  if (stream == nullptr || !h.remove(h.streams, id_of(stream)))
+    return fail(cudaErrorInvalidResourceHandle);
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  return live_stream(stream) ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned flags) {
+  if (flags != 0) return fail(cudaErrorInvalidValue);  // cudaEventWaitDefault is all we know
+  if (!live_stream(stream) || !live_event(event)) return fail(cudaErrorInvalidResourceHandle);
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned flags) {
+  // The toolkit's flags: blocking sync 0x1, disable timing 0x2, interprocess 0x4.
+  if (event == nullptr || (flags & ~0x7u) != 0) return fail(cudaErrorInvalidValue);
+  if (no_devices()) return fail(cudaErrorNoDevice);
+  Handles& h = handles();
+  *event = reinterpret_cast<cudaEvent_t>(h.add(h.events));
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  Handles& h = handles();
+  if (event == nullptr || !h.remove(h.events, id_of(event)))
+    return fail(cudaErrorInvalidResourceHandle);
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  if (!live_event(event) || !live_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventQuery(cudaEvent_t event) {
+  return live_event(event) ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  return live_event(event) ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
+}
+
 // ---- cuBLAS ----------------------------------------------------------------------------------------
 
 struct cublasContext {
   cublasMath_t math = CUBLAS_DEFAULT_MATH;
+  cudaStream_t stream = nullptr;
 };
 
 cublasStatus_t cublasCreate(cublasHandle_t* handle) {
@@ -201,6 +306,12 @@ cublasStatus_t cublasDestroy(cublasHandle_t handle) {
 cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode) {
   if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
   handle->math = mode;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t stream) {
+  if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
+  handle->stream = stream;
   return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -269,6 +380,11 @@ cublasStatus_t gemm_batched(const char* call, cublasHandle_t handle, cublasOpera
   const cublasStatus_t s = check_gemm(handle, transa, transb, m, n, k, alpha, lda, ldb, beta, ldc);
   if (s != CUBLAS_STATUS_SUCCESS) return s;
   if (batch < 0) return CUBLAS_STATUS_INVALID_VALUE;
+  if (!live_stream(handle->stream)) {  // its kernels could not be launched
+    std::fprintf(stderr, "clustr device emulation: %s on stream %p, which was destroyed or "
+                 "never created\n", call, static_cast<const void*>(handle->stream));
+    return CUBLAS_STATUS_EXECUTION_FAILED;
+  }
   if (m == 0 || n == 0 || batch == 0) return CUBLAS_STATUS_SUCCESS;
   const bool ta = transa != CUBLAS_OP_N, tb = transb != CUBLAS_OP_N;
   const bool reads_ab = k > 0 && *alpha != 0.0f;
@@ -580,6 +696,10 @@ void launch(const Launch& l) {
     if (l.grid[d] == 0 || l.block[d] == 0) return;
   if (!valid_config(l)) {
     last_error = cudaErrorInvalidConfiguration;
+    return;
+  }
+  if (!live_stream(l.stream)) {
+    last_error = cudaErrorInvalidResourceHandle;
     return;
   }
   const uint64_t blocks = uint64_t(l.grid[0]) * l.grid[1] * l.grid[2];

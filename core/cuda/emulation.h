@@ -8,10 +8,18 @@
 // 1. The subset of the CUDA runtime and cuBLAS APIs that core/cuda/ calls, with the same names,
 //    signatures and error codes, so that runtime.cu and blas.cu compile unchanged:
 //    - device memory is host memory from the heap (256-byte aligned, as cudaMalloc), but every
-//      allocation is registered, and cudaMemcpy checks that each side of a copy is, or is not,
-//      device memory as its direction says (a host pointer handed to the device is an error);
-//      cudaMalloc fails with cudaErrorMemoryAllocation past the emulated device's capacity (the
-//      host's physical memory);
+//      allocation is registered, and cudaMemcpyAsync checks that each side of a copy is, or is
+//      not, device memory as its direction says (a host pointer handed to the device is an
+//      error); cudaMalloc fails with cudaErrorMemoryAllocation past the emulated device's
+//      capacity (the host's physical memory);
+//    - streams and events: every launch, copy and GEMM has finished when its call returns, so
+//      work is trivially ordered and synchronizing or querying returns at once. What is checked
+//      is the handles: a stream or event is live from its create call to its destroy call, and
+//      any call given one that is not (destroyed, never created, an event passed as a stream)
+//      fails with cudaErrorInvalidResourceHandle; a kernel launched on such a stream is
+//      reported by cudaGetLastError and does not run, and a GEMM on a handle bound to one fails
+//      with CUBLAS_STATUS_EXECUTION_FAILED. Handles are numbers that are never reused, so a
+//      destroyed one stays invalid (a driver may hand the same value out again);
 //    - cublasSgemm and cublasSgemmStridedBatched are a plain host GEMM with cuBLAS's
 //      column-major semantics: op N/T, m/n/k, lda/ldb/ldc and their validity rules
 //      (CUBLAS_STATUS_INVALID_VALUE), alpha/beta with C not read when beta == 0 and A, B not
@@ -51,6 +59,8 @@ enum cudaError_t {
   cudaErrorMemoryAllocation = 2,
   cudaErrorInvalidConfiguration = 9,
   cudaErrorNoDevice = 100,
+  cudaErrorInvalidResourceHandle = 400,
+  cudaErrorNotReady = 600,
   cudaErrorLaunchFailure = 719,
 };
 enum cudaMemcpyKind {
@@ -64,10 +74,29 @@ const char* cudaGetErrorString(cudaError_t e);
 cudaError_t cudaGetDeviceCount(int* count);
 cudaError_t cudaMalloc(void** ptr, size_t bytes);
 cudaError_t cudaFree(void* ptr);
-cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind);
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes);
 cudaError_t cudaDeviceSynchronize();
 cudaError_t cudaGetLastError();  // returns and clears this host thread's last error
+
+// Streams and events: opaque handles, as in the toolkit (a null stream is the legacy default
+// stream). The flag values are the toolkit's.
+struct CUstream_st;
+struct CUevent_st;
+typedef CUstream_st* cudaStream_t;
+typedef CUevent_st* cudaEvent_t;
+constexpr unsigned cudaStreamNonBlocking = 0x01;
+constexpr unsigned cudaEventDisableTiming = 0x02;
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags);
+cudaError_t cudaStreamDestroy(cudaStream_t stream);
+cudaError_t cudaStreamSynchronize(cudaStream_t stream);
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned flags = 0);
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned flags);
+cudaError_t cudaEventDestroy(cudaEvent_t event);
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream = nullptr);
+cudaError_t cudaEventQuery(cudaEvent_t event);
+cudaError_t cudaEventSynchronize(cudaEvent_t event);
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                            cudaStream_t stream = nullptr);
 
 // ---- the cuBLAS subset ---------------------------------------------------------------------------
 // Values as in the toolkit's cublas_api.h.
@@ -90,6 +119,8 @@ enum cublasMath_t { CUBLAS_DEFAULT_MATH = 0, CUBLAS_TF32_TENSOR_OP_MATH = 3 };
 cublasStatus_t cublasCreate(cublasHandle_t* handle);
 cublasStatus_t cublasDestroy(cublasHandle_t handle);
 cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode);
+// Any stream value is accepted, as by cuBLAS; a GEMM on a stream that is not live fails.
+cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t stream);
 // Column-major C(m, n) = alpha * op(A)(m, k) op(B)(k, n) + beta * C, as cuBLAS.
 cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa,
                            cublasOperation_t transb, int m, int n, int k, const float* alpha,
@@ -123,13 +154,15 @@ struct Launch {
   const char* name = "";
   unsigned grid[3] = {1, 1, 1}, block[3] = {1, 1, 1};
   size_t shared_bytes = 0;
+  cudaStream_t stream = nullptr;  // checked: a launch on a stream that is not live does not run
   bool uses_barrier = false;
   const void* kernel = nullptr;
   void (*run)(const void* kernel, const ThreadState& s) = nullptr;
 };
 
-// Runs every thread of every block; a bad configuration is recorded for cudaGetLastError (and
-// nothing runs). A broken barrier or a failing body throws clustr::Error naming the kernel.
+// Runs every thread of every block; a bad configuration or stream is recorded for
+// cudaGetLastError (and nothing runs). A broken barrier or a failing body throws clustr::Error
+// naming the kernel.
 void launch(const Launch& l);
 
 // t.sync() in a kernel that declared kUsesBarrier = false: throws clustr::Error.

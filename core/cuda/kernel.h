@@ -7,10 +7,11 @@
 //   CLUSTR_DEVICE void operator()(const Thread& t) const { ... }
 // and is launched from host code with
 //   launch("softmax", grid, block, shared_bytes, SoftmaxKernel{...});
-// which is an ordinary <<<grid, block, shared_bytes>>> launch on the default stream under nvcc,
-// followed by the launch check (cudaGetLastError, the error named after the kernel; with
-// CLUSTR_CUDA_DEBUG_SYNC also a synchronize), and the host launcher in emulation, followed by
-// the same check.
+// which is an ordinary <<<grid, block, shared_bytes, stream>>> launch on the calling thread's
+// current stream (cuda.h) under nvcc, followed by the launch check (cudaGetLastError, the error
+// named after the kernel; with CLUSTR_CUDA_DEBUG_SYNC also a synchronize of that stream), and
+// the host launcher in emulation (given the same stream, which it checks), followed by the
+// same check.
 //
 // The primitives a body may use (and nothing else of CUDA's):
 //   t.thread_idx(), t.block_idx(), t.block_dim(), t.grid_dim()   threadIdx, blockIdx, ... (Dim3)
@@ -36,6 +37,7 @@
 #endif
 
 #include "core/cuda/check.h"  // the toolkit's headers, or in emulation core/cuda/emulation.h
+#include "core/cuda/cuda.h"   // current_stream()
 
 namespace clustr::cuda {
 
@@ -68,18 +70,19 @@ __global__ void kernel_entry(K k) {
   k(Thread{});
 }
 
-// Launches k over grid x block threads with shared_bytes of dynamic shared memory on the default
+// Launches k over grid x block threads with shared_bytes of dynamic shared memory on the current
 // stream; an empty grid or block launches nothing.
 template <class K>
 void launch(const char* name, Dim3 grid, Dim3 block, size_t shared_bytes, const K& k) {
   if (grid.x == 0 || grid.y == 0 || grid.z == 0 || block.x == 0 || block.y == 0 ||
       block.z == 0)
     return;
+  const cudaStream_t stream = current_stream();
   kernel_entry<K><<<dim3(grid.x, grid.y, grid.z), dim3(block.x, block.y, block.z), shared_bytes,
-                    /*default stream*/ 0>>>(k);
+                    stream>>>(k);
   CLUSTR_CUDA_CHECK_NAMED(cudaGetLastError(), name);
 #ifdef CLUSTR_CUDA_DEBUG_SYNC
-  CLUSTR_CUDA_CHECK_NAMED(cudaDeviceSynchronize(), name);
+  CLUSTR_CUDA_CHECK_NAMED(cudaStreamSynchronize(stream), name);
 #endif
 }
 
@@ -117,6 +120,7 @@ void launch(const char* name, Dim3 grid, Dim3 block, size_t shared_bytes, const 
     l.block[d] = b[d];
   }
   l.shared_bytes = shared_bytes;
+  l.stream = current_stream();
   l.uses_barrier = K::kUsesBarrier;
   l.kernel = &k;
   l.run = [](const void* kernel, const emulation::ThreadState& s) {
@@ -130,7 +134,7 @@ void launch(const char* name, Dim3 grid, Dim3 block, size_t shared_bytes, const 
     t.kernel_ = s.kernel_name;
     (*static_cast<const K*>(kernel))(t);
   };
-  emulation::launch(l);  // records a launch error for cudaGetLastError, as a GPU would
+  emulation::launch(l);  // records a bad configuration or stream for cudaGetLastError, as a GPU
   CLUSTR_CUDA_CHECK_NAMED(cudaGetLastError(), name);
 }
 

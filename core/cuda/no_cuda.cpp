@@ -18,6 +18,40 @@ bool available() { return false; }
 std::string unavailable_reason() { return "clustr was built without the CUDA backend"; }
 void require(const char* what) { no_cuda(what); }
 
+// Nothing can be queued, so the current stream is always the default one; a Stream or an Event
+// cannot be made (their other members are reachable only through a moved-from object).
+StreamHandle current_stream() { return kDefaultStream; }
+
+Stream::Stream() { no_cuda("cuda::Stream"); }
+Stream::~Stream() {}
+Stream& Stream::operator=(Stream&& other) noexcept {
+  h_ = other.h_;
+  other.h_ = nullptr;
+  return *this;
+}
+StreamHandle Stream::handle() const { no_cuda("cuda::Stream::handle"); }
+void Stream::synchronize() const { no_cuda("cuda::Stream::synchronize"); }
+
+StreamGuard::StreamGuard(const Stream& s) : StreamGuard(s.handle()) {}
+StreamGuard::StreamGuard(StreamHandle s) : previous_(kDefaultStream) {
+  if (s != kDefaultStream) no_cuda("cuda::StreamGuard");
+}
+StreamGuard::~StreamGuard() {}
+
+Event::Event() { no_cuda("cuda::Event"); }
+Event::~Event() {}
+Event& Event::operator=(Event&& other) noexcept {
+  h_ = other.h_;
+  other.h_ = nullptr;
+  return *this;
+}
+void Event::record() { no_cuda("cuda::Event::record"); }
+void Event::record(const Stream&) { no_cuda("cuda::Event::record"); }
+void Event::wait() const { no_cuda("cuda::Event::wait"); }
+void Event::wait(const Stream&) const { no_cuda("cuda::Event::wait"); }
+bool Event::query() const { no_cuda("cuda::Event::query"); }
+void Event::synchronize() const { no_cuda("cuda::Event::synchronize"); }
+
 void* alloc(size_t) { no_cuda("cuda::alloc"); }
 void free(void*, size_t) {}
 MemoryStats memory_stats() { return {}; }

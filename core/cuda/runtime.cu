@@ -1,12 +1,18 @@
-// The CUDA runtime side of the backend: is a GPU usable, the caching allocator, copies.
+// The CUDA runtime side of the backend: is a GPU usable, streams and events, the caching
+// allocator, copies.
 //
-// One device (device 0, the runtime's default) and one stream (the legacy default stream) are
-// used throughout. Every kernel, cuBLAS call and cudaMemcpy is therefore ordered on that stream,
-// which is what makes the allocator's reuse safe: a block freed by the host while a kernel may
-// still be reading it is handed out again only to work that is queued after that kernel.
-// (Compiling with --default-stream per-thread, or adding streams, would break this.)
+// One device (device 0, the runtime's default). Work goes on the calling host thread's current
+// stream (cuda.h): the legacy default stream, or the Stream a StreamGuard has made current.
+// Every kernel launch (kernel.h), cuBLAS call (blas.cu) and copy (below) is queued on it, so
+// the work of one stream is ordered; work on two streams is ordered only by Events or
+// synchronization. The allocator's reuse rests on that order: a block is reused only by
+// allocations on the stream it was allocated on, so the host may free a block while a kernel
+// may still be reading it, and the next user of the block is queued after that kernel.
+// (Compiling with --default-stream per-thread would change what "the default stream" means
+// and break the free list of kDefaultStream.)
 // In device emulation (core/cuda/emulation.h) this file compiles unchanged against the host
-// stand-in of the runtime API, so the allocator and the copies below are the code a GPU runs.
+// stand-in of the runtime API, so the allocator, the streams and the copies below are the code
+// a GPU runs.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -72,51 +78,223 @@ void require(const char* what) {
   if (!a.ok) throw Error(detail::cat(what, ": no usable GPU: ", a.reason));
 }
 
+// ---- the current stream ------------------------------------------------------------------------
+
+namespace {
+thread_local StreamHandle current = kDefaultStream;  // per host thread, as CUDA's own state
+}  // namespace
+
+StreamHandle current_stream() { return current; }
+
 // ---- caching allocator -------------------------------------------------------------------------
 //
 // cudaMalloc and cudaFree are slow (cudaFree also synchronizes the device), and training
 // allocates the same sizes every step, so freed blocks are kept in free lists by size class and
-// handed out again. Sizes are rounded up to size classes (core/size_class.h).
+// handed out again. Sizes are rounded up to size classes (core/size_class.h). There is one set
+// of free lists per stream: a block freed by the host goes back to the list of the stream it
+// was allocated on and is handed out only to allocations on that stream, whose work is queued
+// after whatever used the block before.
 
 namespace {
 
-
 struct Block {
-  size_t size;       // rounded, as cudaMalloc'ed
-  size_t requested;  // what the caller asked for: counted in live bytes
+  size_t size;          // rounded, as cudaMalloc'ed
+  size_t requested;     // what the caller asked for: counted in live bytes
+  StreamHandle stream;  // current at alloc(): the free list the block goes back to
 };
+
+using FreeList = std::map<size_t, std::vector<void*>>;  // rounded size -> free blocks
 
 struct Allocator {
   std::mutex mu;
-  std::map<size_t, std::vector<void*>> cache;  // rounded size -> free blocks of that size
-  std::unordered_map<void*, Block> live;       // blocks handed out
-  size_t cached = 0;                           // bytes in `cache`
+  // The free lists of every live stream: the default stream's always, a Stream's from its
+  // construction to its destruction. The keys are also the registry of live Streams that
+  // StreamGuard and alloc() check.
+  std::unordered_map<StreamHandle, FreeList> free_lists;
+  std::unordered_map<void*, Block> live;  // blocks handed out
+  size_t cached = 0;                      // bytes in the free lists
   MemoryStats stats;
 };
 
 // Never destroyed: tensors held in static objects are freed during static destruction, perhaps
 // after this object would have been; the driver reclaims everything at process exit anyway.
 Allocator& allocator() {
-  static Allocator* a = new Allocator;
+  static Allocator* a = [] {
+    Allocator* made = new Allocator;
+    made->free_lists[kDefaultStream];
+    return made;
+  }();
   return *a;
 }
 
-// Gives every cached block back to the driver. Caller holds the lock.
+// Gives every cached block of every stream back to the driver. Caller holds the lock. A cached
+// block may still be in use by a kernel queued before the host freed it, so the device is
+// synchronized first (cudaFree waits for the device too, but the order should not rest on a
+// side effect).
 void release_cache_locked(Allocator& a) {
-  while (!a.cache.empty()) {
-    auto it = a.cache.begin();
-    std::vector<void*>& blocks = it->second;
-    while (!blocks.empty()) {
-      void* p = blocks.back();
-      blocks.pop_back();
-      a.cached -= it->first;
-      CLUSTR_CUDA_CHECK(cudaFree(p));
+  if (a.cached == 0) return;  // also the case without a GPU: nothing was ever cached
+  CLUSTR_CUDA_CHECK(cudaDeviceSynchronize());
+  for (auto& entry : a.free_lists) {
+    FreeList& list = entry.second;
+    while (!list.empty()) {
+      auto it = list.begin();
+      std::vector<void*>& blocks = it->second;
+      while (!blocks.empty()) {
+        void* p = blocks.back();
+        blocks.pop_back();
+        a.cached -= it->first;
+        CLUSTR_CUDA_CHECK(cudaFree(p));
+      }
+      list.erase(it);
     }
-    a.cache.erase(it);
+  }
+}
+
+// The stream of a Stream or Event call; a moved-from object holds none.
+StreamHandle held(StreamHandle h, const char* op) {
+  CLUSTR_CHECK(h != nullptr, op, ": this cuda::Stream was moved from and holds no stream");
+  return h;
+}
+cudaEvent_t held(cudaEvent_t h, const char* op) {
+  CLUSTR_CHECK(h != nullptr, op, ": this cuda::Event was moved from and holds no event");
+  return h;
+}
+
+// Waits for the stream's work, hands its blocks to the default stream and destroys it. After
+// the synchronization no queued work can use its cached blocks, so any stream may reuse them;
+// its live blocks are retagged so that, freed later, they go to the default stream's list and
+// no block refers to a destroyed stream. Never throws (it runs in destructors): an error can
+// only come from earlier work that faulted, which leaves the CUDA context unusable anyway, so
+// it is reported on stderr.
+void destroy_stream(StreamHandle h) noexcept {
+  if (h == nullptr) return;
+  cudaError_t e = cudaStreamSynchronize(h);
+  try {
+    Allocator& a = allocator();
+    std::lock_guard<std::mutex> lock(a.mu);
+    auto it = a.free_lists.find(h);
+    if (it != a.free_lists.end()) {
+      FreeList& to = a.free_lists[kDefaultStream];
+      for (auto& [size, blocks] : it->second) to[size].insert(to[size].end(), blocks.begin(),
+                                                              blocks.end());
+      a.free_lists.erase(it);
+    }
+    for (auto& entry : a.live)
+      if (entry.second.stream == h) entry.second.stream = kDefaultStream;
+  } catch (...) {
+    // Out of host memory while moving the lists: the stream's cached blocks are leaked.
+  }
+  const cudaError_t destroyed = cudaStreamDestroy(h);
+  if (e == cudaSuccess) e = destroyed;
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "clustr: destroying a cuda::Stream: %s (%s)\n", cudaGetErrorName(e),
+                 cudaGetErrorString(e));
+    cudaGetLastError();  // reported here, not again by the next launch check
   }
 }
 
 }  // namespace
+
+// ---- Stream, StreamGuard, Event ----------------------------------------------------------------
+
+Stream::Stream() {
+  require("cuda::Stream");
+  StreamHandle h = nullptr;
+  CLUSTR_CUDA_CHECK(cudaStreamCreateWithFlags(&h, cudaStreamNonBlocking));
+  try {
+    Allocator& a = allocator();
+    std::lock_guard<std::mutex> lock(a.mu);
+    a.free_lists[h];  // registers the stream: allocations on it get their own free lists
+  } catch (...) {
+    cudaStreamDestroy(h);
+    throw;
+  }
+  h_ = h;
+}
+
+Stream::~Stream() { destroy_stream(h_); }
+
+Stream& Stream::operator=(Stream&& other) noexcept {
+  if (this != &other) {
+    destroy_stream(h_);
+    h_ = other.h_;
+    other.h_ = nullptr;
+  }
+  return *this;
+}
+
+StreamHandle Stream::handle() const { return held(h_, "cuda::Stream::handle"); }
+
+void Stream::synchronize() const {
+  CLUSTR_CUDA_CHECK(cudaStreamSynchronize(held(h_, "cuda::Stream::synchronize")));
+}
+
+StreamGuard::StreamGuard(const Stream& s) : StreamGuard(s.handle()) {}
+
+StreamGuard::StreamGuard(StreamHandle s) : previous_(current) {
+  if (s != kDefaultStream) {
+    Allocator& a = allocator();
+    std::lock_guard<std::mutex> lock(a.mu);
+    CLUSTR_CHECK(a.free_lists.count(s) == 1, "cuda::StreamGuard: stream ",
+                 static_cast<const void*>(s), " is not that of a live cuda::Stream (destroyed, "
+                 "or not made by cuda::Stream)");
+  }
+  current = s;
+}
+
+StreamGuard::~StreamGuard() { current = previous_; }
+
+Event::Event() {
+  require("cuda::Event");
+  CLUSTR_CUDA_CHECK(cudaEventCreateWithFlags(&h_, cudaEventDisableTiming));
+}
+
+// Destroying an event whose recorded work is still pending is allowed: the runtime releases it
+// when that work completes.
+Event::~Event() {
+  if (h_ != nullptr && cudaEventDestroy(h_) != cudaSuccess) cudaGetLastError();
+}
+
+Event& Event::operator=(Event&& other) noexcept {
+  if (this != &other) {
+    if (h_ != nullptr && cudaEventDestroy(h_) != cudaSuccess) cudaGetLastError();
+    h_ = other.h_;
+    other.h_ = nullptr;
+  }
+  return *this;
+}
+
+void Event::record() {
+  CLUSTR_CUDA_CHECK(cudaEventRecord(held(h_, "cuda::Event::record"), current));
+}
+
+void Event::record(const Stream& s) {
+  CLUSTR_CUDA_CHECK(cudaEventRecord(held(h_, "cuda::Event::record"), s.handle()));
+}
+
+void Event::wait() const {
+  CLUSTR_CUDA_CHECK(cudaStreamWaitEvent(current, held(h_, "cuda::Event::wait"), 0));
+}
+
+void Event::wait(const Stream& s) const {
+  CLUSTR_CUDA_CHECK(cudaStreamWaitEvent(s.handle(), held(h_, "cuda::Event::wait"), 0));
+}
+
+bool Event::query() const {
+  const cudaError_t e = cudaEventQuery(held(h_, "cuda::Event::query"));
+  if (e == cudaSuccess) return true;
+  if (e == cudaErrorNotReady) {
+    cudaGetLastError();  // "not ready" is an answer, not an error for the next launch check
+    return false;
+  }
+  checks::throw_cuda_error(e, "cudaEventQuery(event)", __FILE__, __LINE__);
+}
+
+void Event::synchronize() const {
+  CLUSTR_CUDA_CHECK(cudaEventSynchronize(held(h_, "cuda::Event::synchronize")));
+}
+
+// ---- alloc and free ----------------------------------------------------------------------------
 
 void* alloc(size_t bytes) {
   require("cuda::alloc");
@@ -124,19 +302,25 @@ void* alloc(size_t bytes) {
   CLUSTR_CHECK(bytes <= (size_t(1) << 56), "cuda::alloc: ", bytes,
                " bytes is not a plausible allocation size");
   size_t size = size_class(bytes);
+  const StreamHandle stream = current;
   Allocator& a = allocator();
   std::lock_guard<std::mutex> lock(a.mu);
+  auto list = a.free_lists.find(stream);
+  CLUSTR_CHECK(list != a.free_lists.end(), "cuda::alloc: the current stream ",
+               static_cast<const void*>(stream), " was destroyed (a StreamGuard outlived its "
+               "cuda::Stream)");
 
   void* p = nullptr;
-  auto it = a.cache.find(size);
-  if (it != a.cache.end() && !it->second.empty()) {
+  auto it = list->second.find(size);
+  if (it != list->second.end() && !it->second.empty()) {
     p = it->second.back();  // the most recently freed block: likeliest to be in L2
     it->second.pop_back();
     a.cached -= size;
   } else {
     cudaError_t e = cudaMalloc(&p, size);
     if (e == cudaErrorMemoryAllocation) {
-      // Memory may be held by cached blocks of other sizes: give them back and try once more.
+      // Memory may be held by cached blocks of other sizes or streams: give them back and try
+      // once more.
       cudaGetLastError();  // clear it, or the next launch check would report it
       size_t cached_before = a.cached;
       release_cache_locked(a);
@@ -156,7 +340,7 @@ void* alloc(size_t bytes) {
     if (e != cudaSuccess) checks::throw_cuda_error(e, "cudaMalloc(&p, size)", __FILE__, __LINE__);
   }
 
-  a.live[p] = Block{size, bytes};
+  a.live[p] = Block{size, bytes, stream};
   a.stats.live_bytes += static_cast<int64_t>(bytes);
   a.stats.peak_bytes = std::max(a.stats.peak_bytes, a.stats.live_bytes);
   a.stats.allocations += 1;
@@ -164,8 +348,9 @@ void* alloc(size_t bytes) {
 }
 
 // Called from Storage's destructor, possibly during static destruction at exit: never throws.
-// The block goes to the cache, not to the driver, so no CUDA call can fail here. The sizes
-// recorded at alloc() are used; `bytes` is only the caller's view of the same block.
+// The block goes to the free list of its stream, not to the driver, so no CUDA call can fail
+// here. The sizes recorded at alloc() are used; `bytes` is only the caller's view of the same
+// block.
 void free(void* ptr, size_t bytes) {
   if (ptr == nullptr) return;
   try {
@@ -180,7 +365,10 @@ void free(void* ptr, size_t bytes) {
     Block b = it->second;
     a.live.erase(it);
     a.stats.live_bytes -= static_cast<int64_t>(b.requested);
-    a.cache[b.size].push_back(ptr);
+    // Always found: destroy_stream retags the live blocks of a stream it destroys.
+    auto list = a.free_lists.find(b.stream);
+    if (list == a.free_lists.end()) list = a.free_lists.find(kDefaultStream);
+    list->second[b.size].push_back(ptr);
     a.cached += b.size;
   } catch (...) {
     // Out of host memory for the free list, or a broken mutex: the block is leaked, which is
@@ -203,7 +391,7 @@ void reset_peak() {
 void empty_cache() {
   Allocator& a = allocator();
   std::lock_guard<std::mutex> lock(a.mu);
-  release_cache_locked(a);  // no-op without a GPU: nothing was ever cached
+  release_cache_locked(a);  // synchronizes the device first
 }
 
 size_t cached_bytes() {
@@ -213,28 +401,37 @@ size_t cached_bytes() {
 }
 
 // ---- copies ----------------------------------------------------------------------------------
-// cudaMemcpy is ordered on the default stream after every queued kernel; to and from pageable
-// host memory it returns only when the host buffer may be reused, so callers need no sync.
+// On the current stream, after the work queued there. cudaMemcpyAsync returns early where it
+// can: device to pageable host memory it returns once the copy is done, but from host memory
+// the toolkit only promises that it "might be synchronous", so both host copies synchronize the
+// current stream before returning: the host buffer may then be read, freed or reused at once,
+// as with the synchronous cudaMemcpy (which runs on the legacy default stream, not the current
+// one). Device to device copies do not wait.
 
 void copy_h2d(void* dst, const void* src_host, size_t bytes) {
   if (bytes == 0) return;
   require("cuda::copy_h2d");
-  CLUSTR_CUDA_CHECK(cudaMemcpy(dst, src_host, bytes, cudaMemcpyHostToDevice));
+  const StreamHandle s = current;
+  CLUSTR_CUDA_CHECK(cudaMemcpyAsync(dst, src_host, bytes, cudaMemcpyHostToDevice, s));
+  CLUSTR_CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
 void copy_d2h(void* dst_host, const void* src, size_t bytes) {
   if (bytes == 0) return;
   require("cuda::copy_d2h");
-  CLUSTR_CUDA_CHECK(cudaMemcpy(dst_host, src, bytes, cudaMemcpyDeviceToHost));
+  const StreamHandle s = current;
+  CLUSTR_CUDA_CHECK(cudaMemcpyAsync(dst_host, src, bytes, cudaMemcpyDeviceToHost, s));
+  CLUSTR_CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
 void copy_d2d(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return;
   require("cuda::copy_d2d");
-  CLUSTR_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
+  CLUSTR_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, current));
 }
 
-// Without a GPU nothing can be pending, so this is a no-op there (as in no_cuda.cpp).
+// Every stream. Without a GPU nothing can be pending, so this is a no-op there (as in
+// no_cuda.cpp).
 void synchronize() {
   if (!available()) return;
   CLUSTR_CUDA_CHECK(cudaDeviceSynchronize());

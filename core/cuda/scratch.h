@@ -1,7 +1,9 @@
 // Device scratch memory for the duration of one op call (per-row partial sums, index tables):
 // taken from the caching allocator (core/cuda/runtime.cu) and handed back when it goes out of
-// scope. Handing it back while a kernel queued on it may still run is safe: everything runs on
-// the one default stream, so a block is reused only by work queued after that kernel.
+// scope. Handing it back while a kernel queued on it may still run is safe: the op allocates
+// it, queues its kernels and frees it all on the current stream, and the allocator hands the
+// block out again only to allocations on that same stream, whose work is queued after that
+// kernel. (An op must not switch streams while it holds a Scratch.)
 #pragma once
 
 #include <cstddef>
