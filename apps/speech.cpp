@@ -226,10 +226,13 @@ int main(int argc, char** argv) try {
   if (*decode) return cmd_decode(f, checkpoint, *decode);
   if (*matrix) return cmd_matrix(f, checkpoints, map_path, map_layer, map_head, map_utt);
 
-  if (!resume.empty() && train->count("--out") == 0) {
-    const std::filesystem::path p(resume);
-    o.output.out = std::filesystem::is_directory(p) ? p.string() : p.parent_path().string();
-    if (o.output.out.empty()) o.output.out = ".";
+  if (!resume.empty()) {
+    adopt_locked_settings(read_checkpoint_config(resume_file(resume)), *train, o);
+    if (train->count("--out") == 0) {
+      const std::filesystem::path p(resume);
+      o.output.out = std::filesystem::is_directory(p) ? p.string() : p.parent_path().string();
+      if (o.output.out.empty()) o.output.out = ".";
+    }
   }
   Trainer trainer(o, stdout);
   trainer.print_config(stdout);

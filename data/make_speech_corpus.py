@@ -20,9 +20,12 @@ Speakers: espeak-ng speakers combine one of its English accents (`espeak-ng --vo
 eight espeak-ng voices; the mbrola ones need extra data), a voice variant (`--voices=variant`:
 m1-m8, f1-f5, klatt, whisper, croak and the named ones), a base pitch (-p 20..80) and a rate
 (-s 140..200 words per minute). The variants are shuffled with the seed and 10% are kept for dev
-and 10% for test: no dev or test voice occurs in training. Training also has flite speakers
-(voices rms and kal16 only, with a duration stretch and a pitch shift); other flite voices and
-festival are left for held-out evaluation.
+and 10% for test: no dev or test voice occurs in training. Training has one speaker per 10
+utterances (dev and test one per 25); half of its espeak-ng speakers speak through a perturbed
+copy of their (training) variant, formant frequencies and pitch scaled by a random vocal-tract
+factor (perturb_variant), which widens the range of voices that training covers. Training also
+has flite speakers (voices rms and kal16 only, with a duration stretch and a pitch shift); other
+flite voices and festival are left for held-out evaluation.
 
 Labels: the phones the synthesizer says it speaks. espeak-ng prints its phonemes (-x --sep=" ",
 stress marks ' and , before vowels); ESPEAK_TO_ARPABET maps every phoneme of its English tables
@@ -262,9 +265,10 @@ def espeak_variants():
     out = run(["espeak-ng", "--voices=variant"], "listing espeak-ng variants")
     variants = set()
     for line in out.splitlines()[1:]:
-        f = line.split()
-        if len(f) >= 5 and f[4].startswith("!v/"):
-            variants.add(f[4][3:])
+        # The file column may hold a space ("!v/Mr serious"); columns are two or more spaces apart.
+        m = re.search(r"\s!v/(.+?)(?:\s{2,}|\s*$)", line)
+        if m:
+            variants.add(m.group(1))
     if len(variants) < 10:
         raise CorpusError("espeak-ng lists only %d voice variants" % len(variants))
     return sorted(variants)
@@ -278,22 +282,119 @@ def split_variants(variants, seed):
             "train": sorted(order[2 * n:])}
 
 
-def make_speakers(split, count, accents, variants, seed):
-    """About one speaker per 25 utterances (at least 2); a sixth of training speakers is flite."""
+def espeak_data_dir():
+    """Where espeak-ng reads its voices from (`espeak-ng --version` prints "Data at: DIR")."""
+    out = run(["espeak-ng", "--version"], "asking espeak-ng for its data directory")
+    m = re.search(r"Data at:\s*(\S+)", out)
+    if not m or not os.path.isdir(os.path.join(m.group(1), "voices", "!v")):
+        raise CorpusError("espeak-ng --version names no data directory with voices/!v: %r"
+                          % out.strip())
+    return m.group(1)
+
+
+def perturb_variant(text, name, tract, jitter, pitch_scale):
+    """A copy of an espeak-ng variant file with its formant frequencies scaled.
+
+    A variant scales formant k's frequency by `formant k FREQ HEIGHT WIDTH` (percent, 100 when the
+    line is absent). Every formant 0-8 is scaled by the speaker's vocal-tract factor times its own
+    jitter (a longer or shorter tract moves all formants together, not quite uniformly); a
+    disabled formant (frequency 0) stays disabled; a formant the base variant leaves at espeak's
+    defaults gets a line with height and width 100%, which is not always espeak's default (so even
+    factors of 1 give a slightly different voice). The pitch line (base and range in Hz) is scaled
+    too. Everything else of the base variant is kept."""
+    lines, seen = [], set()
+    for line in text.splitlines():
+        f = line.split()
+        if f and f[0] == "name":
+            line = "name %s" % name
+        elif len(f) >= 3 and f[0] == "formant" and f[1].isdigit() and int(f[1]) <= 8:
+            k = int(f[1])
+            seen.add(k)
+            freq = float(f[2]) * tract * jitter[k]
+            line = " ".join(["formant", f[1], str(int(round(freq)))] + f[3:])
+        elif len(f) == 3 and f[0] == "pitch":
+            line = "pitch %d %d" % (round(float(f[1]) * pitch_scale),
+                                    round(float(f[2]) * pitch_scale))
+        lines.append(line)
+    for k in range(9):
+        if k not in seen:
+            lines.append("formant %d %d 100 100" % (k, round(100 * tract * jitter[k])))
+    return "\n".join(lines) + "\n"
+
+
+def make_speakers(split, count, accents, variants, seed, data_dir=None):
+    """The speakers of a split.
+
+    Dev and test: about one speaker per 25 utterances (at least 2), each an accent, a held-out
+    variant, a pitch and a rate. Training: one speaker per 10 utterances, so that more accent x
+    variant pairs occur; a sixth is flite; half of the espeak-ng ones speak through a perturbed
+    copy of their variant (perturb_variant: vocal-tract factor 0.85..1.2, per-formant jitter
+    0.9..1.1, pitch x 0.8..1.25), which widens the range of voices that training covers."""
     rng = random.Random("%s:speakers:%s" % (seed, split))
-    n = max(2, math.ceil(count / 25))
+    train = split == "train"
+    n = max(2, math.ceil(count / (10 if train else 25)))
     speakers = []
     for i in range(n):
         sid = "%s-spk%03d" % (split, i)
-        if split == "train" and rng.random() < 1 / 6:
+        if train and rng.random() < 1 / 6:
             speakers.append({"id": sid, "synth": "flite", "voice": rng.choice(FLITE_VOICES),
                              "stretch": round(rng.uniform(0.85, 1.2), 3),
                              "pitch_cents": rng.randint(-250, 250)})
-        else:
-            speakers.append({"id": sid, "synth": "espeak", "accent": rng.choice(accents),
-                             "variant": rng.choice(variants), "pitch": rng.randint(20, 80),
-                             "speed": rng.randint(140, 200)})
+            continue
+        sp = {"id": sid, "synth": "espeak", "accent": rng.choice(accents),
+              "variant": rng.choice(variants), "pitch": rng.randint(20, 80),
+              "speed": rng.randint(140, 200)}
+        if train and rng.random() < 0.5:
+            tract = round(rng.uniform(0.85, 1.2), 3)
+            jitter = [round(rng.uniform(0.9, 1.1), 3) for _ in range(9)]
+            pitch_scale = round(rng.uniform(0.8, 1.25), 3)
+            path = os.path.join(data_dir, "voices", "!v", sp["variant"])
+            try:
+                with open(path) as f:
+                    base = f.read()
+            except OSError as e:
+                raise CorpusError("reading espeak-ng variant %s: %s" % (path, e))
+            sp["base_variant"] = sp["variant"]
+            sp["variant"] = "%s-%s" % (sid, sp["variant"].replace(" ", "_"))
+            sp["perturbation"] = "tract=%s pitch_scale=%s" % (tract, pitch_scale)
+            sp["variant_file"] = perturb_variant(base, sp["variant"], tract, jitter, pitch_scale)
+        speakers.append(sp)
     return speakers
+
+
+def make_espeak_data(root, data_dir):
+    """An espeak-ng data directory (for --path) whose voices/!v can take one more variant file.
+
+    Everything of the system's data directory is linked. Each worker process has its own and
+    writes a perturbed speaker's variant there as PERTURBED just before synthesizing (espeak-ng
+    lists at most 350 voices, so the perturbed variants of all speakers cannot sit side by side).
+    Returns the directory to pass to --path."""
+    data = os.path.join(root, "espeak-ng-data")
+    vdir = os.path.join(data, "voices", "!v")
+    os.makedirs(vdir)
+    for entry in os.listdir(data_dir):
+        if entry != "voices":
+            os.symlink(os.path.join(data_dir, entry), os.path.join(data, entry))
+    for entry in os.listdir(os.path.join(data_dir, "voices")):
+        if entry != "!v":
+            os.symlink(os.path.join(data_dir, "voices", entry),
+                       os.path.join(data, "voices", entry))
+    for entry in os.listdir(os.path.join(data_dir, "voices", "!v")):
+        os.symlink(os.path.join(data_dir, "voices", "!v", entry), os.path.join(vdir, entry))
+    return root
+
+
+PERTURBED = "clustr-perturbed"  # the file name of the current perturbed variant
+
+
+def check_variants(data_dir, speakers):
+    """espeak-ng falls back to the plain voice, silently, when a variant file is missing."""
+    for sp in speakers:
+        if sp["synth"] == "espeak":
+            name = sp.get("base_variant", sp["variant"])
+            if not os.path.isfile(os.path.join(data_dir, "voices", "!v", name)):
+                raise CorpusError("espeak-ng variant %r of speaker %s is not in %s"
+                                  % (name, sp["id"], os.path.join(data_dir, "voices", "!v")))
 
 
 def voice_name(speaker):
@@ -400,12 +501,13 @@ def flite_labels(phones, context):
 _worker = {}
 
 
-def worker_init(tmp_root, noise_files):
+def worker_init(tmp_root, noise_files, data_dir):
     d = tempfile.mkdtemp(dir=tmp_root)
     beds = {}
     for kind, path in noise_files.items():
         beds[kind] = read_pcm16(path)
-    _worker.update(tmp=d, beds=beds)
+    espeak_path = make_espeak_data(os.path.join(d, "espeak"), data_dir)
+    _worker.update(tmp=d, beds=beds, espeak_path=espeak_path)
 
 
 def read_pcm16(path):
@@ -442,7 +544,14 @@ def synthesize(job, sentences, raw):
         out = run(["flite", "-voice", sp["voice"], "--setf", "duration_stretch=%s" % sp["stretch"],
                    "-ps", "-f", text_file, "-o", raw], "flite (%s)" % context)
         return flite_labels(out, context)
-    out = run(["espeak-ng", "-v", "%s+%s" % (sp["accent"], sp["variant"]), "-s", str(sp["speed"]),
+    variant = sp["variant"]
+    if "variant_file" in sp:
+        variant = PERTURBED
+        with open(os.path.join(_worker["espeak_path"], "espeak-ng-data", "voices", "!v",
+                               PERTURBED), "w") as f:
+            f.write(sp["variant_file"])
+    out = run(["espeak-ng", "--path=" + _worker["espeak_path"],
+               "-v", "%s+%s" % (sp["accent"], variant), "-s", str(sp["speed"]),
                "-p", str(sp["pitch"]), "-a", "70", "-x", "--sep= ", "-w", raw, "-f", text_file],
               "espeak-ng (%s)" % context)
     return espeak_labels(out, context)
@@ -541,9 +650,11 @@ def write_corpus(args):
     pools = split_sentences(load_sentences(), args.seed)
     accents = espeak_accents()
     variants = split_variants(espeak_variants(), args.seed)
+    data_dir = espeak_data_dir()
     speakers, jobs = {}, []
     for split, count in counts.items():
-        speakers[split] = make_speakers(split, count, accents, variants[split], args.seed)
+        speakers[split] = make_speakers(split, count, accents, variants[split], args.seed,
+                                        data_dir)
         jobs += plan_split(split, count, pools[split], speakers[split], args.seed, out)
     print("make_speech_corpus: %d sentences (train %d, dev %d, test %d), %d accents, "
           "variants train %d / dev %s / test %s"
@@ -555,7 +666,9 @@ def write_corpus(args):
     results = []
     try:
         noise_files = make_noise_beds(tmp_root)
-        with multiprocessing.Pool(args.jobs, worker_init, (tmp_root, noise_files)) as pool:
+        check_variants(data_dir, [sp for split in counts for sp in speakers[split]])
+        with multiprocessing.Pool(args.jobs, worker_init,
+                                  (tmp_root, noise_files, data_dir)) as pool:
             for k, r in enumerate(pool.imap(generate, jobs, chunksize=2)):
                 results.append(r)
                 if (k + 1) % 250 == 0 or k + 1 == len(jobs):
@@ -584,6 +697,9 @@ def write_corpus(args):
                 else:
                     voice = "%s+%s" % (sp["accent"], sp["variant"])
                     settings = "pitch=%s speed=%s" % (sp["pitch"], sp["speed"])
+                    if "variant_file" in sp:
+                        voice = "%s+%s" % (sp["accent"], sp["base_variant"])
+                        settings += " perturbed " + sp["perturbation"]
                 f.write("%s\t%s\t%s\t%s\t%s\n" % (sp["id"], split, sp["synth"], voice, settings))
     with open(os.path.join(out, "transcripts.tsv"), "w") as f:
         for r in results:
@@ -644,7 +760,7 @@ def check_phonemes(args):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", help="output directory")
-    parser.add_argument("--train", type=int, default=5000, help="training utterances")
+    parser.add_argument("--train", type=int, default=8000, help="training utterances")
     parser.add_argument("--dev", type=int, default=500, help="dev utterances")
     parser.add_argument("--test", type=int, default=500, help="test utterances")
     parser.add_argument("--seed", type=int, default=1, help="seed of every random choice")

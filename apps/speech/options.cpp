@@ -323,6 +323,25 @@ const std::vector<std::string>& resume_locked_keys() {
   return keys;
 }
 
+void adopt_locked_settings(const std::map<std::string, std::string>& saved, const CLI::App& app,
+                           RunOptions& o) {
+  const ModelOptions m = model_from_config(saved);
+  auto given = [&](const char* key) { return app.count(std::string("--") + key) > 0; };
+  if (!given("layers")) o.model.layers = m.layers;
+  if (!given("heads")) o.model.heads = m.heads;
+  if (!given("head-dim")) o.model.head_dim = m.head_dim;
+  if (!given("feedforward")) o.model.feedforward = m.feedforward;
+  if (!given("pre-norm")) o.model.pre_norm = m.pre_norm;
+  if (!given("stacking")) o.model.stacking = m.stacking;
+  if (!given("attention")) o.model.attention.type = m.attention.type;
+  if (!given("clusters")) o.model.attention.clusters = m.attention.clusters;
+  if (!given("topk")) o.model.attention.topk = m.attention.topk;
+  if (!given("bits")) o.model.attention.bits = m.attention.bits;
+  if (!given("iterations")) o.model.attention.iterations = m.attention.iterations;
+  auto opt = saved.find("optimizer");
+  if (!given("optimizer") && opt != saved.end()) o.train.optimizer = opt->second;
+}
+
 std::vector<std::string> config_differences(const std::map<std::string, std::string>& saved,
                                             const std::map<std::string, std::string>& now,
                                             const std::vector<std::string>& keys) {

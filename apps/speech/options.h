@@ -103,6 +103,11 @@ std::map<std::string, std::string> to_config(const RunOptions& o);
 ModelOptions model_from_config(const std::map<std::string, std::string>& config);
 // Keys that must be equal to resume a run (the model's shape and the optimizer kind).
 const std::vector<std::string>& resume_locked_keys();
+// For `train --resume`: each locked setting whose flag is not on the command line takes the
+// checkpoint's value, so a run resumes without repeating its model flags; a flag that is given
+// keeps its value (and Trainer::resume refuses it if it differs from the checkpoint's).
+void adopt_locked_settings(const std::map<std::string, std::string>& saved, const CLI::App& app,
+                           RunOptions& o);
 // "--key: checkpoint <a>, now <b>" for each differing key among `keys`.
 std::vector<std::string> config_differences(const std::map<std::string, std::string>& saved,
                                             const std::map<std::string, std::string>& now,

@@ -262,10 +262,15 @@ void Trainer::save(const std::string& path, bool with_state) const {
   save_checkpoint(path, *model_, s);
 }
 
-void Trainer::resume(const std::string& path) {
+std::string resume_file(const std::string& path) {
   std::error_code ec;
   const std::string file = fs::is_directory(path, ec) ? (fs::path(path) / kLast).string() : path;
   CLUSTR_CHECK(fs::is_regular_file(file, ec), "--resume: no such checkpoint: ", file);
+  return file;
+}
+
+void Trainer::resume(const std::string& path) {
+  const std::string file = resume_file(path);
   const std::map<std::string, std::string> saved = read_checkpoint_config(file);
   std::map<std::string, std::string> now = to_config(options_);
   std::vector<std::string> diff = config_differences(saved, now, resume_locked_keys());

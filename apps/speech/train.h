@@ -56,6 +56,8 @@ Evaluation evaluate_set(SpeechModel& model, const SpeechSet& set, int64_t max_fr
 // A checkpoint path: a file, or a folder holding best.safetensors (or last.safetensors).
 std::string resolve_checkpoint(const std::string& file_or_folder, const char* flag);
 std::map<std::string, std::string> read_checkpoint_config(const std::string& file);
+// The checkpoint `train --resume` continues from: the file, or a folder's last.safetensors.
+std::string resume_file(const std::string& file_or_folder);
 
 // A trained model rebuilt from its checkpoint: options from the config, weights loaded.
 struct LoadedModel {
