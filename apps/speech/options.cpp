@@ -316,30 +316,62 @@ ModelOptions model_from_config(const std::map<std::string, std::string>& c) {
   return m;
 }
 
+namespace {
+
+// The settings a run cannot change on resume (the model's shape and the optimizer kind): each
+// key with how it is taken from a checkpoint's config. resume_locked_keys() and
+// adopt_locked_settings() both read this one table.
+struct LockedSetting {
+  const char* key;
+  void (*adopt)(RunOptions& o, const ModelOptions& saved_model, const std::string& saved_value);
+};
+
+const std::vector<LockedSetting>& locked_settings() {
+  using S = const std::string&;
+  static const std::vector<LockedSetting> table = {
+      {"layers", [](RunOptions& o, const ModelOptions& m, S) { o.model.layers = m.layers; }},
+      {"heads", [](RunOptions& o, const ModelOptions& m, S) { o.model.heads = m.heads; }},
+      {"head-dim", [](RunOptions& o, const ModelOptions& m, S) { o.model.head_dim = m.head_dim; }},
+      {"feedforward",
+       [](RunOptions& o, const ModelOptions& m, S) { o.model.feedforward = m.feedforward; }},
+      {"pre-norm", [](RunOptions& o, const ModelOptions& m, S) { o.model.pre_norm = m.pre_norm; }},
+      {"stacking", [](RunOptions& o, const ModelOptions& m, S) { o.model.stacking = m.stacking; }},
+      {"attention",
+       [](RunOptions& o, const ModelOptions& m, S) { o.model.attention.type = m.attention.type; }},
+      {"clusters",
+       [](RunOptions& o, const ModelOptions& m, S) {
+         o.model.attention.clusters = m.attention.clusters;
+       }},
+      {"topk",
+       [](RunOptions& o, const ModelOptions& m, S) { o.model.attention.topk = m.attention.topk; }},
+      {"bits",
+       [](RunOptions& o, const ModelOptions& m, S) { o.model.attention.bits = m.attention.bits; }},
+      {"iterations",
+       [](RunOptions& o, const ModelOptions& m, S) {
+         o.model.attention.iterations = m.attention.iterations;
+       }},
+      {"optimizer", [](RunOptions& o, const ModelOptions&, S v) { o.train.optimizer = v; }}};
+  return table;
+}
+
+}  // namespace
+
 const std::vector<std::string>& resume_locked_keys() {
-  static const std::vector<std::string> keys = {
-      "layers", "heads",     "head-dim", "feedforward", "pre-norm", "stacking",
-      "attention", "clusters", "topk",   "bits",        "iterations", "optimizer"};
+  static const std::vector<std::string> keys = [] {
+    std::vector<std::string> k;
+    for (const LockedSetting& s : locked_settings()) k.push_back(s.key);
+    return k;
+  }();
   return keys;
 }
 
 void adopt_locked_settings(const std::map<std::string, std::string>& saved, const CLI::App& app,
                            RunOptions& o) {
   const ModelOptions m = model_from_config(saved);
-  auto given = [&](const char* key) { return app.count(std::string("--") + key) > 0; };
-  if (!given("layers")) o.model.layers = m.layers;
-  if (!given("heads")) o.model.heads = m.heads;
-  if (!given("head-dim")) o.model.head_dim = m.head_dim;
-  if (!given("feedforward")) o.model.feedforward = m.feedforward;
-  if (!given("pre-norm")) o.model.pre_norm = m.pre_norm;
-  if (!given("stacking")) o.model.stacking = m.stacking;
-  if (!given("attention")) o.model.attention.type = m.attention.type;
-  if (!given("clusters")) o.model.attention.clusters = m.attention.clusters;
-  if (!given("topk")) o.model.attention.topk = m.attention.topk;
-  if (!given("bits")) o.model.attention.bits = m.attention.bits;
-  if (!given("iterations")) o.model.attention.iterations = m.attention.iterations;
-  auto opt = saved.find("optimizer");
-  if (!given("optimizer") && opt != saved.end()) o.train.optimizer = opt->second;
+  for (const LockedSetting& s : locked_settings()) {
+    auto it = saved.find(s.key);
+    if (app.count(std::string("--") + s.key) == 0 && it != saved.end()) s.adopt(o, m, it->second);
+  }
 }
 
 std::vector<std::string> config_differences(const std::map<std::string, std::string>& saved,
