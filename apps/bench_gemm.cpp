@@ -8,6 +8,11 @@
 //
 // --device cuda: cuBLAS (cuda::gemm, TF32 off) on the same shapes, operands in device memory;
 // each sample ends with cuda::synchronize() before the clock is read. No peer, no threads.
+//
+// --precision bf16: our bf16 GEMM (core/cpu/gemm_bf16.h; --kernel picks amx, avx512bf16 or
+// generic) on bf16 operands (--operands f32: float32 operands rounded as they are packed, the
+// precision policy's path), float32 C. OpenBLAS has no bf16 GEMM in Debian's build, so no peer
+// runs here; apps/bench_gemm_torch.py runs this beside torch.matmul on bf16 tensors.
 #include <CLI/CLI.hpp>
 #include <dlfcn.h>
 
@@ -21,7 +26,9 @@
 #include <vector>
 
 #include "apps/common/device.h"
+#include "core/bf16.h"
 #include "core/cpu/gemm.h"
+#include "core/cpu/gemm_bf16.h"
 #include "core/cuda/cuda.h"
 #include "core/error.h"
 #include "core/parallel.h"
@@ -178,26 +185,45 @@ int main(int argc, char** argv) try {
   app.add_flag("--no-peer", no_peer, "do not run OpenBLAS");
   app.add_option("--device", device, "cpu (ours and OpenBLAS) or cuda (cuBLAS)")
       ->capture_default_str();
+  std::string precision = "fp32", operands = "bf16", kernel;
+  app.add_option("--precision", precision, "fp32, or bf16 (our bf16 GEMM, no peer)")
+      ->capture_default_str()->check(CLI::IsMember({"fp32", "bf16"}));
+  app.add_option("--operands", operands,
+                 "with --precision bf16: bf16 operands, or f32 ones rounded as they are packed")
+      ->capture_default_str()->check(CLI::IsMember({"bf16", "f32"}));
+  app.add_option("--kernel", kernel, "with --precision bf16: amx, avx512bf16 or generic "
+                 "(default: the best this CPU has)");
   CLI11_PARSE(app, argc, argv);
+  const bool bf16 = precision == "bf16";
+  if (bf16) {
+    if (!kernel.empty()) clustr::cpu::set_gemm_bf16_kernel(kernel.c_str());
+    no_peer = true;
+  }
   if (clustr::resolve_device(device) == clustr::Device::cuda)
     return run_cuda(make_cases(shapes), reps, sample_ms, pause_ms, csv_path);
 
   OpenBlas blas;
   bool peer = !no_peer && blas.load();
-  std::printf("clustr GEMM kernel: %s\n", clustr::cpu::gemm_kernel_name());
+  if (bf16)
+    std::printf("clustr bf16 GEMM kernel: %s, %s operands, float32 C\n",
+                clustr::cpu::gemm_bf16_kernel_name(), operands.c_str());
+  else
+    std::printf("clustr GEMM kernel: %s\n", clustr::cpu::gemm_kernel_name());
   if (peer)
     std::printf("peer: OpenBLAS %s, core %s (OPENBLAS_CORETYPE=%s)\n",
                 blas.config ? blas.config() : "?", blas.corename ? blas.corename() : "?",
                 std::getenv("OPENBLAS_CORETYPE"));
   else
-    std::printf("peer: none (%s)\n", no_peer ? "--no-peer" : "libopenblas.so.0 not found; apt-get install libopenblas0");
+    std::printf("peer: none (%s)\n", bf16      ? "bf16: see apps/bench_gemm_torch.py"
+                                      : no_peer ? "--no-peer"
+                                                : "libopenblas.so.0 not found; apt-get install libopenblas0");
   std::printf("%d samples per case and library, interleaved; %.0f ms pause between samples\n\n",
               reps, pause_ms);
 
   std::ofstream csv(csv_path);
   CLUSTR_CHECK(csv.good(), "bench_gemm: cannot write ", csv_path);
-  csv << "group,M,K,N,layout,threads,ours_min,ours_median,ours_max,peer_min,peer_median,peer_max,"
-         "ratio_median\n";
+  csv << "group,M,K,N,layout,precision,operands,kernel,threads,ours_min,ours_median,ours_max,"
+         "peer_min,peer_median,peer_max,ratio_median\n";
   std::printf("%-12s %-17s %-3s %3s | %-23s | %-23s | %s\n", "group", "M x K x N", "op", "thr",
               "ours GFLOP/s min/med/max", "OpenBLAS min/med/max", "ratio");
 
@@ -210,10 +236,23 @@ int main(int argc, char** argv) try {
     clustr::uniform_(B, gen, -1, 1);
     int64_t lda = c.ta ? c.M : c.K, ldb = c.tb ? c.K : c.N;
     double flops = 2.0 * c.M * c.N * c.K;
+    // The bf16 operands: the same values rounded (--operands bf16), or the floats themselves.
+    std::vector<uint16_t> Ah, Bh;
+    for (float v : A.to_vector()) Ah.push_back(clustr::float_to_bf16(v));
+    for (float v : B.to_vector()) Bh.push_back(clustr::float_to_bf16(v));
+    const bool f32_ops = operands == "f32";
+    const clustr::cpu::Operand type = f32_ops ? clustr::cpu::Operand::f32 : clustr::cpu::Operand::bf16;
+    const clustr::cpu::GemmBf16Call bf16_call{
+        c.ta, c.tb, c.M, c.N, c.K, 1.0f,
+        f32_ops ? static_cast<const void*>(A.f32()) : static_cast<const void*>(Ah.data()), type,
+        lda,
+        f32_ops ? static_cast<const void*>(B.f32()) : static_cast<const void*>(Bh.data()), type,
+        ldb, 0.0f, C.f32(), c.N, clustr::cpu::GemmEpilogue{}};
     for (int t : threads) {
       clustr::set_num_threads(t);
       if (peer) blas.set_threads(t);
       auto ours = [&] {
+        if (bf16) return clustr::cpu::gemm_bf16_call(bf16_call);
         clustr::cpu::gemm(c.ta, c.tb, c.M, c.N, c.K, 1.0f, A.f32(), lda, B.f32(), ldb, 0.0f,
                           C.f32(), c.N);
       };
@@ -242,8 +281,10 @@ int main(int argc, char** argv) try {
                   c.group.c_str(), dims, c.layout().c_str(), t, so.min, so.median, so.max, sp.min,
                   sp.median, sp.max, rm);
       std::fflush(stdout);
-      csv << c.group << ',' << c.M << ',' << c.K << ',' << c.N << ',' << c.layout() << ',' << t
-          << ',' << so.min << ',' << so.median << ',' << so.max << ',' << sp.min << ','
+      csv << c.group << ',' << c.M << ',' << c.K << ',' << c.N << ',' << c.layout() << ','
+          << precision << ',' << (bf16 ? operands : "f32") << ','
+          << (bf16 ? clustr::cpu::gemm_bf16_kernel_name() : clustr::cpu::gemm_kernel_name())
+          << ',' << t << ',' << so.min << ',' << so.median << ',' << so.max << ',' << sp.min << ','
           << sp.median << ',' << sp.max << ',' << rm << '\n';
     }
   }

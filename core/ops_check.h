@@ -14,10 +14,16 @@ inline void check_defined(const char* op, const char* what, const Tensor& t) {
   CLUSTR_CHECK(t.defined(), op, ": ", what, " is an undefined tensor");
 }
 
+// bf16 is a storage dtype (core/tensor.h): an op that computes in f32 says how to get there.
+inline const char* dtype_hint(const Tensor& t) {
+  return t.dtype() == DType::bf16 ? " (bf16 is a storage dtype; convert with astype(DType::f32))"
+                                  : "";
+}
+
 inline void check_dtype(const char* op, const char* what, const Tensor& t, DType want) {
   check_defined(op, what, t);
   CLUSTR_CHECK(t.dtype() == want, op, ": expected ", what, " to be ", to_string(want), ", got ",
-               describe(t));
+               describe(t), dtype_hint(t));
 }
 
 inline void check_f32(const char* op, const char* what, const Tensor& t) {
@@ -44,7 +50,8 @@ inline const int32_t* host_i32(const Tensor& t, std::vector<int32_t>& copy) {
   return copy.data();
 }
 inline const float* host_f32(const Tensor& t, std::vector<float>& copy) {
-  if (t.device() == Device::cpu) return t.f32();
+  const float* p = t.f32();  // throws unless f32 on either device (to_vector() also reads bf16)
+  if (t.device() == Device::cpu) return p;
   copy = t.to_vector();
   return copy.data();
 }

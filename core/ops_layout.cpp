@@ -60,8 +60,9 @@ void check_rows_op(const char* op, const Tensor& table, const Tensor& index) {
 // x (s) -> (s[perm[0]], ..., s[perm[r-1]]); `op` names the caller in errors.
 Tensor permute_as(const char* op, const Tensor& x, const std::vector<int>& perm) {
   detail::check_defined(op, "x", x);
+  // The kernels move 4-byte words (so not bf16's 2-byte ones).
   CLUSTR_CHECK(x.dtype() == DType::f32 || x.dtype() == DType::i32, op,
-               ": expected an f32 or i32 tensor, got ", describe(x));
+               ": expected an f32 or i32 tensor, got ", describe(x), detail::dtype_hint(x));
   const int r = x.rank();
   CLUSTR_CHECK(static_cast<int>(perm.size()) == r, op, ": perm ", perm_string(perm), " has ",
                perm.size(), " entries but x ", describe(x), " has rank ", r);

@@ -23,11 +23,11 @@ namespace {
 
 bool on_cuda(const Tensor& t) { return t.device() == Device::cuda; }
 
-// f32 or i32: the copies move 4-byte words.
+// f32 or i32: the copies move 4-byte words (so not bf16's 2-byte ones).
 void check_words(const char* op, const char* what, const Tensor& t) {
   check_defined(op, what, t);
   CLUSTR_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::i32, op, ": expected ", what,
-               " to be f32 or i32, got ", describe(t));
+               " to be f32 or i32, got ", describe(t), detail::dtype_hint(t));
 }
 
 struct AxisView {

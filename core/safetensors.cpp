@@ -37,12 +37,31 @@ template <typename... Args>
 
 std::string errno_text() { return std::strerror(errno); }
 
-const char* dtype_name(DType t) { return t == DType::f32 ? "F32" : "I32"; }
+// The safetensors name of each of clustr's dtypes, and back.
+const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::f32: return "F32";
+    case DType::i32: return "I32";
+    case DType::bf16: return "BF16";
+  }
+  throw Error(detail::cat("safetensors: no safetensors name for dtype ", static_cast<int>(t)));
+}
+
+bool parse_dtype(const std::string& s, DType& t) {
+  for (DType d : {DType::f32, DType::i32, DType::bf16})
+    if (s == dtype_name(d)) {
+      t = d;
+      return true;
+    }
+  return false;
+}
+
+constexpr const char* kSupported = "F32, BF16 and I32";
 
 // The safetensors dtype names that exist but clustr has no tensor type for.
 bool is_known_safetensors_dtype(const std::string& s) {
-  static const char* const kKnown[] = {"BOOL", "U8",   "I8",  "F8_E5M2", "F8_E4M3", "I16", "U16",
-                                       "F16",  "BF16", "U32", "F64",     "I64",     "U64"};
+  static const char* const kKnown[] = {"BOOL", "U8",  "I8",  "F8_E5M2", "F8_E4M3", "I16",
+                                       "U16",  "F16", "U32", "F64",     "I64",     "U64"};
   return std::any_of(std::begin(kKnown), std::end(kKnown), [&](const char* k) { return s == k; });
 }
 
@@ -150,15 +169,12 @@ Entry parse_entry(const std::string& path, const std::string& name, const json& 
   if (!dt.is_string())
     fail(path, "tensor '", name, "' has a dtype that is not a string: ", dt.dump());
   const auto& dts = dt.get_ref<const std::string&>();
-  if (dts == "F32") {
-    e.dtype = DType::f32;
-  } else if (dts == "I32") {
-    e.dtype = DType::i32;
-  } else if (is_known_safetensors_dtype(dts)) {
-    fail(path, "tensor '", name, "' has dtype ", dts,
-         ", which clustr does not support (only F32 and I32)");
-  } else {
-    fail(path, "tensor '", name, "' has an unknown dtype \"", dts, "\" (clustr reads F32 and I32)");
+  if (!parse_dtype(dts, e.dtype)) {
+    if (is_known_safetensors_dtype(dts))
+      fail(path, "tensor '", name, "' has dtype ", dts, ", which clustr does not support (only ",
+           kSupported, ")");
+    fail(path, "tensor '", name, "' has an unknown dtype \"", dts, "\" (clustr reads ",
+         kSupported, ")");
   }
 
   const json& sh = j.at("shape");
@@ -189,9 +205,14 @@ Entry parse_entry(const std::string& path, const std::string& name, const json& 
   if (e.end < e.begin)
     fail(path, "tensor '", name, "' has data_offsets [", e.begin, ", ", e.end,
          "] that end before they begin");
-  if (e.end - e.begin != bytes)
-    fail(path, "tensor '", name, "' has data_offsets [", e.begin, ", ", e.end, "] spanning ",
-         e.end - e.begin, " bytes, but ", dts, " shape ", to_string(e.shape), " needs ", bytes);
+  if (e.end - e.begin != bytes) {
+    const uint64_t span = e.end - e.begin, size = dtype_size(e.dtype);
+    fail(path, "tensor '", name, "' has data_offsets [", e.begin, ", ", e.end, "] spanning ", span,
+         " bytes", span % size != 0 ? detail::cat(" (not a whole number of ", size, "-byte ", dts,
+                                                 " elements)")
+                                    : std::string(),
+         ", but ", dts, " shape ", to_string(e.shape), " needs ", bytes);
+  }
   return e;
 }
 

@@ -9,7 +9,9 @@
 //   bytes [8 + N, end)  the data section: each tensor's elements, row-major, little-endian;
 //                       data_offsets are relative to its start, and the tensors cover it exactly
 //                       (no gaps, no overlaps, nothing after the last one).
-// clustr reads and writes the dtypes it has, F32 and I32; anything else is a clear error.
+// clustr reads and writes the dtypes it has: F32 (DType::f32), I32 (DType::i32) and BF16
+// (DType::bf16: each element the upper 16 bits of a float32, 2 bytes little-endian, as PyTorch
+// writes torch.bfloat16). Anything else (F16, F64, ...) is a clear error.
 #pragma once
 
 #include <map>

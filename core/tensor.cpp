@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/bf16.h"
 #include "core/cuda/cuda.h"
 #include "core/error.h"
 #include "core/size_class.h"
@@ -17,11 +18,19 @@ size_t dtype_size(DType t) {
   switch (t) {
     case DType::f32: return 4;
     case DType::i32: return 4;
+    case DType::bf16: return 2;
   }
-  return 4;
+  throw Error(detail::cat("dtype_size: unknown DType value ", static_cast<int>(t)));
 }
 
-const char* to_string(DType t) { return t == DType::f32 ? "f32" : "i32"; }
+const char* to_string(DType t) {
+  switch (t) {
+    case DType::f32: return "f32";
+    case DType::i32: return "i32";
+    case DType::bf16: return "bf16";
+  }
+  return "unknown dtype";  // for error messages: never throws
+}
 const char* to_string(Device d) { return d == Device::cpu ? "cpu" : "cuda"; }
 
 // ---- CPU allocation with statistics and a cache of large blocks ----------------------------
@@ -204,6 +213,11 @@ int32_t* Tensor::i32() const {
   return static_cast<int32_t*>(raw());
 }
 
+uint16_t* Tensor::bf16() const {
+  CLUSTR_CHECK(dtype_ == DType::bf16, "Tensor::bf16: tensor ", describe(*this), " is not bf16");
+  return static_cast<uint16_t*>(raw());
+}
+
 Tensor Tensor::reshape(const Shape& shape) const {
   CLUSTR_CHECK(defined(), "reshape: use of an undefined tensor");
   Shape s = shape;
@@ -267,27 +281,83 @@ void Tensor::copy_from(const Tensor& src) {
     cuda::copy_d2d(raw(), src.raw(), n);
 }
 
+namespace {
+// Below this many elements a host conversion runs on one thread: a parallel region costs more
+// than it saves (the element-wise kernels' threshold, core/cpu/elementwise.cpp).
+constexpr int64_t kParallelMin = 32768;
+
+void host_f32_to_bf16(const float* x, uint16_t* y, int64_t n) {
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
+  for (int64_t i = 0; i < n; ++i) y[i] = float_to_bf16(x[i]);
+}
+
+void host_bf16_to_f32(const uint16_t* x, float* y, int64_t n) {
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
+  for (int64_t i = 0; i < n; ++i) y[i] = bf16_to_float(x[i]);
+}
+}  // namespace
+
 void Tensor::fill(float value) {
   if (numel_ == 0) return;
-  if (dtype_ == DType::f32) {
-    float* p = f32();
-    if (device_ == Device::cuda) return cuda::fill_f32(p, value, numel_);
-    for (int64_t i = 0; i < numel_; ++i) p[i] = value;
-  } else {
-    int32_t* p = i32();
-    auto v = static_cast<int32_t>(value);
-    if (device_ == Device::cuda) return cuda::fill_i32(p, v, numel_);
-    for (int64_t i = 0; i < numel_; ++i) p[i] = v;
+  switch (dtype_) {
+    case DType::f32: {
+      float* p = f32();
+      if (device_ == Device::cuda) return cuda::fill_f32(p, value, numel_);
+      for (int64_t i = 0; i < numel_; ++i) p[i] = value;
+      return;
+    }
+    case DType::i32: {
+      int32_t* p = i32();
+      auto v = static_cast<int32_t>(value);
+      if (device_ == Device::cuda) return cuda::fill_i32(p, v, numel_);
+      for (int64_t i = 0; i < numel_; ++i) p[i] = v;
+      return;
+    }
+    case DType::bf16: {
+      uint16_t* p = bf16();
+      const uint16_t v = float_to_bf16(value);
+      if (device_ == Device::cuda) return cuda::fill_u16(p, v, numel_);
+      for (int64_t i = 0; i < numel_; ++i) p[i] = v;
+      return;
+    }
   }
+  throw Error(detail::cat("Tensor::fill: tensor ", describe(*this), " has an unknown dtype"));
+}
+
+Tensor Tensor::astype(DType dtype) const {
+  CLUSTR_CHECK(defined(), "Tensor::astype: use of an undefined tensor");
+  if (dtype == dtype_) return clone();
+  const bool to_bf16 = dtype_ == DType::f32 && dtype == DType::bf16;
+  const bool from_bf16 = dtype_ == DType::bf16 && dtype == DType::f32;
+  CLUSTR_CHECK(to_bf16 || from_bf16, "Tensor::astype: cannot convert ", describe(*this), " to ",
+               to_string(dtype), "; astype converts f32 <-> bf16 (or copies a tensor to its own ",
+               "dtype), and i32 converts to nothing else");
+  Tensor out = empty(shape_, dtype, device_);
+  if (numel_ == 0) return out;
+  const bool on_cuda = device_ == Device::cuda;
+  if (to_bf16)
+    (on_cuda ? cuda::f32_to_bf16 : host_f32_to_bf16)(f32(), out.bf16(), numel_);
+  else
+    (on_cuda ? cuda::bf16_to_f32 : host_bf16_to_f32)(bf16(), out.f32(), numel_);
+  return out;
 }
 
 std::vector<float> Tensor::to_vector() const {
+  CLUSTR_CHECK(defined(), "Tensor::to_vector: use of an undefined tensor");
+  CLUSTR_CHECK(dtype_ == DType::f32 || dtype_ == DType::bf16, "Tensor::to_vector: tensor ",
+               describe(*this), " is not f32 or bf16 (read i32 tensors with to_int_vector())");
   Tensor host = device_ == Device::cpu ? *this : to(Device::cpu);
-  const float* p = host.f32();
-  return std::vector<float>(p, p + numel_);
+  std::vector<float> out(static_cast<size_t>(numel_));
+  if (dtype_ == DType::bf16) {
+    host_bf16_to_f32(host.bf16(), out.data(), numel_);
+  } else if (numel_ > 0) {
+    std::memcpy(out.data(), host.f32(), static_cast<size_t>(numel_) * sizeof(float));
+  }
+  return out;
 }
 
 std::vector<int32_t> Tensor::to_int_vector() const {
+  CLUSTR_CHECK(defined(), "Tensor::to_int_vector: use of an undefined tensor");
   Tensor host = device_ == Device::cpu ? *this : to(Device::cpu);
   const int32_t* p = host.i32();
   return std::vector<int32_t>(p, p + numel_);
@@ -295,6 +365,8 @@ std::vector<int32_t> Tensor::to_int_vector() const {
 
 float Tensor::item() const {
   CLUSTR_CHECK(numel_ == 1, "item: tensor ", describe(*this), " does not have exactly one element");
+  CLUSTR_CHECK(dtype_ == DType::f32 || dtype_ == DType::bf16, "item: tensor ", describe(*this),
+               " is not f32 or bf16 (read an i32 element with to_int_vector())");
   return to_vector()[0];
 }
 

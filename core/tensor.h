@@ -2,6 +2,12 @@
 // storage. Views made with reshape() or rows() share the storage (and so see each other's
 // writes); every other op allocates its result. Copies between devices are explicit: to().
 //
+// Dtypes: f32 (float), i32 (int32_t), and bf16, a storage dtype: bfloat16 elements held as
+// their bit patterns in uint16_t (core/bf16.h), half the bytes of f32. A bf16 tensor can be
+// created, filled, viewed, copied, converted (astype), read (to_vector, item) and saved
+// (core/safetensors.h); an op that does not take bf16 rejects it with an error naming the op
+// (convert with astype(DType::f32) first).
+//
 // Dimension legend used across the project: B batch, N queries, S keys, H heads, E per-head
 // dim, C clusters, T frames, V vocabulary, D model width.
 #pragma once
@@ -14,11 +20,11 @@
 
 namespace clustr {
 
-enum class DType : uint8_t { f32, i32 };
+enum class DType : uint8_t { f32, i32, bf16 };
 enum class Device : uint8_t { cpu, cuda };
 
-size_t dtype_size(DType t);
-const char* to_string(DType t);
+size_t dtype_size(DType t);      // bytes per element: 4, 4, 2
+const char* to_string(DType t);  // "f32" | "i32" | "bf16"
 const char* to_string(Device d);
 
 // Live and peak bytes of tensor storage on a device, counted by the allocator.
@@ -55,7 +61,7 @@ class Tensor {
  public:
   Tensor() = default;  // an undefined tensor; defined() is false
 
-  // Factories. Contents of empty() are unspecified.
+  // Factories. Contents of empty() are unspecified; zeros() works for every dtype.
   static Tensor empty(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu);
   static Tensor zeros(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu);
   static Tensor full(const Shape& shape, float value, Device device = Device::cpu);
@@ -77,6 +83,7 @@ class Tensor {
   // Raw element pointers (host or device memory, as device() says). Throws on a dtype mismatch.
   float* f32() const;
   int32_t* i32() const;
+  uint16_t* bf16() const;  // the bf16 bit patterns (core/bf16.h)
   void* raw() const;
 
   // A view with a new shape and the same elements; one size may be -1 (inferred).
@@ -86,13 +93,21 @@ class Tensor {
 
   Tensor clone() const;                 // a deep copy on the same device
   Tensor to(Device device) const;       // a deep copy on `device` (a clone when it is the same)
-  void copy_from(const Tensor& src);    // same shape and dtype, any devices
-  void fill(float value);               // every element = value (converted for i32)
+  void copy_from(const Tensor& src);    // same shape and dtype, any devices (a bitwise copy)
+  // Every element = value: converted to int32_t for i32, rounded to nearest even for bf16
+  // (float_to_bf16).
+  void fill(float value);
+  // A new tensor of `dtype` on this tensor's device holding this one's values: f32 -> bf16
+  // rounds to nearest even (float_to_bf16; NaN stays NaN, overflow goes to inf), bf16 -> f32 is
+  // exact; the same dtype gives a clone. A conversion to or from i32 throws clustr::Error.
+  // The device converts bit for bit as the cpu does.
+  Tensor astype(DType dtype) const;
 
-  // Host copies of the elements, for tests and I/O. Work from any device.
+  // Host copies of the elements, for tests and I/O. Work from any device. to_vector() reads f32
+  // and bf16 tensors (a bf16 element's exact value), to_int_vector() i32 ones.
   std::vector<float> to_vector() const;
   std::vector<int32_t> to_int_vector() const;
-  float item() const;  // the single element of a one-element f32 tensor
+  float item() const;  // the single element of a one-element f32 or bf16 tensor
 
   // True when both tensors use the same storage block.
   bool shares_storage(const Tensor& other) const { return storage_ == other.storage_; }

@@ -85,9 +85,11 @@ double masked_accuracy(const Tensor& scores, const Tensor& target) {
       pred[static_cast<size_t>(i)] = static_cast<int32_t>(best);
     }
   } else {
-    CLUSTR_CHECK(scores.rank() == 2 && scores.size(0) == B && scores.size(1) == N,
-                 "masked_accuracy: expected predictions i32 (", B, ", ", N,
-                 ") to match target, got ", describe(scores));
+    // Not f32: only i32 predictions are accepted (bf16 logits or anything else is an error).
+    CLUSTR_CHECK(scores.dtype() == DType::i32 && scores.rank() == 2 && scores.size(0) == B &&
+                     scores.size(1) == N,
+                 "masked_accuracy: expected logits f32 (", B, ", ", N, ", V) or predictions i32 (",
+                 B, ", ", N, ") to match target, got ", describe(scores));
     pred = scores.to_int_vector();
   }
   int64_t counted = 0, correct = 0;

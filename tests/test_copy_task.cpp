@@ -161,6 +161,9 @@ TEST_CASE("copy task: masked_accuracy") {
               "(1, 4)");
   CHECK_ERROR(masked_accuracy(Tensor::empty({1, 4, 3}), Tensor::empty({1, 4})), "target", "i32");
   CHECK_ERROR(masked_accuracy(Tensor::empty({2, 4, 3}), target), "logits");
+  // Neither f32 logits nor i32 predictions: bf16 is refused by name, not read as i32.
+  CHECK_ERROR(masked_accuracy(Tensor::zeros({1, 4}, DType::bf16), target), "masked_accuracy",
+              "or predictions i32 (1, 4)", "got bf16 (1, 4)");
 }
 
 TEST_CASE("copy task: targets train only masked positions through cross_entropy") {

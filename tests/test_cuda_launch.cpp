@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "core/bf16.h"
 #include "core/cuda/cuda.h"
 #include "core/cuda/kernel.h"
 #include "core/error.h"
@@ -222,6 +223,156 @@ TEST_CASE("cuda launch: cublasSgemm(StridedBatched) follows the column-major con
                       dC1.f32(), ldc) == CUBLAS_STATUS_INVALID_VALUE);
   }
   cuda::synchronize();
+  cublasDestroy(h);
+}
+
+namespace {
+
+// A device copy of a host vector, freed at the end of the scope (raw memory: bf16 operands are
+// moved as their bit patterns).
+template <class T>
+struct RawDevice {
+  size_t bytes;
+  T* p;
+  explicit RawDevice(const std::vector<T>& host)
+      : bytes(host.size() * sizeof(T)), p(static_cast<T*>(cuda::alloc(bytes))) {
+    cuda::copy_h2d(p, host.data(), bytes);
+  }
+  ~RawDevice() { cuda::free(p, bytes); }
+  std::vector<T> to_host() const {
+    std::vector<T> h(bytes / sizeof(T));
+    cuda::copy_d2h(h.data(), p, bytes);
+    return h;
+  }
+};
+
+}  // namespace
+
+// cublasGemmEx with bf16 operands and float32 C, as cuda::gemm_bf16 calls it, against the
+// textbook column-major loop (small integers, exact in bf16 and in any order of addition).
+TEST_CASE("cuda launch: cublasGemmEx(StridedBatchedEx) with bf16 operands follows the "
+          "column-major contract") {
+  cublasHandle_t h = nullptr;
+  REQUIRE(cublasCreate(&h) == CUBLAS_STATUS_SUCCESS);
+  const int m = 5, n = 3, k = 4, pad = 2, batch = 2;
+  for (int t = 0; t < 4; ++t) {
+    const bool ta = t & 1, tb = t & 2;
+    CAPTURE(ta);
+    CAPTURE(tb);
+    const int a_rows = ta ? k : m, a_cols = ta ? m : k, b_rows = tb ? n : k, b_cols = tb ? k : n;
+    const int lda = a_rows + pad, ldb = b_rows + pad, ldc = m + pad;
+    const int sa = lda * a_cols, sb = ldb * b_cols, sc = ldc * n;
+    std::vector<float> A(size_t(sa) * batch), B(size_t(sb) * batch), C(size_t(sc) * batch);
+    for (size_t i = 0; i < A.size(); ++i) A[i] = static_cast<float>(int(i * 7 % 11) - 5);
+    for (size_t i = 0; i < B.size(); ++i) B[i] = static_cast<float>(int(i * 5 % 13) - 6);
+    for (size_t i = 0; i < C.size(); ++i) C[i] = static_cast<float>(int(i % 9) - 4);
+    std::vector<uint16_t> A16(A.size()), B16(B.size());
+    for (size_t i = 0; i < A.size(); ++i) A16[i] = clustr::float_to_bf16(A[i]);
+    for (size_t i = 0; i < B.size(); ++i) B16[i] = clustr::float_to_bf16(B[i]);
+    const float alpha = 0.5f, beta = -2.0f;
+    std::vector<float> expected = C;
+    for (int b = 0; b < batch; ++b)
+      for (int j = 0; j < n; ++j)
+        for (int i = 0; i < m; ++i) {
+          float acc = 0.0f;
+          for (int l = 0; l < k; ++l) {
+            const float a = ta ? A[b * sa + l + i * lda] : A[b * sa + i + l * lda];
+            const float bv = tb ? B[b * sb + j + l * ldb] : B[b * sb + l + j * ldb];
+            acc += a * bv;
+          }
+          float& c = expected[b * sc + i + j * ldc];
+          c = alpha * acc + beta * c;
+        }
+    RawDevice<uint16_t> dA(A16), dB(B16);
+    RawDevice<float> dC(C), dC1(C);
+    const cublasOperation_t oa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t ob = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    REQUIRE(cublasGemmStridedBatchedEx(h, oa, ob, m, n, k, &alpha, dA.p, CUDA_R_16BF, lda, sa,
+                                       dB.p, CUDA_R_16BF, ldb, sb, &beta, dC.p, CUDA_R_32F, ldc,
+                                       sc, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) ==
+            CUBLAS_STATUS_SUCCESS);
+    CHECK(dC.to_host() == expected);
+    REQUIRE(cublasGemmEx(h, oa, ob, m, n, k, &alpha, dA.p, CUDA_R_16BF, lda, dB.p, CUDA_R_16BF,
+                         ldb, &beta, dC1.p, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
+                         CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS);
+    std::vector<float> want = C;
+    std::copy(expected.begin(), expected.begin() + sc, want.begin());
+    CHECK(dC1.to_host() == want);  // the second matrix of C untouched
+    CHECK(cublasGemmEx(h, oa, ob, m, n, k, &alpha, dA.p, CUDA_R_16BF, a_rows - 1, dB.p,
+                       CUDA_R_16BF, ldb, &beta, dC1.p, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
+                       CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_INVALID_VALUE);
+  }
+  cuda::synchronize();
+  cublasDestroy(h);
+}
+
+// What the emulator does beyond the shared contract: it multiplies only the type combinations
+// clustr uses, and it rounds float32 operands to TF32 (to nearest, ties away from zero) when
+// the handle's math mode is CUBLAS_TF32_TENSOR_OP_MATH.
+TEST_CASE("cuda launch: the emulated cublasGemmEx refuses other types; TF32 math mode rounds "
+          "float32 operands") {
+  if (!cuda::emulated()) return;  // a GPU's cuBLAS supports more, and rounds as its kernels do
+  cublasHandle_t h = nullptr;
+  REQUIRE(cublasCreate(&h) == CUBLAS_STATUS_SUCCESS);
+  RawDevice<float> a(std::vector<float>(16, 1.0f)), c(std::vector<float>(16, 0.0f));
+  const float one = 1.0f, zero = 0.0f;
+  auto ex = [&](cudaDataType at, cudaDataType bt, cudaDataType ct, cublasComputeType_t compute,
+                cublasGemmAlgo_t algo) {
+    return cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 2, &one, a.p, at, 2, a.p, bt, 2,
+                        &zero, c.p, ct, 2, compute, algo);
+  };
+  CHECK(ex(CUDA_R_16BF, CUDA_R_16BF, CUDA_R_32F, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) ==
+        CUBLAS_STATUS_SUCCESS);
+  CHECK(ex(CUDA_R_32F, CUDA_R_32F, CUDA_R_32F, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT_TENSOR_OP) ==
+        CUBLAS_STATUS_SUCCESS);
+  CHECK(ex(CUDA_R_16F, CUDA_R_16F, CUDA_R_32F, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) ==
+        CUBLAS_STATUS_NOT_SUPPORTED);
+  CHECK(ex(CUDA_R_16BF, CUDA_R_32F, CUDA_R_32F, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) ==
+        CUBLAS_STATUS_NOT_SUPPORTED);
+  CHECK(ex(CUDA_R_16BF, CUDA_R_16BF, CUDA_R_16BF, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) ==
+        CUBLAS_STATUS_NOT_SUPPORTED);
+  CHECK(ex(CUDA_R_16BF, CUDA_R_16BF, CUDA_R_32F, CUBLAS_COMPUTE_32F_PEDANTIC,
+           CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_NOT_SUPPORTED);
+  CHECK(ex(CUDA_R_32F, CUDA_R_32F, CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_TF32,
+           CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_NOT_SUPPORTED);
+  CHECK(ex(CUDA_R_64F, CUDA_R_64F, CUDA_R_64F, CUBLAS_COMPUTE_64F, CUBLAS_GEMM_DEFAULT) ==
+        CUBLAS_STATUS_NOT_SUPPORTED);
+  CHECK(ex(CUDA_R_16BF, CUDA_R_16BF, CUDA_R_32F, CUBLAS_COMPUTE_32F,
+           static_cast<cublasGemmAlgo_t>(5)) == CUBLAS_STATUS_INVALID_VALUE);
+  CHECK(cublasGemmEx(nullptr, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 2, &one, a.p, CUDA_R_16BF, 2, a.p,
+                     CUDA_R_16BF, 2, &zero, c.p, CUDA_R_32F, 2, CUBLAS_COMPUTE_32F,
+                     CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_NOT_INITIALIZED);
+
+  // 1 x 1 x 1 products 1 * b for a b halfway between two TF32 values (1 + 2^-11): rounded away
+  // from zero to 1 + 2^-10 in TF32 math, kept in the default math. bf16 operands are exact.
+  const float tie = 1.0f + 1.0f / 2048, up = 1.0f + 1.0f / 1024;
+  RawDevice<float> b(std::vector<float>{tie, -tie});
+  auto sgemm = [&](const float* B) {
+    REQUIRE(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 1, &one, a.p, 1, B, 1, &zero, c.p, 1) ==
+            CUBLAS_STATUS_SUCCESS);
+    return c.to_host()[0];
+  };
+  auto sgemm_batched = [&] {  // both entries of b, one per batch entry
+    REQUIRE(cublasSgemmStridedBatched(h, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 1, &one, a.p, 1, 0, b.p,
+                                      1, 1, &zero, c.p, 1, 1, 2) == CUBLAS_STATUS_SUCCESS);
+    const std::vector<float> r = c.to_host();
+    return std::vector<float>(r.begin(), r.begin() + 2);
+  };
+  auto gemm_ex = [&] {
+    REQUIRE(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 1, &one, a.p, CUDA_R_32F, 1, b.p,
+                         CUDA_R_32F, 1, &zero, c.p, CUDA_R_32F, 1, CUBLAS_COMPUTE_32F,
+                         CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS);
+    return c.to_host()[0];
+  };
+  CHECK(sgemm(b.p) == tie);
+  CHECK(gemm_ex() == tie);
+  REQUIRE(cublasSetMathMode(h, CUBLAS_TF32_TENSOR_OP_MATH) == CUBLAS_STATUS_SUCCESS);
+  CHECK(sgemm(b.p) == up);
+  CHECK(sgemm(b.p + 1) == -up);
+  CHECK(sgemm_batched() == std::vector<float>{up, -up});
+  CHECK(gemm_ex() == up);
+  REQUIRE(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH) == CUBLAS_STATUS_SUCCESS);
+  CHECK(sgemm_batched() == std::vector<float>{tie, -tie});
   cublasDestroy(h);
 }
 

@@ -241,7 +241,7 @@ TEST_CASE("safetensors: corrupt files are rejected with a message naming the pro
   SUBCASE("unsupported or unknown dtype") {
     check(make_file(entries(R"("h": {"dtype": "F16", "shape": [4], "data_offsets": [0, 8]})"),
                     floats({1, 2})),
-          "tensor 'h' has dtype F16, which clustr does not support (only F32 and I32)");
+          "tensor 'h' has dtype F16, which clustr does not support (only F32, BF16 and I32)");
     check(make_file(entries(R"("h": {"dtype": "float32", "shape": [2], "data_offsets": [0, 8]})"),
                     floats({1, 2})),
           "tensor 'h' has an unknown dtype \"float32\"");

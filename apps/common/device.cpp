@@ -9,9 +9,9 @@ namespace clustr {
 Device resolve_device(const std::string& device) {
   if (device == "cpu") return Device::cpu;
   CLUSTR_CHECK(device == "cuda", "--device must be cpu or cuda, got '", device, "'");
-  CLUSTR_CHECK(cuda::compiled(),
-               "--device cuda: this build has no CUDA backend (it is built when CMake finds the "
-               "CUDA toolkit; -DCLUSTR_CUDA=ON requires it); use --device cpu");
+  CLUSTR_CHECK(cuda::compiled(), "--device cuda: ", cuda::unavailable_reason(),
+               " (it is built when CMake finds the CUDA toolkit; -DCLUSTR_CUDA=ON requires it); "
+               "use --device cpu");
   CLUSTR_CHECK(cuda::available(), "--device cuda: no usable GPU: ", cuda::unavailable_reason(),
                "; use --device cpu");
   return Device::cuda;

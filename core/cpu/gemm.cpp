@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "core/cpu/gemm_problem.h"
 #include "core/gemm_args.h"
@@ -22,6 +23,27 @@ void gemm_generic_many(const gemm_impl::Problem* g, int count, int nthreads);
 namespace gemm_impl {
 void throw_out_of_memory(size_t bytes) {
   throw Error(detail::cat("gemm: out of memory allocating ", bytes, " bytes of packing buffers"));
+}
+
+const char* forced_kernel(const char* const* family, int count) {
+  static const char* const known[] = {"avx512", "avx2", "generic", "amx", "avx512bf16"};
+  const char* env = std::getenv("CLUSTR_GEMM_KERNEL");
+  if (!env || !*env) return nullptr;
+  const char* found = nullptr;
+  for (const char* p = env; *p;) {
+    const char* end = std::strchr(p, ',');
+    const size_t len = end ? static_cast<size_t>(end - p) : std::strlen(p);
+    const char* name = nullptr;
+    for (const char* k : known)
+      if (std::strlen(k) == len && std::strncmp(p, k, len) == 0) name = k;
+    CLUSTR_CHECK(name, "gemm: CLUSTR_GEMM_KERNEL=", env, " names an unknown kernel '",
+                 std::string(p, len), "' (known: avx512, avx2, generic for the float32 GEMM; ",
+                 "amx, avx512bf16, generic for the bf16 GEMM)");
+    for (int i = 0; i < count; ++i)
+      if (!found && std::strcmp(name, family[i]) == 0) found = family[i];
+    p = end ? end + 1 : p + len;
+  }
+  return found;
 }
 }  // namespace gemm_impl
 
@@ -47,16 +69,14 @@ Choice choose_kernel() {
   static const Choice table[] = {{gemm_avx512, gemm_avx512_many, "avx512"},
                                  {gemm_avx2, gemm_avx2_many, "avx2"},
                                  {gemm_generic, gemm_generic_many, "generic"}};
-  const char* forced = std::getenv("CLUSTR_GEMM_KERNEL");
-  if (forced && *forced) {
+  static const char* const names[] = {"avx512", "avx2", "generic"};
+  if (const char* forced = gemm_impl::forced_kernel(names, 3)) {
     for (const Choice& c : table)
       if (std::strcmp(forced, c.name) == 0) {
-        CLUSTR_CHECK(cpu_has(c.name), "gemm: CLUSTR_GEMM_KERNEL=", forced,
+        CLUSTR_CHECK(cpu_has(c.name), "gemm: CLUSTR_GEMM_KERNEL asks for ", forced,
                      " but this CPU does not support it");
         return c;
       }
-    throw Error(detail::cat("gemm: CLUSTR_GEMM_KERNEL=", forced,
-                            " is not one of avx512, avx2, generic"));
   }
   for (const Choice& c : table)
     if (cpu_has(c.name)) return c;

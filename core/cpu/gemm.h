@@ -69,7 +69,9 @@ void gemm_reference(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                     int64_t ldc);
 
 // Which micro-kernel gemm() uses on this CPU: "avx512", "avx2" or "generic". Setting the
-// environment variable CLUSTR_GEMM_KERNEL to one of these (if supported) forces it.
+// environment variable CLUSTR_GEMM_KERNEL to one of these (if supported) forces it. The
+// variable may also name the bf16 GEMM's kernel (core/cpu/gemm_bf16.h), alone or in a list
+// separated by commas ("avx2,avx512bf16"); "generic" forces both.
 const char* gemm_kernel_name();
 
 }  // namespace clustr::cpu

@@ -89,9 +89,11 @@ inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 #ifdef __AVX512F__
 // GCC 12 reports the unpack intrinsics' internal _mm512_undefined_ps as maybe uninitialized
-// (a known false positive of its AVX-512 headers).
+// (a known false positive of its AVX-512 headers; -Wuninitialized where it is inlined into a
+// caller that GCC can see whole).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 // Transposes the 16 x 16 block in r (row i in r[i]) in place: 4 rounds of 16 shuffles.
 inline void transpose16(__m512 r[16]) {
   __m512 t[16];

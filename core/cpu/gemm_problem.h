@@ -13,4 +13,10 @@ using Problem = GemmCall;
 // Defined in gemm.cpp, outside the ISA-specific files, where exceptions are made.
 [[noreturn]] void throw_out_of_memory(size_t bytes);
 
+// The name that CLUSTR_GEMM_KERNEL forces for one family of kernels (the float32 GEMM's or the
+// bf16 GEMM's), or null when it names none of them. The variable holds one name or several
+// separated by commas; "generic" belongs to both families. Any name that belongs to neither
+// throws, listing the known ones. Defined in gemm.cpp.
+const char* forced_kernel(const char* const* family, int count);
+
 }  // namespace clustr::cpu::gemm_impl

@@ -149,6 +149,38 @@ void gemm_strided_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int6
                           const float* B, int64_t ldb, int64_t stride_b, float beta, float* C,
                           int64_t ldc, int64_t stride_c, int64_t batch);
 
+// bf16 operands (core/bf16.h: the bit patterns in uint16_t), float32 accumulation and result,
+// through cuBLAS's cublasGemmEx / cublasGemmStridedBatchedEx (CUDA_R_16BF inputs,
+// CUBLAS_COMPUTE_32F, tensor cores). Same arguments, meaning, checks and errors as gemm above
+// (strides in elements). A product of two bf16 values is exact in float32, so C differs from
+// the exact sum of the bf16 products by float32 accumulation error only; the TF32 setting
+// below does not change them. (core/cuda/blas.cu)
+void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+               const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb, float beta,
+               float* C, int64_t ldc);
+void gemm_bf16_strided_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                               float alpha, const uint16_t* A, int64_t lda, int64_t stride_a,
+                               const uint16_t* B, int64_t ldb, int64_t stride_b, float beta,
+                               float* C, int64_t ldc, int64_t stride_c, int64_t batch);
+// TF32 for the float32 GEMMs above (gemm, gemm_strided_batched): off by default (full FP32
+// arithmetic, results agree with the CPU's to FP32 rounding). On: cuBLAS may use TF32 tensor
+// cores (sm_80 and later), which read each float32 operand with a 10-bit mantissa (a relative
+// error up to 2^-11, rounded, or 2^-10, truncated) and accumulate in FP32: results then differ
+// from the CPU's by about 1e-3 relative, several times faster. A process-wide setting
+// (cublasSetMathMode on the one cuBLAS handle), changed under the lock every GEMM holds while
+// it is queued, so each GEMM runs wholly in one mode; tf32() reports it. set_tf32 throws
+// without a usable GPU. (core/cuda/blas.cu)
+void set_tf32(bool on);
+bool tf32();
+
+// float32 <-> bf16 conversion, element-wise: y[i] = float_to_bf16(x[i]) (round to nearest
+// even, core/bf16.h) and y[i] = bf16_to_float(x[i]) (exact). (core/cuda/convert.cu)
+void f32_to_bf16(const float* x, uint16_t* y, int64_t n);
+void bf16_to_f32(const uint16_t* x, float* y, int64_t n);
+// dst[i] = value for i in [0, n): 16-bit words, for Tensor::fill of bf16 tensors (value is
+// the bit pattern, already rounded by float_to_bf16 on the host). (core/cuda/fill.cu)
+void fill_u16(uint16_t* dst, uint16_t value, int64_t n);
+
 // ---- kernels: the CUDA twins of core/cpu/kernels.h and core/cpu/nn.h, same arguments and
 // meaning (device pointers). Every output is overwritten unless the comment says accumulated.
 

@@ -27,6 +27,21 @@
 //      writes must lie inside device allocations, or the call fails (a GPU would fault), so a
 //      wrong leading dimension in our row-major mapping is caught even where it stays in bounds
 //      of the host heap.
+//      cublasGemmEx and cublasGemmStridedBatchedEx follow the same contract for the type
+//      combinations clustr uses, CUDA_R_16BF x CUDA_R_16BF -> CUDA_R_32F and CUDA_R_32F x
+//      CUDA_R_32F -> CUDA_R_32F, both with CUBLAS_COMPUTE_32F (alpha and beta are floats), and
+//      algorithm CUBLAS_GEMM_DEFAULT or CUBLAS_GEMM_DEFAULT_TENSOR_OP; any other combination is
+//      CUBLAS_STATUS_NOT_SUPPORTED, any other algorithm CUBLAS_STATUS_INVALID_VALUE.
+//      The arithmetic: each product of two operands is formed in float and the products are
+//      added in float, in order of k (a GPU adds in another order, and fuses float32
+//      multiply-adds; tests allow for that). A product of two bf16 values is exact in float
+//      (8-bit significands), as on tensor cores, so for bf16 the only rounding is float32
+//      accumulation, as on a GPU. With the handle's math mode
+//      CUBLAS_TF32_TENSOR_OP_MATH, every float32 operand (of cublasSgemm, of
+//      cublasSgemmStridedBatched, and of cublasGemmEx with float32 inputs) is first rounded to
+//      TF32 as the cvt.rna.tf32.f32 instruction does: to 10 explicit mantissa bits, to nearest
+//      with ties away from zero (NaN and infinities kept). A GPU's TF32 kernels may round
+//      another way (or drop the low bits), so tests of TF32 on a GPU allow for that.
 //    - the environment variable CLUSTR_CUDA_EMULATION_DEVICES=0 makes cudaGetDeviceCount report
 //      no device, to test the "no GPU" paths.
 //
@@ -116,6 +131,23 @@ enum cublasStatus_t {
 };
 enum cublasOperation_t { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1, CUBLAS_OP_C = 2 };
 enum cublasMath_t { CUBLAS_DEFAULT_MATH = 0, CUBLAS_TF32_TENSOR_OP_MATH = 3 };
+// The element types of cublasGemmEx's matrices (the toolkit's library_types.h; typedef'd to
+// cudaDataType there too). The emulation multiplies only 16BF and 32F (see above).
+enum cudaDataType_t {
+  CUDA_R_32F = 0,
+  CUDA_R_64F = 1,
+  CUDA_R_16F = 2,
+  CUDA_R_16BF = 14,
+};
+typedef cudaDataType_t cudaDataType;
+enum cublasComputeType_t {
+  CUBLAS_COMPUTE_16F = 64,
+  CUBLAS_COMPUTE_32F = 68,
+  CUBLAS_COMPUTE_32F_PEDANTIC = 69,
+  CUBLAS_COMPUTE_64F = 70,
+  CUBLAS_COMPUTE_32F_FAST_TF32 = 77,
+};
+enum cublasGemmAlgo_t { CUBLAS_GEMM_DEFAULT = -1, CUBLAS_GEMM_DEFAULT_TENSOR_OP = 99 };
 cublasStatus_t cublasCreate(cublasHandle_t* handle);
 cublasStatus_t cublasDestroy(cublasHandle_t handle);
 cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode);
@@ -132,6 +164,23 @@ cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_
                                          long long stride_a, const float* B, int ldb,
                                          long long stride_b, const float* beta, float* C,
                                          int ldc, long long stride_c, int batch_count);
+// Typed GEMM: A, B and C of the given element types, alpha and beta of the compute type's
+// scalar type (float for CUBLAS_COMPUTE_32F). Column-major, as cublasSgemm.
+cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
+                            cublasOperation_t transb, int m, int n, int k, const void* alpha,
+                            const void* A, cudaDataType Atype, int lda, const void* B,
+                            cudaDataType Btype, int ldb, const void* beta, void* C,
+                            cudaDataType Ctype, int ldc, cublasComputeType_t compute_type,
+                            cublasGemmAlgo_t algo);
+cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation_t transa,
+                                          cublasOperation_t transb, int m, int n, int k,
+                                          const void* alpha, const void* A, cudaDataType Atype,
+                                          int lda, long long stride_a, const void* B,
+                                          cudaDataType Btype, int ldb, long long stride_b,
+                                          const void* beta, void* C, cudaDataType Ctype, int ldc,
+                                          long long stride_c, int batch_count,
+                                          cublasComputeType_t compute_type,
+                                          cublasGemmAlgo_t algo);
 
 // ---- the launcher ------------------------------------------------------------------------------
 namespace clustr::cuda::emulation {

@@ -1,4 +1,5 @@
-// fill: dst[i] = value for i in [0, n), the CUDA twin of the loop in Tensor::fill.
+// fill: dst[i] = value for i in [0, n), the CUDA twin of the loops in Tensor::fill (f32, i32,
+// and the 16-bit words of bf16).
 #include <cstdint>
 
 #include "core/cuda/cuda.h"
@@ -37,6 +38,10 @@ void fill_f32(float* dst, float value, int64_t n) { launch_fill(dst, value, n, "
 
 void fill_i32(int32_t* dst, int32_t value, int64_t n) {
   launch_fill(dst, value, n, "cuda::fill_i32");
+}
+
+void fill_u16(uint16_t* dst, uint16_t value, int64_t n) {
+  launch_fill(dst, value, n, "cuda::fill_u16");
 }
 
 }  // namespace clustr::cuda

@@ -75,6 +75,20 @@ void gemm_strided_batched(bool, bool, int64_t, int64_t, int64_t, float, const fl
                           int64_t, int64_t) {
   no_cuda("cuda::gemm_strided_batched");
 }
+void gemm_bf16(bool, bool, int64_t, int64_t, int64_t, float, const uint16_t*, int64_t,
+               const uint16_t*, int64_t, float, float*, int64_t) {
+  no_cuda("cuda::gemm_bf16");
+}
+void gemm_bf16_strided_batched(bool, bool, int64_t, int64_t, int64_t, float, const uint16_t*,
+                               int64_t, int64_t, const uint16_t*, int64_t, int64_t, float, float*,
+                               int64_t, int64_t, int64_t) {
+  no_cuda("cuda::gemm_bf16_strided_batched");
+}
+void set_tf32(bool) { no_cuda("cuda::set_tf32"); }
+bool tf32() { return false; }
+void f32_to_bf16(const float*, uint16_t*, int64_t) { no_cuda("cuda::f32_to_bf16"); }
+void bf16_to_f32(const uint16_t*, float*, int64_t) { no_cuda("cuda::bf16_to_f32"); }
+void fill_u16(uint16_t*, uint16_t, int64_t) { no_cuda("cuda::fill_u16"); }
 
 void binary(BinaryOp, int, const int64_t*, const float*, const int64_t*, const float*,
             const int64_t*, float*) {

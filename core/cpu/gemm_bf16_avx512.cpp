@@ -1,0 +1,87 @@
+// The AVX512-BF16 kernel (compiled with -mavx512f -mavx512bw -mavx512vl -mavx512bf16): for CPUs
+// with vdpbf16ps but no AMX (AMD Zen 4, Intel Cooper Lake).
+//
+// It reads the AMX tile layout of the packed operands (gemm_bf16_driver.h). A block of 32 x 32
+// is done in strips of 8 rows x 32 columns: 16 accumulators of 16 floats. For each pair of k,
+// one vector per colgroup holds the 16 columns' two values of op(B) (a row of the B tile), and
+// each row's two values of op(A) are broadcast as one 32-bit word; vdpbf16ps adds both products
+// into the 16 floats. The strip is finished in registers (alpha, beta C, bias, ReLU, mask) and
+// stored with masks at the edges of C.
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "core/cpu/gemm_bf16_driver.h"
+
+namespace clustr::cpu {
+
+namespace {
+
+using gemm_bf16_impl::BlockC;
+using gemm_bf16_impl::kTileElems;
+using gemm_bf16_impl::mask16;
+
+// Rows [r0, r0 + 8) of the block: a points at rowgroup r0 / 16, row r0 % 16 of its first tile.
+template <int CG>
+void strip(int64_t ktiles, const uint16_t* a, const uint16_t* b, int64_t group, int64_t r0,
+           const BlockC& c) {
+  __m512 acc[8][CG];
+  for (int r = 0; r < 8; ++r)
+    for (int q = 0; q < CG; ++q) acc[r][q] = _mm512_setzero_ps();
+  for (int64_t t = 0; t < ktiles; ++t) {
+    const uint16_t* at = a + t * kTileElems;
+    const uint16_t* bt = b + t * kTileElems;
+    for (int kp = 0; kp < 16; ++kp) {
+      __m512bh bv[CG];
+      for (int q = 0; q < CG; ++q)
+        bv[q] = reinterpret_cast<__m512bh>(_mm512_load_si512(bt + q * group + kp * 32));
+      for (int r = 0; r < 8; ++r) {
+        int32_t word;
+        __builtin_memcpy(&word, at + r * 32 + 2 * kp, sizeof word);
+        const __m512bh av = reinterpret_cast<__m512bh>(_mm512_set1_epi32(word));
+        for (int q = 0; q < CG; ++q) acc[r][q] = _mm512_dpbf16_ps(acc[r][q], av, bv[q]);
+      }
+    }
+  }
+  const __m512 alpha = _mm512_set1_ps(c.alpha), beta = _mm512_set1_ps(c.beta);
+  const __m512 zero = _mm512_setzero_ps();
+  const int64_t rows = c.rows - r0 < 8 ? c.rows - r0 : 8;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int q = 0; q < CG; ++q) {
+      const __mmask16 m = mask16(c.cols - 16 * q);
+      float* out = c.c + (r0 + r) * c.ldc + 16 * q;
+      __m512 v = _mm512_mul_ps(alpha, acc[r][q]);
+      if (c.beta != 0.0f) v = _mm512_fmadd_ps(beta, _mm512_maskz_loadu_ps(m, out), v);
+      if (c.bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, c.bias + 16 * q));
+      if (c.relu) v = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, zero, _CMP_LT_OQ), v, zero);
+      if (c.mask) {
+        const __m512 keep = _mm512_maskz_loadu_ps(m, c.mask + (r0 + r) * c.ldm + 16 * q);
+        v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(keep, zero, _CMP_GT_OQ), v);
+      }
+      _mm512_mask_storeu_ps(out, m, v);
+    }
+}
+
+struct Avx512Bf16Kernel {
+  static void begin() {}
+  static void end() {}
+
+  template <int RG, int CG>
+  static void block(int64_t ktiles, const uint16_t* a, const uint16_t* b, const BlockC& c) {
+    const int64_t group = ktiles * kTileElems;
+    for (int64_t r0 = 0; r0 < 16 * RG && r0 < c.rows; r0 += 8)
+      strip<CG>(ktiles, a + (r0 / 16) * group + (r0 % 16) * 32, b, group, r0, c);
+  }
+};
+
+}  // namespace
+
+void gemm_bf16_avx512(const GemmBf16Call& g, int nthreads) {
+  gemm_bf16_impl::gemm_blocked<Avx512Bf16Kernel>(g, nthreads);
+}
+
+void gemm_bf16_avx512_many(const GemmBf16Call* g, int count, int nthreads) {
+  gemm_bf16_impl::gemm_many_blocked<Avx512Bf16Kernel>(g, count, nthreads);
+}
+
+}  // namespace clustr::cpu

@@ -1,0 +1,429 @@
+// The blocked bf16 GEMM driver (core/cpu/gemm_bf16.h), written once and instantiated by each
+// kernel file (gemm_bf16_amx.cpp, gemm_bf16_avx512.cpp, gemm_bf16_generic.cpp) so that it is
+// compiled for that file's instruction set. Include it only from those files; like
+// gemm_driver.h (whose thread grid and buffers it shares) it uses no C++ library templates and
+// everything in it has internal linkage.
+//
+// Both operands are packed into the layout of AMX tiles, which the AVX512-BF16 and generic
+// kernels read too. A tile is 16 rows of 64 bytes: 32 bf16.
+//   A rowgroup (16 rows of op(A)), for each depth tile t (32 values of k):
+//     a[t * 512 + r * 32 + k]             = op(A)[i + r][p0 + 32 t + k]
+//   B colgroup (16 columns of op(B)), for each depth tile t, in pairs of k (VNNI layout):
+//     b[t * 512 + kp * 32 + c * 2 + h]    = op(B)[p0 + 32 t + 2 kp + h][j + c]
+// so that one 32-bit word of A (two consecutive k of a row) meets one 32-bit word of B (the
+// same two k of a column): what _tile_dpbf16ps and vdpbf16ps multiply and add. Rows past M,
+// columns past N and depths past K are zero. Packing rounds float32 operands to bf16 the way
+// vcvtne2ps2bf16 does (nearest even; subnormals become zero), in vector code where the file is
+// compiled for AVX512-BF16 and in scalar code otherwise, with the same bits either way.
+//
+// In a thread's rectangle of C (whole 32 x 32 blocks; gemm_driver.h's thread_grid), outermost
+// first:
+//   pc: K in blocks of kc <= kKcMax (multiples of 32, the same at every thread count)
+//     jc: N in blocks of nc (the packed kc x nc block of op(B) fills at most kBBlockBytes)
+//       ib: 32 rows of op(A), packed (2 rowgroups, 64 kc bytes: stays in L1)
+//         jb: 32 columns of the packed B block: the kernel's block, 2 x 2 tiles of 16 x 16
+// A Kernel provides begin() and end() (around a thread's rectangle: AMX loads and releases its
+// tile configuration) and
+//   template <int RG, int CG> static void block(int64_t ktiles, const uint16_t* a,
+//                                               const uint16_t* b, const BlockC& c);
+// computing the RG x CG tiles of C for one depth block (RG, CG in {1, 2}; rowgroup g at
+// a + g * ktiles * 512, colgroup q at b + q * ktiles * 512) and storing them as BlockC says.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "core/cpu/gemm_bf16.h"
+#include "core/cpu/gemm_driver.h"
+
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+#include <immintrin.h>
+#define CLUSTR_BF16_VECTOR 1
+#endif
+
+namespace clustr::cpu::gemm_bf16_impl {
+namespace {
+
+using gemm_impl::ceil_div;
+using gemm_impl::Grid;
+using gemm_impl::min64;
+using gemm_impl::round_up;
+
+constexpr int64_t kTileK = 32;       // bf16 values of k in a tile row
+constexpr int64_t kTileElems = 512;  // 16 x 32 bf16: one tile, 1 KiB
+constexpr int64_t kBlock = 32;       // rows and columns of a kernel block (2 x 2 tiles)
+constexpr int64_t kKcMax = 256;      // depth of a block of K (bf16: a 32-row A block is 16 KiB)
+constexpr int64_t kBBlockBytes = 512 * 1024;  // a packed B block: half of a Zen 4 L2
+
+// The results of one kernel block for one depth block, and what to do with them:
+//   C = alpha * P + beta * C (+ bias[j] when bias) then ReLU when relu, then 0 where
+//   !(mask[i, j] > 0) when mask. beta == 0: C is not read.
+// rows x cols of the block are in C (fewer than 32 at its edges). The driver sets beta to 1 and
+// bias to null after the first depth block, and relu and mask only for the last one.
+struct BlockC {
+  float* c;
+  int64_t ldc;
+  int64_t rows, cols;
+  float alpha, beta;
+  const float* bias;  // at the block's first column
+  bool relu;
+  const float* mask;  // at the block's first element
+  int64_t ldm;
+};
+
+// C's element (r, j) of the block from its product value p, as BlockC says.
+inline float finish_value(const BlockC& c, int64_t r, int64_t j, float p) {
+  float v = c.alpha * p;
+  if (c.beta != 0.0f) v += c.beta * c.c[r * c.ldc + j];
+  if (c.bias) v += c.bias[j];
+  if (c.relu) v = v < 0.0f ? 0.0f : v;
+  if (c.mask && !(c.mask[r * c.ldm + j] > 0.0f)) v = 0.0f;
+  return v;
+}
+
+// The block's products p (row stride ldp) stored into C.
+inline void finish_block(const float* p, int64_t ldp, const BlockC& c) {
+  for (int64_t r = 0; r < c.rows; ++r)
+    for (int64_t j = 0; j < c.cols; ++j) c.c[r * c.ldc + j] = finish_value(c, r, j, p[r * ldp + j]);
+}
+
+// ---- scalar conversions (the packing's scalar path and the generic kernel) -----------------
+
+inline uint32_t bits_of(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+// float32 -> bf16 as vcvtne2ps2bf16 does it: zero and subnormal inputs give a signed zero,
+// NaN stays NaN (quiet), everything else rounds to nearest even.
+inline uint16_t to_bf16(float f) {
+  const uint32_t u = bits_of(f);
+  if ((u & 0x7f800000u) == 0) return static_cast<uint16_t>((u >> 16) & 0x8000u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);
+  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+// bf16 -> float32 as the dot-product instructions read it: subnormals count as zero.
+inline float from_bf16(uint16_t h) {
+  const uint32_t u = (h & 0x7f80u) == 0 ? static_cast<uint32_t>(h & 0x8000u) << 16
+                                         : static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+// Element idx of an operand as a bf16 bit pattern.
+inline uint16_t operand_bf16(const void* base, Operand type, int64_t idx) {
+  if (type == Operand::bf16) return static_cast<const uint16_t*>(base)[idx];
+  return to_bf16(static_cast<const float*>(base)[idx]);
+}
+
+// Element idx of an operand as stored (for the row sums of op(A)).
+inline double operand_value(const void* base, Operand type, int64_t idx) {
+  if (type == Operand::f32) return static_cast<const float*>(base)[idx];
+  uint32_t u = static_cast<uint32_t>(static_cast<const uint16_t*>(base)[idx]) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+inline const char* byte_ptr(const void* base, Operand type, int64_t idx) {
+  return static_cast<const char*>(base) + idx * (type == Operand::f32 ? 4 : 2);
+}
+
+// ---- packing ------------------------------------------------------------------------------
+
+// GCC 12 reports the AVX-512 intrinsics' internal undefined vectors as (maybe) uninitialized
+// (a known false positive of its headers; see transpose16).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
+#ifdef CLUSTR_BF16_VECTOR
+// The lowest n bits set (n <= 16 for a 16-bit mask, <= 32 for a 32-bit one).
+inline __mmask16 mask16(int64_t n) {
+  return n >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << n) - 1u);
+}
+inline __mmask32 mask32(int64_t n) {
+  return n >= 32 ? static_cast<__mmask32>(0xffffffffu) : static_cast<__mmask32>((1u << n) - 1u);
+}
+
+// 32 floats (lo: the first 16) -> 32 bf16 in order.
+inline __m512i cvt32(__m512 lo, __m512 hi) {
+  return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
+}
+
+// n <= 16 consecutive elements of an operand from p, as floats (bf16 widened exactly); the
+// rest zero.
+inline __m512 load16(const char* p, Operand type, int64_t n) {
+  if (n <= 0) return _mm512_setzero_ps();
+  if (type == Operand::f32) return _mm512_maskz_loadu_ps(mask16(n), p);
+  const __m256i h = _mm256_maskz_loadu_epi16(mask16(n), p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+// n <= 32 consecutive elements of an operand from p as 32 bf16; the rest zero.
+inline __m512i load32_bf16(const char* p, Operand type, int64_t n) {
+  if (n <= 0) return _mm512_setzero_si512();
+  if (type == Operand::bf16) return _mm512_maskz_loadu_epi16(mask32(n), p);
+  return cvt32(_mm512_maskz_loadu_ps(mask16(n), p),
+               n > 16 ? _mm512_maskz_loadu_ps(mask16(n - 16), p + 64) : _mm512_setzero_ps());
+}
+
+// Transposes 16 x 16 32-bit words (row i in r[i]).
+inline void transpose16i(__m512i r[16]) {
+  __m512 f[16];
+  for (int i = 0; i < 16; ++i) f[i] = _mm512_castsi512_ps(r[i]);
+  gemm_impl::transpose16(f);
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_castps_si512(f[i]);
+}
+#endif
+
+// One rowgroup of op(A): rows [i, i + rows) (rows <= 16; the rest zero), depths [p0, p0 + kc),
+// into ktiles tiles at dst.
+inline void pack_a(const GemmBf16Call& g, int64_t i, int64_t rows, int64_t p0, int64_t kc,
+                   int64_t ktiles, uint16_t* dst) {
+#ifdef CLUSTR_BF16_VECTOR
+  const Operand type = g.a_type;
+  if (!g.trans_a) {  // rows of op(A) are rows of A: 32 values of k at a time
+    for (int64_t r = 0; r < 16; ++r)
+      for (int64_t t = 0; t < ktiles; ++t) {
+        const int64_t n = r < rows ? min64(kTileK, kc - t * kTileK) : 0;
+        const char* src = byte_ptr(g.A, type, (i + r) * g.lda + p0 + t * kTileK);
+        _mm512_store_si512(dst + t * kTileElems + r * kTileK, load32_bf16(src, type, n));
+      }
+    return;
+  }
+  // op(A) = A^T: 16 rows of op(A) are 16 consecutive elements of each row of A; two 16 x 16
+  // transposes per tile.
+  for (int64_t t = 0; t < ktiles; ++t) {
+    __m512 lo[16], hi[16];
+    for (int64_t k = 0; k < 16; ++k) {
+      const int64_t k0 = t * kTileK + k, k1 = k0 + 16;
+      lo[k] = k0 < kc ? load16(byte_ptr(g.A, type, (p0 + k0) * g.lda + i), type, rows)
+                      : _mm512_setzero_ps();
+      hi[k] = k1 < kc ? load16(byte_ptr(g.A, type, (p0 + k1) * g.lda + i), type, rows)
+                      : _mm512_setzero_ps();
+    }
+    gemm_impl::transpose16(lo);
+    gemm_impl::transpose16(hi);
+    for (int64_t r = 0; r < 16; ++r)
+      _mm512_store_si512(dst + t * kTileElems + r * kTileK, cvt32(lo[r], hi[r]));
+  }
+#else
+  for (int64_t t = 0; t < ktiles; ++t)
+    for (int64_t r = 0; r < 16; ++r)
+      for (int64_t k = 0; k < kTileK; ++k) {
+        const int64_t p = t * kTileK + k;
+        uint16_t v = 0;
+        if (r < rows && p < kc)
+          v = operand_bf16(g.A, g.a_type, g.trans_a ? (p0 + p) * g.lda + i + r
+                                                    : (i + r) * g.lda + p0 + p);
+        dst[t * kTileElems + r * kTileK + k] = v;
+      }
+#endif
+}
+
+// One colgroup of op(B): columns [j, j + cols) (cols <= 16; the rest zero), depths [p0, p0 +
+// kc), into ktiles tiles at dst, in pairs of k.
+inline void pack_b(const GemmBf16Call& g, int64_t j, int64_t cols, int64_t p0, int64_t kc,
+                   int64_t ktiles, uint16_t* dst) {
+#ifdef CLUSTR_BF16_VECTOR
+  const Operand type = g.b_type;
+  if (!g.trans_b) {  // two rows of B (k, k + 1), interleaved element by element
+    // Word c of the result takes element c of the first row and element c of the second.
+    alignas(64) static const uint16_t kInterleave[32] = {0,  16, 1,  17, 2,  18, 3,  19,
+                                                         4,  20, 5,  21, 6,  22, 7,  23,
+                                                         8,  24, 9,  25, 10, 26, 11, 27,
+                                                         12, 28, 13, 29, 14, 30, 15, 31};
+    const __m512i order = _mm512_load_si512(kInterleave);
+    for (int64_t t = 0; t < ktiles; ++t)
+      for (int64_t kp = 0; kp < 16; ++kp) {
+        const int64_t k0 = t * kTileK + 2 * kp, k1 = k0 + 1;
+        const __m512 x = k0 < kc ? load16(byte_ptr(g.B, type, (p0 + k0) * g.ldb + j), type, cols)
+                                 : _mm512_setzero_ps();
+        const __m512 y = k1 < kc ? load16(byte_ptr(g.B, type, (p0 + k1) * g.ldb + j), type, cols)
+                                 : _mm512_setzero_ps();
+        _mm512_store_si512(dst + t * kTileElems + kp * kTileK,
+                           _mm512_permutexvar_epi16(order, cvt32(x, y)));
+      }
+    return;
+  }
+  // op(B) = B^T: column c of op(B) is row j + c of B, whose 32 consecutive values make the 16
+  // words of that column; a 16 x 16 transpose of words puts them in tile order.
+  for (int64_t t = 0; t < ktiles; ++t) {
+    __m512i w[16];
+    const int64_t n = min64(kTileK, kc - t * kTileK);
+    for (int64_t c = 0; c < 16; ++c)
+      w[c] = c < cols ? load32_bf16(byte_ptr(g.B, type, (j + c) * g.ldb + p0 + t * kTileK), type, n)
+                      : _mm512_setzero_si512();
+    transpose16i(w);
+    for (int64_t kp = 0; kp < 16; ++kp)
+      _mm512_store_si512(dst + t * kTileElems + kp * kTileK, w[kp]);
+  }
+#else
+  for (int64_t t = 0; t < ktiles; ++t)
+    for (int64_t kp = 0; kp < 16; ++kp)
+      for (int64_t c = 0; c < 16; ++c)
+        for (int64_t h = 0; h < 2; ++h) {
+          const int64_t p = t * kTileK + 2 * kp + h;
+          uint16_t v = 0;
+          if (c < cols && p < kc)
+            v = operand_bf16(g.B, g.b_type, g.trans_b ? (j + c) * g.ldb + p0 + p
+                                                      : (p0 + p) * g.ldb + j + c);
+          dst[t * kTileElems + kp * kTileK + c * 2 + h] = v;
+        }
+#endif
+}
+
+#pragma GCC diagnostic pop
+
+// sums[r] += the sum over k in [p0, p0 + kc) of op(A)[i + r][k] for r < rows, in double (the
+// stored values, in the order of k).
+inline void add_row_sums(const GemmBf16Call& g, int64_t i, int64_t rows, int64_t p0, int64_t kc,
+                         double* sums) {
+  if (g.trans_a) {
+    for (int64_t p = 0; p < kc; ++p)
+      for (int64_t r = 0; r < rows; ++r)
+        sums[r] += operand_value(g.A, g.a_type, (p0 + p) * g.lda + i + r);
+    return;
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    double s = 0.0;
+    for (int64_t p = 0; p < kc; ++p) s += operand_value(g.A, g.a_type, (i + r) * g.lda + p0 + p);
+    sums[r] += s;
+  }
+}
+
+// A grow-only buffer of bf16 values owned by one thread, 64-byte aligned.
+struct Bf16Buffer {
+  gemm_impl::PackBuffer floats;  // two bf16 per float
+  uint16_t* reserve(int64_t n) {
+    return reinterpret_cast<uint16_t*>(floats.reserve(static_cast<size_t>((n + 1) / 2)));
+  }
+};
+
+template <typename Kernel>
+void run_block(int rg, int cg, int64_t ktiles, const uint16_t* a, const uint16_t* b,
+               const BlockC& c) {
+  if (rg == 2 && cg == 2) return Kernel::template block<2, 2>(ktiles, a, b, c);
+  if (rg == 2) return Kernel::template block<2, 1>(ktiles, a, b, c);
+  if (cg == 2) return Kernel::template block<1, 2>(ktiles, a, b, c);
+  return Kernel::template block<1, 1>(ktiles, a, b, c);
+}
+
+// Rows [i0, i1) x columns [j0, j1) of C (i0, j0 multiples of 32) on the calling thread. With
+// row_sums this thread also owns the epilogue's row sums of op(A) for rows [i0, i1).
+template <typename Kernel>
+void gemm_rect(const GemmBf16Call& g, int64_t kc_max, int64_t i0, int64_t i1, int64_t j0,
+               int64_t j1, bool row_sums) {
+  int64_t nc_cap = kBBlockBytes / (kc_max * 2) / kBlock * kBlock;
+  if (nc_cap < kBlock) nc_cap = kBlock;
+  const int64_t nblocks = ceil_div(j1 - j0, nc_cap);
+  const int64_t nc_max = round_up(ceil_div(j1 - j0, nblocks), kBlock);
+  const int64_t kt_max = ceil_div(kc_max, kTileK);
+  thread_local Bf16Buffer a_buffer, b_buffer;
+  uint16_t* a_pack = a_buffer.reserve(2 * kt_max * kTileElems);
+  uint16_t* b_pack = b_buffer.reserve(nc_max / 16 * kt_max * kTileElems);
+  thread_local gemm_impl::SumBuffer sum_buffer;
+  double* sums = nullptr;
+  if (row_sums) {
+    sums = sum_buffer.reserve(static_cast<size_t>(i1 - i0));
+    for (int64_t r = 0; r < i1 - i0; ++r) sums[r] = 0.0;
+  }
+  const GemmEpilogue& e = g.epilogue;
+  Kernel::begin();
+  for (int64_t p0 = 0; p0 < g.K; p0 += kc_max) {
+    const int64_t kc = min64(kc_max, g.K - p0), ktiles = ceil_div(kc, kTileK);
+    const int64_t group = ktiles * kTileElems;  // one packed rowgroup or colgroup
+    const bool first_k = p0 == 0, last_k = p0 + kc >= g.K;
+    for (int64_t jc = j0; jc < j1; jc += nc_max) {
+      const int64_t nc = min64(nc_max, j1 - jc), ncg = ceil_div(nc, 16);
+      for (int64_t q = 0; q < ncg; ++q)
+        pack_b(g, jc + 16 * q, min64(16, nc - 16 * q), p0, kc, ktiles, b_pack + q * group);
+      for (int64_t ib = i0; ib < i1; ib += kBlock) {
+        const int64_t rows = min64(kBlock, i1 - ib);
+        pack_a(g, ib, min64(16, rows), p0, kc, ktiles, a_pack);
+        if (rows > 16) pack_a(g, ib + 16, rows - 16, p0, kc, ktiles, a_pack + group);
+        if (sums && jc == j0) add_row_sums(g, ib, rows, p0, kc, sums + (ib - i0));
+        for (int64_t jb = 0; jb < nc; jb += kBlock) {
+          const int64_t cols = min64(kBlock, nc - jb);
+          const int64_t j = jc + jb;
+          BlockC c{g.C + ib * g.ldc + j, g.ldc, rows, cols, g.alpha, first_k ? g.beta : 1.0f,
+                   first_k && e.bias ? e.bias + j : nullptr, last_k && e.relu,
+                   last_k && e.mask ? e.mask + ib * e.ldm + j : nullptr, e.ldm};
+          run_block<Kernel>(rows > 16 ? 2 : 1, cols > 16 ? 2 : 1, ktiles, a_pack,
+                            b_pack + (jb / 16) * group, c);
+        }
+      }
+    }
+  }
+  Kernel::end();
+  if (sums)
+    for (int64_t r = 0; r < i1 - i0; ++r) e.a_row_sums[i0 + r] = static_cast<float>(sums[r]);
+}
+
+// One product's threads: the grid of rectangles (whole 32 x 32 blocks) and the depth blocking.
+template <typename Kernel>
+struct Plan {
+  Grid grid{1, 1};
+  int64_t kc_max = 0, mblocks = 0, nblocks = 0;
+
+  // False when there is nothing to multiply (the caller handles K == 0 and alpha == 0).
+  bool make(const GemmBf16Call& g, int threads) {
+    if (g.M == 0 || g.N == 0 || g.K == 0 || g.alpha == 0.0f) return false;
+    // Depth blocks of equal size in whole tiles: K = 768 gives three of 256, K = 576 three of
+    // 192, K = 17 one of 32 (15 of them zero).
+    const int64_t kblocks = ceil_div(g.K, kKcMax);
+    kc_max = round_up(ceil_div(g.K, kblocks), kTileK);
+    mblocks = ceil_div(g.M, kBlock);
+    nblocks = ceil_div(g.N, kBlock);
+    grid = gemm_impl::thread_grid<kBlock, kBlock>(mblocks, nblocks, threads);
+    return true;
+  }
+  int threads() const { return grid.tm * grid.tn; }
+
+  void run(const GemmBf16Call& g, int tid) const {
+    const int64_t ti = tid / grid.tn, tj = tid % grid.tn;
+    const int64_t mb0 = ti * mblocks / grid.tm, mb1 = (ti + 1) * mblocks / grid.tm;
+    const int64_t nb0 = tj * nblocks / grid.tn, nb1 = (tj + 1) * nblocks / grid.tn;
+    gemm_rect<Kernel>(g, kc_max, mb0 * kBlock, min64(g.M, mb1 * kBlock), nb0 * kBlock,
+                      min64(g.N, nb1 * kBlock), g.epilogue.a_row_sums && tj == 0);
+  }
+};
+
+template <typename Kernel>
+void gemm_blocked(const GemmBf16Call& g, int nthreads) {
+  Plan<Kernel> plan;
+  if (!plan.make(g, nthreads)) return;
+  if (plan.threads() == 1) return plan.run(g, 0);
+#pragma omp parallel num_threads(plan.threads())
+  plan.run(g, gemm_impl::thread_id());
+}
+
+// Independent products in one parallel region, as gemm_driver.h's gemm_many_blocked.
+template <typename Kernel>
+void gemm_many_blocked(const GemmBf16Call* g, int count, int nthreads) {
+  constexpr int kMax = 4;
+  if (count > kMax || nthreads == 1) {
+    for (int c = 0; c < count; ++c) gemm_blocked<Kernel>(g[c], nthreads);
+    return;
+  }
+  Plan<Kernel> plan[kMax];
+  int first[kMax + 1];
+  first[0] = 0;
+  for (int c = 0; c < count; ++c)
+    first[c + 1] = first[c] + (plan[c].make(g[c], nthreads) ? plan[c].threads() : 0);
+  const int pieces = first[count];
+#pragma omp parallel for schedule(dynamic) num_threads(nthreads) if (pieces > 1)
+  for (int piece = 0; piece < pieces; ++piece)
+    for (int c = 0; c < count; ++c)
+      if (piece < first[c + 1]) {
+        plan[c].run(g[c], piece - first[c]);
+        break;
+      }
+}
+
+}  // namespace
+}  // namespace clustr::cpu::gemm_bf16_impl
