@@ -14,6 +14,9 @@
 //
 // add_layer_norm, y = layer_norm(a + b): da = db = the layer-norm gradient of the sum, which
 // the backward kernel recomputes from a and b.
+//
+// feed_forward_relu's products run in this thread's precision (core/precision.h), recorded for
+// backward; add_layer_norm is f32 either way.
 #include <memory>
 #include <utility>
 #include <vector>
@@ -29,14 +32,15 @@ namespace {
 
 class FeedForwardReluNode : public Node {
  public:
-  FeedForwardReluNode(Shape x_shape, int64_t rows) : x_shape_(std::move(x_shape)), rows_(rows) {}
+  FeedForwardReluNode(Shape x_shape, int64_t rows, Precision precision)
+      : x_shape_(std::move(x_shape)), rows_(rows), precision_(precision) {}
   const char* name() const override { return "feed_forward_relu"; }
   std::vector<Tensor> backward(const Tensor& g) override {
     const Tensor dy = g.reshape({rows_, W2_.size(0)});
     FeedForwardNeeds need;
     need.dx = needs_grad(0), need.dW1 = needs_grad(1), need.db1 = needs_grad(2);
     need.dW2 = needs_grad(3), need.db2 = needs_grad(4);
-    FeedForwardGrads d = feed_forward_relu_backward(dy, X_, W1_, W2_, H_, need);
+    FeedForwardGrads d = feed_forward_relu_backward(dy, X_, W1_, W2_, H_, need, precision_);
     if (need.dx) d.dx = d.dx.reshape(x_shape_);
     return {std::move(d.dx), std::move(d.dW1), std::move(d.db1), std::move(d.dW2),
             std::move(d.db2)};
@@ -48,6 +52,7 @@ class FeedForwardReluNode : public Node {
  private:
   Shape x_shape_;
   int64_t rows_;
+  Precision precision_;
 };
 
 class AddLayerNormNode : public Node {
@@ -81,13 +86,14 @@ Variable feed_forward_relu(const Variable& x, const Variable& w1, const Variable
                ") to match w1 ", describe(W1), ", got ", describe(X));
   const int64_t rows = D == 0 ? 0 : X.numel() / D;
   const Tensor X2 = X.reshape({rows, D});
-  Tensor H = linear_forward(X2, W1, b1.data(), /*relu=*/true);  // checks b1
-  Tensor Y = linear_forward(H, W2, b2.data());                  // checks b2
+  const Precision precision = current_precision();
+  Tensor H = linear_forward(X2, W1, b1.data(), /*relu=*/true, precision);  // checks b1
+  Tensor Y = linear_forward(H, W2, b2.data(), false, precision);           // checks b2
   Shape y_shape = X.shape();
   y_shape.back() = W2.size(0);
   Y = Y.reshape(y_shape);
   if (!record_needed({&x, &w1, &b1, &w2, &b2})) return Variable(std::move(Y));
-  auto node = std::make_shared<FeedForwardReluNode>(X.shape(), rows);
+  auto node = std::make_shared<FeedForwardReluNode>(X.shape(), rows, precision);
   node->X_ = X2;
   node->W1_ = W1;
   node->W2_ = W2;

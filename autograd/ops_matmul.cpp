@@ -15,6 +15,9 @@
 //
 // embedding, table (V, D), index i32 (...): y (..., D) = table[index]; dtable (V, D) = zeros
 // with dy's rows added at their indices (repeated indices add up).
+//
+// matmul and linear run their products in this thread's precision (core/precision.h) and
+// record it, so that backward's products use the forward's precision.
 #include <memory>
 #include <utility>
 #include <vector>
@@ -30,12 +33,16 @@ namespace {
 
 class MatmulNode : public Node {
  public:
-  MatmulNode(bool trans_a, bool trans_b) : ta_(trans_a), tb_(trans_b) {}
+  MatmulNode(bool trans_a, bool trans_b, Precision precision)
+      : ta_(trans_a), tb_(trans_b), precision_(precision) {}
   const char* name() const override { return "matmul"; }
   std::vector<Tensor> backward(const Tensor& g) override {
     std::vector<Tensor> out(2);
-    if (needs_grad(0)) out[0] = ta_ ? matmul(B_, g, tb_, true) : matmul(g, B_, false, !tb_);
-    if (needs_grad(1)) out[1] = tb_ ? matmul(g, A_, true, ta_) : matmul(A_, g, !ta_, false);
+    const Precision p = precision_;
+    if (needs_grad(0))
+      out[0] = ta_ ? matmul(B_, g, tb_, true, p) : matmul(g, B_, false, !tb_, p);
+    if (needs_grad(1))
+      out[1] = tb_ ? matmul(g, A_, true, ta_, p) : matmul(A_, g, !ta_, false, p);
     return out;
   }
   void release() override { A_ = B_ = Tensor(); }
@@ -44,18 +51,24 @@ class MatmulNode : public Node {
 
  private:
   bool ta_, tb_;
+  Precision precision_;
 };
 
 class LinearNode : public Node {
  public:
-  LinearNode(Shape x_shape, int64_t rows, int64_t out_features, bool has_bias)
-      : x_shape_(std::move(x_shape)), rows_(rows), out_(out_features), has_bias_(has_bias) {}
+  LinearNode(Shape x_shape, int64_t rows, int64_t out_features, bool has_bias,
+             Precision precision)
+      : x_shape_(std::move(x_shape)),
+        rows_(rows),
+        out_(out_features),
+        has_bias_(has_bias),
+        precision_(precision) {}
   const char* name() const override { return "linear"; }
   std::vector<Tensor> backward(const Tensor& g) override {
     std::vector<Tensor> out(has_bias_ ? 3 : 2);
     const Tensor dy = g.reshape({rows_, out_});  // (R, out)
     LinearGrads d = linear_backward(dy, X_, W_, needs_grad(0), needs_grad(1),
-                                    has_bias_ && needs_grad(2));
+                                    has_bias_ && needs_grad(2), precision_);
     if (needs_grad(0)) out[0] = d.dx.reshape(x_shape_);
     out[1] = std::move(d.dW);
     if (has_bias_) out[2] = std::move(d.db);
@@ -69,6 +82,7 @@ class LinearNode : public Node {
   Shape x_shape_;
   int64_t rows_, out_;
   bool has_bias_;
+  Precision precision_;
 };
 
 class EmbeddingNode : public Node {
@@ -92,9 +106,10 @@ class EmbeddingNode : public Node {
 
 // A (.., M, K) or its transpose, B (.., K, N) or its transpose -> (.., M, N).
 Variable matmul(const Variable& A, const Variable& B, bool trans_a, bool trans_b) {
-  Tensor C = matmul(A.data(), B.data(), trans_a, trans_b);
+  const Precision precision = current_precision();
+  Tensor C = matmul(A.data(), B.data(), trans_a, trans_b, precision);
   if (!record_needed({&A, &B})) return Variable(std::move(C));
-  auto node = std::make_shared<MatmulNode>(trans_a, trans_b);
+  auto node = std::make_shared<MatmulNode>(trans_a, trans_b, precision);
   if (B.requires_grad()) node->A_ = A.data();
   if (A.requires_grad()) node->B_ = B.data();
   return attach(std::move(C), std::move(node), {&A, &B});
@@ -118,14 +133,16 @@ Variable linear(const Variable& x, const Variable& weight, const Variable& bias)
   for (int i = 0; i + 1 < X.rank(); ++i) rows *= X.shape()[i];
   const Tensor X2 = X.reshape({rows, in_features});
   // With a bias, one GEMM that adds it as it stores each tile of Y.
-  Tensor Y = has_bias ? linear_forward(X2, W, bias.data()) : matmul(X2, W, false, true);
+  const Precision precision = current_precision();
+  Tensor Y = has_bias ? linear_forward(X2, W, bias.data(), false, precision)
+                      : matmul(X2, W, false, true, precision);
   Shape y_shape = X.shape();
   y_shape.back() = out_features;
   Y = Y.reshape(y_shape);
   const bool record =
       has_bias ? record_needed({&x, &weight, &bias}) : record_needed({&x, &weight});
   if (!record) return Variable(std::move(Y));
-  auto node = std::make_shared<LinearNode>(X.shape(), rows, out_features, has_bias);
+  auto node = std::make_shared<LinearNode>(X.shape(), rows, out_features, has_bias, precision);
   if (weight.requires_grad()) node->X_ = X2;
   if (x.requires_grad()) node->W_ = W;
   if (has_bias) return attach(std::move(Y), std::move(node), {&x, &weight, &bias});

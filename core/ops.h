@@ -6,6 +6,7 @@
 
 #include <vector>
 
+#include "core/precision.h"
 #include "core/tensor.h"
 
 namespace clustr {
@@ -133,21 +134,28 @@ inline uint64_t dropout_blocks(int64_t numel) { return static_cast<uint64_t>((nu
 
 // ---- matrix products --------------------------------------------------------------------------
 // C = alpha * op(A) op(B) + beta * C for matrices (rank 2) or batches of them (rank 3, the
-// same batch size everywhere). op(X) is X, or X^T when the flag is set.
+// same batch size everywhere). op(X) is X, or X^T when the flag is set. C is f32; A and B are
+// f32 or bf16. With Precision::bf16, or when either operand is bf16, the product reads its f32
+// operands rounded to bf16 and accumulates in f32 (core/precision.h; the CPU's bf16 GEMM,
+// core/cpu/gemm_bf16.h, rounds them as it packs them, the GPU converts them first for
+// cuBLAS's bf16 GEMM); with Precision::fp32 and two f32 operands it is the f32 GEMM.
 void gemm(bool trans_a, bool trans_b, float alpha, const Tensor& A, const Tensor& B, float beta,
-          Tensor& C);
-// op(A) op(B) as a new tensor; rank 2 x rank 2 or rank 3 x rank 3.
-Tensor matmul(const Tensor& A, const Tensor& B, bool trans_a = false, bool trans_b = false);
+          Tensor& C, Precision precision = Precision::fp32);
+// op(A) op(B) as a new f32 tensor; rank 2 x rank 2 or rank 3 x rank 3.
+Tensor matmul(const Tensor& A, const Tensor& B, bool trans_a = false, bool trans_b = false,
+              Precision precision = Precision::fp32);
 
 // ---- fused ops of the transformer layers (core/ops_fused.cpp) -----------------------------------
 // Each does in one pass what a chain of the ops above would do in several, with the same
 // result. On the CUDA device, whose GEMM (cuBLAS) has no epilogue, each is that chain of device
-// ops (core/ops_fused.cpp).
+// ops (core/ops_fused.cpp). The tensors are f32; `precision` is that of their products (as in
+// gemm above): the bias, ReLU and sums around them stay f32 either way.
 //
 // The linear layer's forward with the bias and the activation folded into the GEMM's store of
 // each tile: x (R, in), W (out, in), b (out) or undefined -> y (R, out) = x W^T + b, then
 // ReLU when `relu`.
-Tensor linear_forward(const Tensor& x, const Tensor& W, const Tensor& b, bool relu = false);
+Tensor linear_forward(const Tensor& x, const Tensor& W, const Tensor& b, bool relu = false,
+                      Precision precision = Precision::fp32);
 // The linear layer's gradients for y = x W^T + b, x (R, in), W (out, in), dy (R, out):
 // dx = dy W (R, in), dW = dy^T x (out, in), db = the sums of dy's rows (out), each only when
 // asked for (x is needed for dW, W for dx). db comes out of dW's GEMM, which reads dy anyway;
@@ -157,7 +165,7 @@ struct LinearGrads {
   Tensor dx, dW, db;
 };
 LinearGrads linear_backward(const Tensor& dy, const Tensor& x, const Tensor& W, bool need_dx,
-                            bool need_dW, bool need_db);
+                            bool need_dW, bool need_db, Precision precision = Precision::fp32);
 // The backward of the ReLU feed-forward block y = relu(x W1^T + b1) W2^T + b2 (autograd
 // feed_forward_relu), given dy (R, D_out), x (R, D), W1 (F, D), W2 (D_out, F) and the hidden
 // activation H = relu(x W1^T + b1) (R, F): dW2 = dy^T H, db2, dP = (dy W2) * [H > 0], then
@@ -171,7 +179,8 @@ struct FeedForwardGrads {
 };
 FeedForwardGrads feed_forward_relu_backward(const Tensor& dy, const Tensor& x, const Tensor& W1,
                                             const Tensor& W2, const Tensor& H,
-                                            const FeedForwardNeeds& need);
+                                            const FeedForwardNeeds& need,
+                                            Precision precision = Precision::fp32);
 // Layer norm of the sum a + b over the last axis (a, b (..., D)), the sum never stored: the
 // post-norm transformer's x = norm(x + sublayer(x)). Backward returns dx, the gradient of both
 // a and b, and recomputes the sum from them.

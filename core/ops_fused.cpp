@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "core/cpu/gemm.h"
+#include "core/cpu/gemm_bf16.h"
 #include "core/cpu/nn.h"
 #include "core/cuda/cuda.h"
 #include "core/error.h"
@@ -35,6 +36,21 @@ void check_input(const char* op, const char* what, const Tensor& t, const Tensor
 }
 
 bool on_cuda(const Tensor& t) { return t.device() == Device::cuda; }
+
+// The CPU products of one fused op, in one parallel region (cpu::gemm_many), in f32 or with
+// the f32 operands rounded to bf16 (cpu::gemm_bf16_many): the same calls either way.
+void run_products(const cpu::GemmCall* calls, int count, Precision precision) {
+  if (precision == Precision::fp32) return cpu::gemm_many(calls, count);
+  cpu::GemmBf16Call bf16[2];
+  CLUSTR_CHECK(count <= 2, "run_products: at most 2 products, got ", count);
+  for (int i = 0; i < count; ++i) {
+    const cpu::GemmCall& c = calls[i];
+    bf16[i] = {c.trans_a, c.trans_b, c.M,        c.N,         c.K,      c.alpha,
+               c.A,       cpu::Operand::f32, c.lda, c.B,      cpu::Operand::f32, c.ldb,
+               c.beta,    c.C,              c.ldc, c.epilogue};
+  }
+  cpu::gemm_bf16_many(bf16, count);
+}
 
 Shape row_shape(const Tensor& x) { return Shape(x.shape().begin(), x.shape().end() - 1); }
 
@@ -57,7 +73,8 @@ int64_t check_add_layer_norm(const char* op, const Tensor& a, const Tensor& b,
 }  // namespace
 
 // x (R, in), W (out, in), b (out) or undefined -> (R, out).
-Tensor linear_forward(const Tensor& x, const Tensor& W, const Tensor& b, bool relu) {
+Tensor linear_forward(const Tensor& x, const Tensor& W, const Tensor& b, bool relu,
+                      Precision precision) {
   const char* op = "linear_forward";
   check_f32(op, "x", x);
   check_input(op, "W", W, x);
@@ -75,19 +92,20 @@ Tensor linear_forward(const Tensor& x, const Tensor& W, const Tensor& b, bool re
   epilogue.relu = relu;
   Tensor y = Tensor::empty({R, out}, DType::f32, x.device());
   if (on_cuda(x)) {  // the product, then the epilogue as its own pass
-    cuda::gemm(false, true, R, out, in, 1.0f, x.f32(), in, W.f32(), in, 0.0f, y.f32(), out);
+    gemm(false, true, 1.0f, x, W, 0.0f, y, precision);
     cuda::bias_activation(y.f32(), epilogue.bias, relu, R, out);
     return y;
   }
-  cpu::gemm_fused(false, true, R, out, in, 1.0f, x.f32(), in, W.f32(), in, 0.0f, y.f32(), out,
-                  epilogue);
+  const cpu::GemmCall call{false, true, R,   out,  in,      1.0f, x.f32(), in,
+                           W.f32(), in,   0.0f, y.f32(), out, epilogue};
+  run_products(&call, 1, precision);
   return y;
 }
 
 // dy (R, out), x (R, in) or undefined, W (out, in) or undefined -> dx (R, in), dW (out, in),
 // db (out).
 LinearGrads linear_backward(const Tensor& dy, const Tensor& x, const Tensor& W, bool need_dx,
-                            bool need_dW, bool need_db) {
+                            bool need_dW, bool need_db, Precision precision) {
   const char* op = "linear_backward";
   check_f32(op, "dy", dy);
   CLUSTR_CHECK(dy.rank() == 2, op, ": expected dy (R, out), got ", describe(dy));
@@ -104,8 +122,8 @@ LinearGrads linear_backward(const Tensor& dy, const Tensor& x, const Tensor& W, 
   }
   if (on_cuda(dy)) {  // cuBLAS has no row-sum epilogue: the plain products and sum
     LinearGrads g;
-    if (need_dx) g.dx = matmul(dy, W);
-    if (need_dW) g.dW = matmul(dy, x, true, false);
+    if (need_dx) g.dx = matmul(dy, W, false, false, precision);
+    if (need_dW) g.dW = matmul(dy, x, true, false, precision);
     if (need_db) g.db = sum(dy, 0);
     return g;
   }
@@ -131,14 +149,14 @@ LinearGrads linear_backward(const Tensor& dy, const Tensor& x, const Tensor& W, 
   } else if (need_db) {
     g.db = sum(dy, 0);
   }
-  cpu::gemm_many(calls, count);  // both products in one parallel region
+  run_products(calls, count, precision);  // both products in one parallel region
   return g;
 }
 
 // dy (R, D_out), x (R, D), W1 (F, D), W2 (D_out, F), H (R, F) -> the five gradients.
 FeedForwardGrads feed_forward_relu_backward(const Tensor& dy, const Tensor& x, const Tensor& W1,
                                             const Tensor& W2, const Tensor& H,
-                                            const FeedForwardNeeds& need) {
+                                            const FeedForwardNeeds& need, Precision precision) {
   const char* op = "feed_forward_relu_backward";
   for (const Tensor* t : {&dy, &x, &W1, &W2, &H})
     check_input(op, t == &dy ? "dy" : t == &x ? "x" : t == &W1 ? "W1" : t == &W2 ? "W2" : "H",
@@ -157,10 +175,10 @@ FeedForwardGrads feed_forward_relu_backward(const Tensor& dy, const Tensor& x, c
   const bool need_dp = need.dx || need.dW1 || need.db1;
   Tensor dp;
   if (on_cuda(dy)) {
-    if (need.dW2) g.dW2 = matmul(dy, H, true, false);  // dy^T H
+    if (need.dW2) g.dW2 = matmul(dy, H, true, false, precision);  // dy^T H
     if (need.db2) g.db2 = sum(dy, 0);
     if (need_dp) {  // dP = (dy W2) * [H > 0]: ReLU's derivative at H, in place on the product
-      dp = matmul(dy, W2);
+      dp = matmul(dy, W2, false, false, precision);
       cuda::unary_backward(UnaryOp::relu, H.f32(), nullptr, dp.f32(), dp.f32(), R * F);
     }
   } else {
@@ -186,10 +204,10 @@ FeedForwardGrads feed_forward_relu_backward(const Tensor& dy, const Tensor& x, c
       calls[count++] = {false, false, R, F, D_out, 1.0f, dy.f32(), D_out, W2.f32(), F, 0.0f,
                         dp.f32(), F, epilogue};
     }
-    cpu::gemm_many(calls, count);  // dW2 and dP in one parallel region
+    run_products(calls, count, precision);  // dW2 and dP in one parallel region
   }
   if (need_dp) {
-    LinearGrads d1 = linear_backward(dp, x, W1, need.dx, need.dW1, need.db1);
+    LinearGrads d1 = linear_backward(dp, x, W1, need.dx, need.dW1, need.db1, precision);
     g.dx = std::move(d1.dx);
     g.dW1 = std::move(d1.dW);
     g.db1 = std::move(d1.db);

@@ -1,5 +1,7 @@
-// Front doors for matrix products: shape/device checks, then cpu:: or cuda:: GEMM.
+// Front doors for matrix products: shape/device checks, then cpu:: or cuda:: GEMM, in f32 or
+// with bf16 operands (core/precision.h).
 #include "core/cpu/gemm.h"
+#include "core/cpu/gemm_bf16.h"
 #include "core/cuda/cuda.h"
 #include "core/error.h"
 #include "core/ops.h"
@@ -28,12 +30,52 @@ MatView view(const Tensor& x, bool trans) {
 
 const char* t_suffix(bool t) { return t ? "^T" : ""; }
 
+void check_operand(const char* what, const Tensor& t) {
+  detail::check_defined("gemm", what, t);
+  CLUSTR_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::bf16, "gemm: expected ", what,
+               " to be f32 or bf16, got ", describe(t));
+}
+
+cpu::Operand operand_of(const Tensor& t) {
+  return t.dtype() == DType::bf16 ? cpu::Operand::bf16 : cpu::Operand::f32;
+}
+
+// The bf16 elements of a device operand: its own, or a rounded copy (kept in `copy`).
+const uint16_t* device_bf16(const Tensor& t, Tensor& copy) {
+  if (t.dtype() == DType::bf16) return static_cast<const uint16_t*>(t.raw());
+  copy = t.astype(DType::bf16);
+  return static_cast<const uint16_t*>(copy.raw());
+}
+
+// The product with bf16 operands (gemm's checks done; a, b, c as gemm computed them).
+void gemm_bf16(bool trans_a, bool trans_b, float alpha, const Tensor& A, const Tensor& B,
+               float beta, Tensor& C, const MatView& a, const MatView& b, const MatView& c) {
+  if (C.device() == Device::cuda) {
+    Tensor a_copy, b_copy;
+    const uint16_t* ah = device_bf16(A, a_copy);
+    const uint16_t* bh = device_bf16(B, b_copy);
+    if (A.rank() == 2)
+      return cuda::gemm_bf16(trans_a, trans_b, a.rows, b.cols, a.cols, alpha, ah, a.ld, bh, b.ld,
+                             beta, C.f32(), c.ld);
+    return cuda::gemm_bf16_strided_batched(trans_a, trans_b, a.rows, b.cols, a.cols, alpha, ah,
+                                           a.ld, a.stride, bh, b.ld, b.stride, beta, C.f32(),
+                                           c.ld, c.stride, a.batch);
+  }
+  if (A.rank() == 2)
+    return cpu::gemm_bf16_call({trans_a, trans_b, a.rows, b.cols, a.cols, alpha, A.raw(),
+                                operand_of(A), a.ld, B.raw(), operand_of(B), b.ld, beta, C.f32(),
+                                c.ld, cpu::GemmEpilogue{}});
+  cpu::gemm_bf16_strided_batched(trans_a, trans_b, a.rows, b.cols, a.cols, alpha, A.raw(),
+                                 operand_of(A), a.ld, a.stride, B.raw(), operand_of(B), b.ld,
+                                 b.stride, beta, C.f32(), c.ld, c.stride, a.batch);
+}
+
 }  // namespace
 
 void gemm(bool trans_a, bool trans_b, float alpha, const Tensor& A, const Tensor& B, float beta,
-          Tensor& C) {
-  detail::check_f32("gemm", "A", A);
-  detail::check_f32("gemm", "B", B);
+          Tensor& C, Precision precision) {
+  check_operand("A", A);
+  check_operand("B", B);
   detail::check_f32("gemm", "C", C);
   CLUSTR_CHECK((A.rank() == 2 || A.rank() == 3) && A.rank() == B.rank() && A.rank() == C.rank(),
                "gemm: expected A, B, C all of rank 2 (matrices) or all of rank 3 (batches), got A ",
@@ -51,6 +93,8 @@ void gemm(bool trans_a, bool trans_b, float alpha, const Tensor& A, const Tensor
   CLUSTR_CHECK(C.shape() == expected, "gemm: C is ", to_string(C.shape()), " but A",
                t_suffix(trans_a), " ", to_string(A.shape()), " times B", t_suffix(trans_b), " ",
                to_string(B.shape()), " is ", to_string(expected));
+  if (precision == Precision::bf16 || A.dtype() == DType::bf16 || B.dtype() == DType::bf16)
+    return gemm_bf16(trans_a, trans_b, alpha, A, B, beta, C, a, b, c);
   const bool cuda = C.device() == Device::cuda;
   if (A.rank() == 2) {
     auto fn = cuda ? cuda::gemm : cpu::gemm;
@@ -63,7 +107,8 @@ void gemm(bool trans_a, bool trans_b, float alpha, const Tensor& A, const Tensor
      b.stride, beta, C.f32(), c.ld, c.stride, a.batch);
 }
 
-Tensor matmul(const Tensor& A, const Tensor& B, bool trans_a, bool trans_b) {
+Tensor matmul(const Tensor& A, const Tensor& B, bool trans_a, bool trans_b,
+              Precision precision) {
   CLUSTR_CHECK(A.defined() && B.defined(), "matmul: use of an undefined tensor");
   CLUSTR_CHECK((A.rank() == 2 || A.rank() == 3) && A.rank() == B.rank(),
                "matmul: expected two matrices or two batches of matrices, got A ",
@@ -71,7 +116,7 @@ Tensor matmul(const Tensor& A, const Tensor& B, bool trans_a, bool trans_b) {
   MatView a = view(A, trans_a), b = view(B, trans_b);
   Shape out = A.rank() == 2 ? Shape{a.rows, b.cols} : Shape{a.batch, a.rows, b.cols};
   Tensor C = Tensor::empty(out, DType::f32, A.device());
-  gemm(trans_a, trans_b, 1.0f, A, B, 0.0f, C);
+  gemm(trans_a, trans_b, 1.0f, A, B, 0.0f, C, precision);
   return C;
 }
 

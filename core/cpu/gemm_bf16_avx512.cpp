@@ -5,8 +5,8 @@
 // is done in strips of 8 rows x 32 columns: 16 accumulators of 16 floats. For each pair of k,
 // one vector per colgroup holds the 16 columns' two values of op(B) (a row of the B tile), and
 // each row's two values of op(A) are broadcast as one 32-bit word; vdpbf16ps adds both products
-// into the 16 floats. The strip is finished in registers (alpha, beta C, bias, ReLU, mask) and
-// stored with masks at the edges of C.
+// into the 16 floats. The strip is finished in registers (alpha, beta C, bias, ReLU, mask:
+// gemm_bf16_driver.h's finish16) and stored with masks at the edges of C.
 #include <immintrin.h>
 
 #include <cstdint>
@@ -19,7 +19,6 @@ namespace {
 
 using gemm_bf16_impl::BlockC;
 using gemm_bf16_impl::kTileElems;
-using gemm_bf16_impl::mask16;
 
 // Rows [r0, r0 + 8) of the block: a points at rowgroup r0 / 16, row r0 % 16 of its first tile.
 template <int CG>
@@ -43,23 +42,9 @@ void strip(int64_t ktiles, const uint16_t* a, const uint16_t* b, int64_t group, 
       }
     }
   }
-  const __m512 alpha = _mm512_set1_ps(c.alpha), beta = _mm512_set1_ps(c.beta);
-  const __m512 zero = _mm512_setzero_ps();
   const int64_t rows = c.rows - r0 < 8 ? c.rows - r0 : 8;
   for (int64_t r = 0; r < rows; ++r)
-    for (int q = 0; q < CG; ++q) {
-      const __mmask16 m = mask16(c.cols - 16 * q);
-      float* out = c.c + (r0 + r) * c.ldc + 16 * q;
-      __m512 v = _mm512_mul_ps(alpha, acc[r][q]);
-      if (c.beta != 0.0f) v = _mm512_fmadd_ps(beta, _mm512_maskz_loadu_ps(m, out), v);
-      if (c.bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, c.bias + 16 * q));
-      if (c.relu) v = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, zero, _CMP_LT_OQ), v, zero);
-      if (c.mask) {
-        const __m512 keep = _mm512_maskz_loadu_ps(m, c.mask + (r0 + r) * c.ldm + 16 * q);
-        v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(keep, zero, _CMP_GT_OQ), v);
-      }
-      _mm512_mask_storeu_ps(out, m, v);
-    }
+    for (int q = 0; q < CG; ++q) gemm_bf16_impl::finish16(c, r0 + r, 16 * q, acc[r][q]);
 }
 
 struct Avx512Bf16Kernel {

@@ -53,6 +53,8 @@ constexpr int64_t kTileK = 32;       // bf16 values of k in a tile row
 constexpr int64_t kTileElems = 512;  // 16 x 32 bf16: one tile, 1 KiB
 constexpr int64_t kBlock = 32;       // rows and columns of a kernel block (2 x 2 tiles)
 constexpr int64_t kKcMax = 256;      // depth of a block of K (bf16: a 32-row A block is 16 KiB)
+constexpr int64_t kKcMaxRows = 1024;
+constexpr int64_t kMc = 64;          // rows of op(A) packed at a time (32 KiB at kc = 256)
 constexpr int64_t kBBlockBytes = 512 * 1024;  // a packed B block: half of a Zen 4 L2
 
 // The results of one kernel block for one depth block, and what to do with them:
@@ -71,21 +73,57 @@ struct BlockC {
   int64_t ldm;
 };
 
-// C's element (r, j) of the block from its product value p, as BlockC says.
-inline float finish_value(const BlockC& c, int64_t r, int64_t j, float p) {
-  float v = c.alpha * p;
-  if (c.beta != 0.0f) v += c.beta * c.c[r * c.ldc + j];
-  if (c.bias) v += c.bias[j];
-  if (c.relu) v = v < 0.0f ? 0.0f : v;
-  if (c.mask && !(c.mask[r * c.ldm + j] > 0.0f)) v = 0.0f;
-  return v;
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#ifdef CLUSTR_BF16_VECTOR
+// The lowest n bits set (n <= 16 for a 16-bit mask, <= 32 for a 32-bit one).
+inline __mmask16 mask16(int64_t n) {
+  return n >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << n) - 1u);
+}
+inline __mmask32 mask32(int64_t n) {
+  return n >= 32 ? static_cast<__mmask32>(0xffffffffu) : static_cast<__mmask32>((1u << n) - 1u);
 }
 
-// The block's products p (row stride ldp) stored into C.
-inline void finish_block(const float* p, int64_t ldp, const BlockC& c) {
-  for (int64_t r = 0; r < c.rows; ++r)
-    for (int64_t j = 0; j < c.cols; ++j) c.c[r * c.ldc + j] = finish_value(c, r, j, p[r * ldp + j]);
+// Columns [j, j + 16) of row r of the block (those < c.cols) from their products p, as BlockC
+// says: the AVX-512 kernel finishes its registers with it, the AMX kernel its scratch rows.
+inline void finish16(const BlockC& c, int64_t r, int64_t j, __m512 p) {
+  const __mmask16 m = mask16(c.cols - j);
+  const __m512 zero = _mm512_setzero_ps();
+  float* out = c.c + r * c.ldc + j;
+  __m512 v = _mm512_mul_ps(_mm512_set1_ps(c.alpha), p);
+  if (c.beta != 0.0f)
+    v = _mm512_fmadd_ps(_mm512_set1_ps(c.beta), _mm512_maskz_loadu_ps(m, out), v);
+  if (c.bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, c.bias + j));
+  if (c.relu) v = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, zero, _CMP_LT_OQ), v, zero);
+  if (c.mask) {
+    const __m512 keep = _mm512_maskz_loadu_ps(m, c.mask + r * c.ldm + j);
+    v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(keep, zero, _CMP_GT_OQ), v);
+  }
+  _mm512_mask_storeu_ps(out, m, v);
 }
+#endif
+
+// The block's products p (row stride ldp) stored into C as BlockC says: C = alpha p + beta C
+// (+ bias), then ReLU (keeping NaN, as math::relu) and the mask (dropping NaN, as
+// math::ReluGrad).
+inline void finish_block(const float* p, int64_t ldp, const BlockC& c) {
+#ifdef CLUSTR_BF16_VECTOR
+  for (int64_t r = 0; r < c.rows; ++r)
+    for (int64_t j = 0; j < c.cols; j += 16) finish16(c, r, j, _mm512_loadu_ps(p + r * ldp + j));
+#else
+  for (int64_t r = 0; r < c.rows; ++r)
+    for (int64_t j = 0; j < c.cols; ++j) {
+      float v = c.alpha * p[r * ldp + j];
+      if (c.beta != 0.0f) v += c.beta * c.c[r * c.ldc + j];
+      if (c.bias) v += c.bias[j];
+      if (c.relu) v = v < 0.0f ? 0.0f : v;
+      if (c.mask && !(c.mask[r * c.ldm + j] > 0.0f)) v = 0.0f;
+      c.c[r * c.ldc + j] = v;
+    }
+#endif
+}
+#pragma GCC diagnostic pop
 
 // ---- scalar conversions (the packing's scalar path and the generic kernel) -----------------
 
@@ -119,15 +157,6 @@ inline uint16_t operand_bf16(const void* base, Operand type, int64_t idx) {
   return to_bf16(static_cast<const float*>(base)[idx]);
 }
 
-// Element idx of an operand as stored (for the row sums of op(A)).
-inline double operand_value(const void* base, Operand type, int64_t idx) {
-  if (type == Operand::f32) return static_cast<const float*>(base)[idx];
-  uint32_t u = static_cast<uint32_t>(static_cast<const uint16_t*>(base)[idx]) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-
 inline const char* byte_ptr(const void* base, Operand type, int64_t idx) {
   return static_cast<const char*>(base) + idx * (type == Operand::f32 ? 4 : 2);
 }
@@ -141,14 +170,6 @@ inline const char* byte_ptr(const void* base, Operand type, int64_t idx) {
 #pragma GCC diagnostic ignored "-Wuninitialized"
 
 #ifdef CLUSTR_BF16_VECTOR
-// The lowest n bits set (n <= 16 for a 16-bit mask, <= 32 for a 32-bit one).
-inline __mmask16 mask16(int64_t n) {
-  return n >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << n) - 1u);
-}
-inline __mmask32 mask32(int64_t n) {
-  return n >= 32 ? static_cast<__mmask32>(0xffffffffu) : static_cast<__mmask32>((1u << n) - 1u);
-}
-
 // 32 floats (lo: the first 16) -> 32 bf16 in order.
 inline __m512i cvt32(__m512 lo, __m512 hi) {
   return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
@@ -225,6 +246,41 @@ inline void pack_a(const GemmBf16Call& g, int64_t i, int64_t rows, int64_t p0, i
 #endif
 }
 
+// Rows [i, i + rows) of op(A) as ceil(rows / 16) rowgroups `group` elements apart (the last one
+// zero-padded), depths [p0, p0 + kc). op(A) = A^T is packed tile by tile across all the
+// rowgroups, so that each of the tile's 32 rows of A is read in one sweep along its columns
+// (whole cache lines, in order: the hardware prefetcher follows 32 such streams, not the
+// scattered lines of one rowgroup at a time).
+inline void pack_a_rows(const GemmBf16Call& g, int64_t i, int64_t rows, int64_t p0, int64_t kc,
+                        int64_t ktiles, uint16_t* dst, int64_t group) {
+  const int64_t groups = ceil_div(rows, 16);
+#ifdef CLUSTR_BF16_VECTOR
+  if (g.trans_a) {
+    const Operand type = g.a_type;
+    for (int64_t t = 0; t < ktiles; ++t)
+      for (int64_t q = 0; q < groups; ++q) {
+        const int64_t r = min64(16, rows - 16 * q), col = i + 16 * q;
+        __m512 lo[16], hi[16];
+        for (int64_t k = 0; k < 16; ++k) {
+          const int64_t k0 = t * kTileK + k, k1 = k0 + 16;
+          lo[k] = k0 < kc ? load16(byte_ptr(g.A, type, (p0 + k0) * g.lda + col), type, r)
+                          : _mm512_setzero_ps();
+          hi[k] = k1 < kc ? load16(byte_ptr(g.A, type, (p0 + k1) * g.lda + col), type, r)
+                          : _mm512_setzero_ps();
+        }
+        gemm_impl::transpose16(lo);
+        gemm_impl::transpose16(hi);
+        uint16_t* out = dst + q * group + t * kTileElems;
+        for (int64_t rr = 0; rr < 16; ++rr)
+          _mm512_store_si512(out + rr * kTileK, cvt32(lo[rr], hi[rr]));
+      }
+    return;
+  }
+#endif
+  for (int64_t q = 0; q < groups; ++q)
+    pack_a(g, i + 16 * q, min64(16, rows - 16 * q), p0, kc, ktiles, dst + q * group);
+}
+
 // One colgroup of op(B): columns [j, j + cols) (cols <= 16; the rest zero), depths [p0, p0 +
 // kc), into ktiles tiles at dst, in pairs of k.
 inline void pack_b(const GemmBf16Call& g, int64_t j, int64_t cols, int64_t p0, int64_t kc,
@@ -277,23 +333,76 @@ inline void pack_b(const GemmBf16Call& g, int64_t j, int64_t cols, int64_t p0, i
 #endif
 }
 
+// Columns [j, j + cols) of op(B) as ceil(cols / 16) colgroups `group` elements apart (the last
+// zero-padded), depths [p0, p0 + kc). For B not transposed, each pair of rows of B is read in
+// one sweep across all the colgroups (rather than 64 bytes of every row per colgroup).
+inline void pack_b_cols(const GemmBf16Call& g, int64_t j, int64_t cols, int64_t p0, int64_t kc,
+                        int64_t ktiles, uint16_t* dst, int64_t group) {
+  const int64_t groups = ceil_div(cols, 16);
+#ifdef CLUSTR_BF16_VECTOR
+  if (!g.trans_b) {
+    const Operand type = g.b_type;
+    alignas(64) static const uint16_t kInterleave[32] = {0,  16, 1,  17, 2,  18, 3,  19,
+                                                         4,  20, 5,  21, 6,  22, 7,  23,
+                                                         8,  24, 9,  25, 10, 26, 11, 27,
+                                                         12, 28, 13, 29, 14, 30, 15, 31};
+    const __m512i order = _mm512_load_si512(kInterleave);
+    for (int64_t t = 0; t < ktiles; ++t)
+      for (int64_t kp = 0; kp < 16; ++kp) {
+        const int64_t k0 = t * kTileK + 2 * kp, k1 = k0 + 1;
+        const char* x_row = k0 < kc ? byte_ptr(g.B, type, (p0 + k0) * g.ldb + j) : nullptr;
+        const char* y_row = k1 < kc ? byte_ptr(g.B, type, (p0 + k1) * g.ldb + j) : nullptr;
+        const int64_t elem = type == Operand::f32 ? 4 : 2;
+        for (int64_t q = 0; q < groups; ++q) {
+          const int64_t c = min64(16, cols - 16 * q);
+          const __m512 x = x_row ? load16(x_row + 16 * q * elem, type, c) : _mm512_setzero_ps();
+          const __m512 y = y_row ? load16(y_row + 16 * q * elem, type, c) : _mm512_setzero_ps();
+          _mm512_store_si512(dst + q * group + t * kTileElems + kp * kTileK,
+                             _mm512_permutexvar_epi16(order, cvt32(x, y)));
+        }
+      }
+    return;
+  }
+#endif
+  for (int64_t q = 0; q < groups; ++q)
+    pack_b(g, j + 16 * q, min64(16, cols - 16 * q), p0, kc, ktiles, dst + q * group);
+}
+
 #pragma GCC diagnostic pop
+
+// An element as stored, as a double.
+inline double stored_value(float x) { return x; }
+inline double stored_value(uint16_t h) {
+  const uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+template <typename T>
+void add_row_sums_typed(const T* a, int64_t lda, bool trans, int64_t rows, int64_t kc,
+                        double* sums) {
+  if (trans) {  // the rows of op(A) run along A's rows: vectors over r
+    for (int64_t p = 0; p < kc; ++p)
+      for (int64_t r = 0; r < rows; ++r) sums[r] += stored_value(a[p * lda + r]);
+    return;
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    double s = 0.0;
+    for (int64_t p = 0; p < kc; ++p) s += stored_value(a[r * lda + p]);
+    sums[r] += s;
+  }
+}
 
 // sums[r] += the sum over k in [p0, p0 + kc) of op(A)[i + r][k] for r < rows, in double (the
 // stored values, in the order of k).
 inline void add_row_sums(const GemmBf16Call& g, int64_t i, int64_t rows, int64_t p0, int64_t kc,
                          double* sums) {
-  if (g.trans_a) {
-    for (int64_t p = 0; p < kc; ++p)
-      for (int64_t r = 0; r < rows; ++r)
-        sums[r] += operand_value(g.A, g.a_type, (p0 + p) * g.lda + i + r);
-    return;
-  }
-  for (int64_t r = 0; r < rows; ++r) {
-    double s = 0.0;
-    for (int64_t p = 0; p < kc; ++p) s += operand_value(g.A, g.a_type, (i + r) * g.lda + p0 + p);
-    sums[r] += s;
-  }
+  const int64_t first = g.trans_a ? p0 * g.lda + i : i * g.lda + p0;
+  if (g.a_type == Operand::f32)
+    return add_row_sums_typed(static_cast<const float*>(g.A) + first, g.lda, g.trans_a, rows, kc,
+                              sums);
+  add_row_sums_typed(static_cast<const uint16_t*>(g.A) + first, g.lda, g.trans_a, rows, kc, sums);
 }
 
 // A grow-only buffer of bf16 values owned by one thread, 64-byte aligned.
@@ -324,7 +433,7 @@ void gemm_rect(const GemmBf16Call& g, int64_t kc_max, int64_t i0, int64_t i1, in
   const int64_t nc_max = round_up(ceil_div(j1 - j0, nblocks), kBlock);
   const int64_t kt_max = ceil_div(kc_max, kTileK);
   thread_local Bf16Buffer a_buffer, b_buffer;
-  uint16_t* a_pack = a_buffer.reserve(2 * kt_max * kTileElems);
+  uint16_t* a_pack = a_buffer.reserve(kMc / 16 * kt_max * kTileElems);
   uint16_t* b_pack = b_buffer.reserve(nc_max / 16 * kt_max * kTileElems);
   thread_local gemm_impl::SumBuffer sum_buffer;
   double* sums = nullptr;
@@ -339,22 +448,24 @@ void gemm_rect(const GemmBf16Call& g, int64_t kc_max, int64_t i0, int64_t i1, in
     const int64_t group = ktiles * kTileElems;  // one packed rowgroup or colgroup
     const bool first_k = p0 == 0, last_k = p0 + kc >= g.K;
     for (int64_t jc = j0; jc < j1; jc += nc_max) {
-      const int64_t nc = min64(nc_max, j1 - jc), ncg = ceil_div(nc, 16);
-      for (int64_t q = 0; q < ncg; ++q)
-        pack_b(g, jc + 16 * q, min64(16, nc - 16 * q), p0, kc, ktiles, b_pack + q * group);
-      for (int64_t ib = i0; ib < i1; ib += kBlock) {
-        const int64_t rows = min64(kBlock, i1 - ib);
-        pack_a(g, ib, min64(16, rows), p0, kc, ktiles, a_pack);
-        if (rows > 16) pack_a(g, ib + 16, rows - 16, p0, kc, ktiles, a_pack + group);
-        if (sums && jc == j0) add_row_sums(g, ib, rows, p0, kc, sums + (ib - i0));
-        for (int64_t jb = 0; jb < nc; jb += kBlock) {
-          const int64_t cols = min64(kBlock, nc - jb);
-          const int64_t j = jc + jb;
-          BlockC c{g.C + ib * g.ldc + j, g.ldc, rows, cols, g.alpha, first_k ? g.beta : 1.0f,
-                   first_k && e.bias ? e.bias + j : nullptr, last_k && e.relu,
-                   last_k && e.mask ? e.mask + ib * e.ldm + j : nullptr, e.ldm};
-          run_block<Kernel>(rows > 16 ? 2 : 1, cols > 16 ? 2 : 1, ktiles, a_pack,
-                            b_pack + (jb / 16) * group, c);
+      const int64_t nc = min64(nc_max, j1 - jc);
+      pack_b_cols(g, jc, nc, p0, kc, ktiles, b_pack, group);
+      for (int64_t ic = i0; ic < i1; ic += kMc) {  // kMc rows of op(A) packed at a time
+        const int64_t mc = min64(kMc, i1 - ic);
+        pack_a_rows(g, ic, mc, p0, kc, ktiles, a_pack, group);
+        if (sums && jc == j0) add_row_sums(g, ic, mc, p0, kc, sums + (ic - i0));
+        for (int64_t ib = ic; ib < ic + mc; ib += kBlock) {
+          const int64_t rows = min64(kBlock, ic + mc - ib);
+          const uint16_t* a = a_pack + (ib - ic) / 16 * group;
+          for (int64_t jb = 0; jb < nc; jb += kBlock) {
+            const int64_t cols = min64(kBlock, nc - jb);
+            const int64_t j = jc + jb;
+            BlockC c{g.C + ib * g.ldc + j, g.ldc, rows, cols, g.alpha, first_k ? g.beta : 1.0f,
+                     first_k && e.bias ? e.bias + j : nullptr, last_k && e.relu,
+                     last_k && e.mask ? e.mask + ib * e.ldm + j : nullptr, e.ldm};
+            run_block<Kernel>(rows > 16 ? 2 : 1, cols > 16 ? 2 : 1, ktiles, a,
+                              b_pack + (jb / 16) * group, c);
+          }
         }
       }
     }
@@ -375,7 +486,7 @@ struct Plan {
     if (g.M == 0 || g.N == 0 || g.K == 0 || g.alpha == 0.0f) return false;
     // Depth blocks of equal size in whole tiles: K = 768 gives three of 256, K = 576 three of
     // 192, K = 17 one of 32 (15 of them zero).
-    const int64_t kblocks = ceil_div(g.K, kKcMax);
+    const int64_t kblocks = ceil_div(g.K, g.trans_a ? kKcMax : kKcMaxRows);
     kc_max = round_up(ceil_div(g.K, kblocks), kTileK);
     mblocks = ceil_div(g.M, kBlock);
     nblocks = ceil_div(g.N, kBlock);

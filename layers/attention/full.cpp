@@ -100,6 +100,7 @@ cpu::FullAttentionParams params_of(const cpu::FullAttentionDims& d, const Tensor
   p.dropout = options.dropout;
   p.seed = options.seed;
   p.offset = options.offset;
+  p.bf16 = options.precision == Precision::bf16;
   return p;
 }
 
@@ -132,6 +133,13 @@ Tensor merge_heads(const Tensor& x, const cpu::FullAttentionDims& d) {
 // Scratch for a kernel: `floats` floats (an undefined tensor when none are needed).
 Tensor workspace(int64_t floats, Device device) {
   return floats > 0 ? Tensor::empty({floats}, DType::f32, device) : Tensor();
+}
+
+// The options of a differentiable op: bf16 products when the options or this thread's
+// precision say so (recorded in the node, so that backward uses the same).
+FullAttentionOptions with_thread_precision(FullAttentionOptions options) {
+  if (current_precision() == Precision::bf16) options.precision = Precision::bf16;
+  return options;
 }
 
 // Saves the inputs, the output and the per-row log-sum-exp; backward recomputes the weights.
@@ -224,7 +232,8 @@ FullAttentionGrads full_attention_backward(const Tensor& dout, const Tensor& Q, 
 }
 
 Variable full_attention(const Variable& Q, const Variable& K, const Variable& V,
-                        const Tensor& lengths, const FullAttentionOptions& options) {
+                        const Tensor& lengths, const FullAttentionOptions& given) {
+  const FullAttentionOptions options = with_thread_precision(given);
   FullAttentionOutput r = full_attention_forward(Q.data(), K.data(), V.data(), lengths, options);
   if (!record_needed({&Q, &K, &V})) return Variable(std::move(r.out));
   auto node = std::make_shared<FullAttentionNode>();
@@ -314,7 +323,8 @@ Tensor full_attention_qkv_backward(const Tensor& dout, const Tensor& qkv, int64_
 }
 
 Variable full_attention_qkv(const Variable& qkv, int64_t heads, const Tensor& lengths,
-                            const FullAttentionOptions& options) {
+                            const FullAttentionOptions& given) {
+  const FullAttentionOptions options = with_thread_precision(given);
   FullAttentionOutput r = full_attention_qkv_forward(qkv.data(), heads, lengths, options);
   if (!record_needed({&qkv})) return Variable(std::move(r.out));
   auto node = std::make_shared<FullAttentionQkvNode>();

@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "autograd/variable.h"
+#include "core/precision.h"
 #include "core/tensor.h"
 
 namespace clustr {
@@ -23,6 +24,11 @@ struct FullAttentionOptions {
   bool causal = false;
   float dropout = 0.0f;      // probability of dropping an attention weight
   uint64_t seed = 0, offset = 0;  // dropout stream
+  // The precision of the products Q K^T and P V and of their gradients (core/precision.h):
+  // bf16 reads Q, K, V, the weights P and the gradients rounded to bf16, with f32 sums; the
+  // softmax, its log-sum-exp and the dropout stay f32. The differentiable ops use bf16 when
+  // this says so or when this thread's precision does.
+  Precision precision = Precision::fp32;
 };
 
 // Tensor-level forward: out and the per-row log-sum-exp (B, H, N) that backward needs.

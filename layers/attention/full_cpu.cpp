@@ -33,6 +33,7 @@
 #include <cmath>
 
 #include "core/cpu/gemm.h"
+#include "core/cpu/gemm_bf16.h"
 #include "core/math.h"
 #include "core/parallel.h"
 #include "core/philox.h"
@@ -86,6 +87,16 @@ Layout layout_of(const FullAttentionDims& d) {
   l.bk = max64(1, min64(kTileK, d.S));
   l.qblocks = ceil_div(d.N, l.bq);
   return l;
+}
+
+// One product of a task, on the calling thread: cpu::gemm, or with bf16 operands the bf16 GEMM
+// on the same f32 operands (rounded as it packs them).
+void product(const FullAttentionParams& p, bool trans_a, bool trans_b, int64_t M, int64_t N,
+             int64_t K, float alpha, const float* A, int64_t lda, const float* B, int64_t ldb,
+             float beta, float* C, int64_t ldc) {
+  if (!p.bf16) return gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  gemm_bf16_call({trans_a, trans_b, M, N, K, alpha, A, Operand::f32, lda, B, Operand::f32, ldb,
+                  beta, C, ldc, GemmEpilogue{}});
 }
 
 // Which columns of a tile a row sees: row r (query i0 + r) sees the tile's columns
@@ -317,7 +328,7 @@ void forward_block(const FullAttentionDims& d, const FullAttentionLayout& hl,
   for (int64_t k0 = 0; k0 < k.key_end; k0 += lay.bk) {
     const int64_t tc = min64(lay.bk, k.key_end - k0);
     const RowLimits lim{k.i0, k0, k.length, p.causal, tc};
-    gemm(false, true, k.rows, tc, d.E, p.temperature, q, hl.q.row, kh + k0 * hl.k.row,
+    product(p, false, true, k.rows, tc, d.E, p.temperature, q, hl.q.row, kh + k0 * hl.k.row,
          hl.k.row, 0.0f, s, lay.bk);
     softmax_tile(s, lay.bk, k.rows, lim, m, l, corr);
     // The normalised weights are dropped (the sum l above is over all of them), so dropping
@@ -335,7 +346,7 @@ void forward_block(const FullAttentionDims& d, const FullAttentionLayout& hl,
       for (int64_t r = 0; r < k.rows; ++r)
         if (corr[r] != 1.0f)
           for (int64_t c = 0; c < d.M; ++c) o[r * ldo + c] *= corr[r];
-    gemm(false, false, k.rows, d.M, tc, 1.0f, s, lay.bk, vh + k0 * hl.v.row, hl.v.row,
+    product(p, false, false, k.rows, d.M, tc, 1.0f, s, lay.bk, vh + k0 * hl.v.row, hl.v.row,
          k0 == 0 ? 0.0f : 1.0f, o, ldo);
   }
   for (int64_t r = 0; r < k.rows; ++r) {
@@ -396,18 +407,18 @@ void backward_block(const FullAttentionDims& d, const FullAttentionLayout& hl,
     const int64_t tc = min64(lay.bk, k.key_end - k0);
     const float* kt = K + hl.k.at(b, h) + k0 * ldk;
     const float* vt = V + hl.v.at(b, h) + k0 * ldv;
-    gemm(false, true, k.rows, tc, d.E, t, q, ldq, kt, ldk, 0.0f, s, lay.bk);
-    gemm(false, true, k.rows, tc, d.M, 1.0f, dO, ldo, vt, ldv, 0.0f, dp, lay.bk);
+    product(p, false, true, k.rows, tc, d.E, t, q, ldq, kt, ldk, 0.0f, s, lay.bk);
+    product(p, false, true, k.rows, tc, d.M, 1.0f, dO, ldo, vt, ldv, 0.0f, dp, lay.bk);
     drop.idx0 = math::attention_dropout_index(k.bh, d.N, k.i0, d.S, k0);
     backward_tile(s, dp, lay.bk, k.rows, RowLimits{k.i0, k0, k.length, p.causal, tc},
                   logsumexp + row0, D, d_from_tile, drop);
     // dV_tile += Pd^T dO, dQ_blk (+)= t dS K_tile, dK_tile += t dS^T Q_blk.
     const float beta_kv = overwrite ? 0.0f : 1.0f;
-    gemm(true, false, tc, d.M, k.rows, 1.0f, s, lay.bk, dO, ldo, beta_kv, g.dv + k0 * g.ldv,
+    product(p, true, false, tc, d.M, k.rows, 1.0f, s, lay.bk, dO, ldo, beta_kv, g.dv + k0 * g.ldv,
          g.ldv);
-    gemm(false, false, k.rows, d.E, tc, t, dp, lay.bk, kt, ldk, k0 == 0 ? 0.0f : 1.0f, dq,
+    product(p, false, false, k.rows, d.E, tc, t, dp, lay.bk, kt, ldk, k0 == 0 ? 0.0f : 1.0f, dq,
          g.ldq);
-    gemm(true, false, tc, d.E, k.rows, t, dp, lay.bk, q, ldq, beta_kv, g.dk + k0 * g.ldk,
+    product(p, true, false, tc, d.E, k.rows, t, dp, lay.bk, q, ldq, beta_kv, g.dk + k0 * g.ldk,
          g.ldk);
   }
 }

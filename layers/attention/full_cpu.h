@@ -60,6 +60,7 @@ struct FullAttentionParams {
   uint64_t seed = 0, offset = 0;     // dropout: element idx = ((b H + h) N + i) S + j keeps when
                                      // uint_to_unit(philox4x32(seed, offset + idx/4).v[idx%4])
                                      // >= dropout, and is then scaled by 1 / (1 - dropout)
+  bool bf16 = false;                 // the products read their operands rounded to bf16
 };
 
 // Floats of scratch (`workspace` below) each kernel needs when run on `threads` threads.

@@ -26,16 +26,22 @@
 //
 // The per-element math (the keys a row sees, exp, the logsumexp, dropout, the softmax
 // gradient) is core/math.h's, the CPU's; the dropout element numbering is full_cpu.h's.
+//
+// bf16 products (p.bf16, the precision policy): Q, K, V and dO are converted to bf16 once per
+// call, the score blocks (P, dS) after their row kernel, and the batched GEMMs are cuBLAS's
+// bf16 ones with f32 accumulation and f32 results; the row kernels stay f32.
 #include "layers/attention/full_cuda.h"
 
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include "core/cuda/cuda.h"
 #include "core/cuda/kernel.h"
 #include "core/error.h"
 #include "core/math.h"
 #include "core/philox.h"
+#include "core/tensor.h"
 #include "layers/attention/dropout_cuda.h"
 
 namespace clustr::cuda {
@@ -211,6 +217,51 @@ BlockRows block_of(const FullAttentionParams& p, const Sequence& q, int64_t b, i
   return k;
 }
 
+// An operand of the batched products: its f32 elements and, for bf16 products, a bf16 copy.
+struct Operand {
+  const float* f;
+  const uint16_t* h;  // null for f32 products
+  Operand at(int64_t offset) const { return {f + offset, h ? h + offset : nullptr}; }
+};
+
+// The bf16 copies of one call (p.bf16): each operand converted once, kept until the call ends.
+class Bf16Copies {
+ public:
+  explicit Bf16Copies(bool on) : on_(on) {}
+  // x (n floats) as an operand, with a bf16 copy when the products are bf16.
+  Operand operand(const float* x, int64_t n) {
+    if (!on_) return {x, nullptr};
+    copies_.push_back(Tensor::empty({n}, DType::bf16, Device::cuda));
+    f32_to_bf16(x, copies_.back().bf16(), n);
+    return {x, copies_.back().bf16()};
+  }
+  // A scratch block that is rewritten for each query block: converted into one buffer of n
+  // values made on first use.
+  Operand scratch(const float* x, int64_t n, int64_t capacity, int slot) {
+    if (!on_) return {x, nullptr};
+    Tensor& buffer = slot == 0 ? scratch0_ : scratch1_;
+    if (!buffer.defined()) buffer = Tensor::empty({capacity}, DType::bf16, Device::cuda);
+    f32_to_bf16(x, buffer.bf16(), n);
+    return {x, buffer.bf16()};
+  }
+
+ private:
+  bool on_;
+  std::vector<Tensor> copies_;
+  Tensor scratch0_, scratch1_;
+};
+
+// cuda::gemm_strided_batched, or its bf16 twin on the operands' copies.
+void product(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+             Operand A, int64_t lda, int64_t stride_a, Operand B, int64_t ldb, int64_t stride_b,
+             float beta, float* C, int64_t ldc, int64_t stride_c, int64_t batch) {
+  if (A.h)
+    return gemm_bf16_strided_batched(trans_a, trans_b, M, N, K, alpha, A.h, lda, stride_a, B.h,
+                                     ldb, stride_b, beta, C, ldc, stride_c, batch);
+  gemm_strided_batched(trans_a, trans_b, M, N, K, alpha, A.f, lda, stride_a, B.f, ldb, stride_b,
+                       beta, C, ldc, stride_c, batch);
+}
+
 }  // namespace
 
 int64_t full_attention_forward_workspace(const FullAttentionDims& d) { return score_floats(d); }
@@ -227,28 +278,33 @@ void full_attention_forward(const FullAttentionDims& d, const FullAttentionParam
   const float t = p.temperature;
   const Dropout drop = dropout_of(p);
   float* s = workspace;
+  Bf16Copies copies(p.bf16);
+  const Operand q_all = copies.operand(Q, d.B * H * N * E);
+  const Operand k_all = copies.operand(K, d.B * H * S * E);
+  const Operand v_all = copies.operand(V, d.B * H * S * M);
   for (int64_t b = 0; b < d.B; ++b) {
     const Sequence q = sequence_of(d, p, b);
     if (q.live < N)
       launch("cuda::full_attention_forward (empty rows)", {elementwise_blocks(H * (N - q.live))},
              {kElementwiseThreads}, 0, EmptyRowsKernel{out, logsumexp, b, q.live, H, N, M});
-    const float* qb = Q + b * H * N * E;
-    const float* kb = K + b * H * S * E;
-    const float* vb = V + b * H * S * M;
+    const Operand qb = q_all.at(b * H * N * E);
+    const Operand kb = k_all.at(b * H * S * E);
+    const Operand vb = v_all.at(b * H * S * M);
     float* ob = out + b * H * N * M;
     for (int64_t i0 = 0; i0 < q.live; i0 += bq) {
       const BlockRows k = block_of(p, q, b, i0, bq);
       const int64_t rows = k.rows, ld = k.ld;
       // scores (H, rows, Sb) = t Q_blk K^T
-      gemm_strided_batched(false, true, rows, ld, E, t, qb + i0 * E, E, N * E, kb, E, S * E,
-                           0.0f, s, ld, rows * ld, H);
+      product(false, true, rows, ld, E, t, qb.at(i0 * E), E, N * E, kb, E, S * E, 0.0f, s, ld,
+              rows * ld, H);
       const unsigned threads = row_threads(ld);
       launch("cuda::full_attention_forward (rows)", {static_cast<unsigned>(rows),
              static_cast<unsigned>(H)}, {threads}, threads * sizeof(double),
              ForwardRowsKernel{s, logsumexp, k, H, N, S, p.causal, drop});
       // out_blk (H, rows, M) = P V
-      gemm_strided_batched(false, false, rows, M, ld, 1.0f, s, ld, rows * ld, vb, M, S * M, 0.0f,
-                           ob + i0 * M, M, N * M, H);
+      const Operand P = copies.scratch(s, H * rows * ld, score_floats(d), 0);
+      product(false, false, rows, M, ld, 1.0f, P, ld, rows * ld, vb, M, S * M, 0.0f, ob + i0 * M,
+              M, N * M, H);
     }
   }
 }
@@ -268,35 +324,41 @@ void full_attention_backward(const FullAttentionDims& d, const FullAttentionPara
   const Dropout drop = dropout_of(p);
   float* s = workspace;
   float* dp = workspace + score_floats(d);
+  Bf16Copies copies(p.bf16);
+  const Operand q_all = copies.operand(Q, d.B * H * N * E);
+  const Operand k_all = copies.operand(K, d.B * H * S * E);
+  const Operand v_all = copies.operand(V, d.B * H * S * M);
+  const Operand do_all = copies.operand(dout, d.B * H * N * M);
   for (int64_t b = 0; b < d.B; ++b) {
     const Sequence q = sequence_of(d, p, b);
-    const float* qb = Q + b * H * N * E;
-    const float* kb = K + b * H * S * E;
-    const float* vb = V + b * H * S * M;
-    const float* dob = dout + b * H * N * M;
+    const Operand qb = q_all.at(b * H * N * E);
+    const Operand kb = k_all.at(b * H * S * E);
+    const Operand vb = v_all.at(b * H * S * M);
+    const Operand dob = do_all.at(b * H * N * M);
     float* dqb = dQ + b * H * N * E;
     float* dkb = dK + b * H * S * E;
     float* dvb = dV + b * H * S * M;
     for (int64_t i0 = 0; i0 < q.live; i0 += bq) {
       const BlockRows k = block_of(p, q, b, i0, bq);
       const int64_t rows = k.rows, ld = k.ld;
-      const float* qi = qb + i0 * E;
-      const float* doi = dob + i0 * M;
-      gemm_strided_batched(false, true, rows, ld, E, t, qi, E, N * E, kb, E, S * E, 0.0f, s, ld,
-                           rows * ld, H);
-      gemm_strided_batched(false, true, rows, ld, M, 1.0f, doi, M, N * M, vb, M, S * M, 0.0f, dp,
-                           ld, rows * ld, H);
+      const Operand qi = qb.at(i0 * E);
+      const Operand doi = dob.at(i0 * M);
+      product(false, true, rows, ld, E, t, qi, E, N * E, kb, E, S * E, 0.0f, s, ld, rows * ld, H);
+      product(false, true, rows, ld, M, 1.0f, doi, M, N * M, vb, M, S * M, 0.0f, dp, ld,
+              rows * ld, H);
       const unsigned threads = row_threads(max64(ld, M));
       launch("cuda::full_attention_backward (rows)", {static_cast<unsigned>(rows),
              static_cast<unsigned>(H)}, {threads}, threads * sizeof(double),
              BackwardRowsKernel{s, dp, logsumexp, dout, out, k, H, N, S, M, p.causal, drop});
       // dV[:Sb] += Pd^T dO_blk, dQ_blk = t dS K[:Sb], dK[:Sb] += t dS^T Q_blk
-      gemm_strided_batched(true, false, ld, M, rows, 1.0f, s, ld, rows * ld, doi, M, N * M, 1.0f,
-                           dvb, M, S * M, H);
-      gemm_strided_batched(false, false, rows, E, ld, t, dp, ld, rows * ld, kb, E, S * E, 0.0f,
-                           dqb + i0 * E, E, N * E, H);
-      gemm_strided_batched(true, false, ld, E, rows, t, dp, ld, rows * ld, qi, E, N * E, 1.0f,
-                           dkb, E, S * E, H);
+      const Operand pd = copies.scratch(s, H * rows * ld, score_floats(d), 0);
+      const Operand ds = copies.scratch(dp, H * rows * ld, score_floats(d), 1);
+      product(true, false, ld, M, rows, 1.0f, pd, ld, rows * ld, doi, M, N * M, 1.0f, dvb, M,
+              S * M, H);
+      product(false, false, rows, E, ld, t, ds, ld, rows * ld, kb, E, S * E, 0.0f, dqb + i0 * E,
+              E, N * E, H);
+      product(true, false, ld, E, rows, t, ds, ld, rows * ld, qi, E, N * E, 1.0f, dkb, E, S * E,
+              H);
     }
   }
 }
