@@ -39,6 +39,7 @@
 #include "core/cuda/cuda.h"
 #include "core/error.h"
 #include "core/parallel.h"
+#include "core/precision.h"
 #include "core/random.h"
 #include "core/tensor.h"
 #include "apps/common/plot.h"
@@ -93,7 +94,8 @@ void plot(const std::string& path, const std::vector<clustr::plot::Series>& seri
 // clustered types include hashing and clustering).
 // The tensors are on one device (q's), which the memory figures are taken on.
 Sample run_once(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout,
-                const clustr::AttentionConfig& config, clustr::Generator& gen) {
+                const clustr::AttentionConfig& config, clustr::Precision precision,
+                clustr::Generator& gen) {
   const clustr::Device device = q.device();
   const bool on_cuda = device == clustr::Device::cuda;
   Variable Q(q, true), K(k, true), V(v, true);
@@ -104,6 +106,7 @@ Sample run_once(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor&
   const bool rss_ok = !on_cuda && reset_peak_rss() && rss0 >= 0;
   const auto t0 = std::chrono::steady_clock::now();
   {
+    const clustr::PrecisionScope scope(precision);
     Variable out = clustr::attention(config, Q, K, V, Tensor(), gen, /*training=*/true);
     out.backward(dout);
   }
@@ -147,6 +150,13 @@ int main(int argc, char** argv) try {
   app.add_option("--topk", config.topk, "top-k keys per cluster (improved-clustered)")
       ->capture_default_str();
   app.add_option("--device", device_name, "cpu | cuda")->capture_default_str();
+  std::string precision_name = "fp32";
+  app.add_option("--precision", precision_name,
+                 "fp32 | bf16 (full attention's products with bf16 operands; the clustered "
+                 "types' kernels stay f32)")
+      ->capture_default_str();
+  bool tf32 = false;
+  app.add_flag("--tf32", tf32, "with --device cuda: TF32 tensor cores for the f32 products");
   app.add_option("--csv", csv_path, "CSV output file")->capture_default_str();
   app.add_option("--png", png_path, "also plot time per element against N (log-log) here");
   app.add_option("--png-memory", png_memory_path,
@@ -155,6 +165,8 @@ int main(int argc, char** argv) try {
   for (int64_t N : lengths)
     CLUSTR_CHECK(N >= 1, "bench_attention: --n values must be >= 1, got ", N);
   const clustr::Device device = clustr::resolve_device(device_name);
+  const clustr::Precision precision = clustr::parse_precision(precision_name);
+  clustr::apply_tf32(tf32, device);
   const int default_threads = clustr::num_threads();
   for (int& t : thread_counts)
     if (t == 0) t = default_threads;
@@ -162,7 +174,7 @@ int main(int argc, char** argv) try {
   std::ofstream csv(csv_path);
   CLUSTR_CHECK(csv.good(), "bench_attention: cannot write ", csv_path);
   csv << "attention,N,B,H,E,threads,causal,seconds_median,seconds_min,us_per_element,"
-         "tensor_peak_bytes,rss_peak_bytes,bytes_per_element,device\n";
+         "tensor_peak_bytes,rss_peak_bytes,bytes_per_element,device,precision\n";
   std::vector<clustr::plot::Series> time_series, memory_series;
   const bool several = thread_counts.size() > 1;
 
@@ -173,10 +185,11 @@ int main(int argc, char** argv) try {
     config.validate();
     std::string counts;
     for (int t : thread_counts) counts += (counts.empty() ? "" : ", ") + std::to_string(t);
-    std::printf("%s attention, forward + backward on %s: B=%ld, H=%ld, E=M=%ld, %s threads, "
-                "median of %d runs\n",
-                config.describe().c_str(), device_name.c_str(), long(batch), long(heads),
-                long(dim), counts.c_str(), reps);
+    std::printf("%s attention, forward + backward on %s, %s products%s: B=%ld, H=%ld, "
+                "E=M=%ld, %s threads, median of %d runs\n",
+                config.describe().c_str(), device_name.c_str(), clustr::to_string(precision),
+                tf32 ? " (f32 ones in TF32)" : "", long(batch), long(heads), long(dim),
+                counts.c_str(), reps);
     std::printf("%7s %7s | %10s %10s %7s | %12s %10s %10s | %12s\n", "N", "threads", "ms",
                 "us/elem", "speedup", "tensor MB", "KB/elem", "B/N^2", "rss MB");
     std::vector<clustr::plot::Series> series(thread_counts.size());
@@ -197,7 +210,7 @@ int main(int argc, char** argv) try {
       for (int r = -1; r < reps; ++r)  // r = -1: the untimed run of each thread count
         for (size_t t = 0; t < thread_counts.size(); ++t) {
           clustr::set_num_threads(thread_counts[t]);
-          const Sample sample = run_once(q, k, v, dout, config, gen);
+          const Sample sample = run_once(q, k, v, dout, config, precision, gen);
           if (r < 0)
             first.push_back(sample);
           else
@@ -219,7 +232,8 @@ int main(int argc, char** argv) try {
         csv << type << ',' << N << ',' << batch << ',' << heads << ',' << dim << ','
             << thread_counts[t] << ',' << int(causal) << ',' << median << ',' << times[t].front()
             << ',' << us_per_elem << ',' << first[t].tensor_bytes << ',' << first[t].rss_bytes
-            << ',' << bytes_per_elem << ',' << device_name << '\n';
+            << ',' << bytes_per_elem << ',' << device_name << ',' << clustr::to_string(precision)
+            << '\n';
         series[t].x.push_back(double(N));
         series[t].y.push_back(us_per_elem);
         if (t == thread_counts.size() - 1) {  // memory: at the last (largest) thread count

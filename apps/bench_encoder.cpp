@@ -3,6 +3,7 @@
 // autograd with the input requiring grad (as inside a stack), for batch x length shapes.
 // Prints microseconds per token (time of one step / (B * N)) and writes a CSV.
 // apps/bench_encoder_torch.py runs it beside PyTorch's nn.TransformerEncoderLayer.
+// --precision bf16: the products with bf16 operands (core/precision.h), as PyTorch's autocast.
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -12,8 +13,11 @@
 #include <string>
 #include <vector>
 
+#include "core/cpu/gemm.h"
+#include "core/cpu/gemm_bf16.h"
 #include "core/error.h"
 #include "core/parallel.h"
+#include "core/precision.h"
 #include "core/random.h"
 #include "layers/encoder.h"
 
@@ -50,8 +54,12 @@ int main(int argc, char** argv) try {
       ->capture_default_str()->check(CLI::Range(1, 1000));
   app.add_option("--threads", threads, "OpenMP threads (0: the default)")->capture_default_str();
   app.add_option("--csv", csv_path, "CSV output file")->capture_default_str();
+  std::string precision_name = "fp32";
+  app.add_option("--precision", precision_name, "fp32 | bf16 (the products' precision)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   if (threads > 0) clustr::set_num_threads(threads);
+  const clustr::Precision precision = clustr::parse_precision(precision_name);
 
   clustr::Generator gen(1);
   clustr::AttentionConfig attention;  // full
@@ -59,9 +67,13 @@ int main(int argc, char** argv) try {
                              /*pre_norm=*/false, gen);
   std::ofstream csv(csv_path);
   CLUSTR_CHECK(csv.good(), "bench_encoder: cannot write ", csv_path);
-  csv << "batch,length,us_per_token_median,us_per_token_min\n";
-  std::printf("encoder layer D=%ld H=%ld F=%ld, forward + backward, %d threads\n", long(dim),
-              long(heads), long(hidden), clustr::num_threads());
+  csv << "batch,length,precision,us_per_token_median,us_per_token_min\n";
+  std::printf("encoder layer D=%ld H=%ld F=%ld, forward + backward, %d threads, %s products "
+              "(GEMM kernel %s)\n",
+              long(dim), long(heads), long(hidden), clustr::num_threads(),
+              clustr::to_string(precision),
+              precision == clustr::Precision::bf16 ? clustr::cpu::gemm_bf16_kernel_name()
+                                                   : clustr::cpu::gemm_kernel_name());
   std::printf("%6s %6s | %12s %12s\n", "B", "N", "us/token med", "us/token min");
   for (const std::string& s : shapes) {
     Shape2 shape = parse_shape(s);
@@ -71,6 +83,7 @@ int main(int argc, char** argv) try {
     clustr::normal_(dout, gen);
     Variable x(x0, true);
     auto step = [&] {
+      const clustr::PrecisionScope scope(precision);
       layer.forward(x, Tensor(), gen).backward(dout);
       layer.zero_grad();
       x.zero_grad();
@@ -87,8 +100,8 @@ int main(int argc, char** argv) try {
     std::printf("%6ld %6ld | %12.2f %12.2f\n", long(shape.batch), long(shape.length),
                 us[us.size() / 2], us.front());
     std::fflush(stdout);
-    csv << shape.batch << ',' << shape.length << ',' << us[us.size() / 2] << ',' << us.front()
-        << '\n';
+    csv << shape.batch << ',' << shape.length << ',' << clustr::to_string(precision) << ','
+        << us[us.size() / 2] << ',' << us.front() << '\n';
   }
   return 0;
 } catch (const std::exception& e) {

@@ -7,6 +7,9 @@ batch_first), input requiring grad. For each B x N shape, in turn: our benchmark
 process, so both see the same host load. Prints microseconds per token (one step / (B * N)) and
 the ratio torch / ours (> 1: ours is faster); writes a CSV.
 
+--precision bf16: ours with bf16 products (bench_encoder --precision bf16), PyTorch's layer
+under torch.autocast("cpu", dtype=torch.bfloat16) (forward and backward inside it).
+
 Run with Debian's python3-torch (1.13):
   /usr/bin/python3 apps/bench_encoder_torch.py --binary build/apps/bench_encoder
 Both processes get OPENBLAS_CORETYPE=SkylakeX (OpenBLAS misdetects this CPU otherwise) and
@@ -43,7 +46,12 @@ def torch_worker(args):
     dout = torch.randn(b, n, args.dim)
 
     def step():
-        layer(x).backward(dout)
+        if args.precision == "bf16":
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                y = layer(x)
+            y.backward(dout.to(y.dtype))
+        else:
+            layer(x).backward(dout)
         layer.zero_grad(set_to_none=True)
         x.grad = None
 
@@ -63,7 +71,7 @@ def run_ours(args, shape):
         path = os.path.join(tmp, "ours.csv")
         cmd = [args.binary, "--shapes", shape, "--reps", str(args.reps), "--threads",
                str(args.threads), "--dim", str(args.dim), "--heads", str(args.heads),
-               "--hidden", str(args.hidden), "--csv", path]
+               "--hidden", str(args.hidden), "--precision", args.precision, "--csv", path]
         subprocess.run(cmd, check=True, env=child_env(), stdout=subprocess.DEVNULL)
         with open(path) as f:
             row = next(csv.DictReader(f))
@@ -73,7 +81,8 @@ def run_ours(args, shape):
 def run_torch(args, shape):
     return run_worker(__file__, ["--worker", shape, "--reps", args.reps, "--threads",
                                  args.threads, "--dim", args.dim, "--heads", args.heads,
-                                 "--hidden", args.hidden])["us_median"]
+                                 "--hidden", args.hidden, "--precision",
+                                 args.precision])["us_median"]
 
 
 def main():
@@ -86,6 +95,8 @@ def main():
     p.add_argument("--dim", type=int, default=192)
     p.add_argument("--heads", type=int, default=6)
     p.add_argument("--hidden", type=int, default=768)
+    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
+                   help="bf16: ours with bf16 products, PyTorch under autocast (bfloat16)")
     p.add_argument("--csv", default="bench_encoder_torch.csv")
     p.add_argument("--worker", default="", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -93,7 +104,8 @@ def main():
         return torch_worker(args)
 
     print(f"encoder layer forward + backward, D={args.dim} H={args.heads} F={args.hidden}, "
-          f"{args.threads} threads, median of {args.reps} steps, {args.rounds} round(s)")
+          f"{args.threads} threads, {args.precision}, median of {args.reps} steps, "
+          f"{args.rounds} round(s)")
     print(f"{'shape':>8} | {'ours us/tok':>11} {'torch us/tok':>12} {'speedup':>7} | {'load':>5}")
     rows = []
     for shape in args.shapes:
@@ -104,8 +116,8 @@ def main():
         o, t = statistics.median(ours), statistics.median(theirs)
         load = os.getloadavg()[0]
         print(f"{shape:>8} | {o:11.2f} {t:12.2f} {t / o:7.2f} | {load:5.2f}", flush=True)
-        rows.append({"shape": shape, "ours_us_per_token": o, "torch_us_per_token": t,
-                     "speedup": t / o, "load": load})
+        rows.append({"shape": shape, "precision": args.precision, "ours_us_per_token": o,
+                     "torch_us_per_token": t, "speedup": t / o, "load": load})
     with open(args.csv, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()

@@ -6,8 +6,9 @@
 // OPENBLAS_CORETYPE=SkylakeX unless the environment already names a core: OpenBLAS 0.3.21
 // misdetects recent CPUs and otherwise falls back to a slow generic kernel.
 //
-// --device cuda: cuBLAS (cuda::gemm, TF32 off) on the same shapes, operands in device memory;
-// each sample ends with cuda::synchronize() before the clock is read. No peer, no threads.
+// --device cuda: cuBLAS (cuda::gemm, TF32 off unless --tf32; cuda::gemm_bf16 with --precision
+// bf16) on the same shapes, operands in device memory; each sample ends with
+// cuda::synchronize() before the clock is read. No peer, no threads.
 //
 // --precision bf16: our bf16 GEMM (core/cpu/gemm_bf16.h; --kernel picks amx, avx512bf16 or
 // generic) on bf16 operands (--operands f32: float32 operands rounded as they are packed, the
@@ -113,12 +114,14 @@ Stats stats(std::vector<double> v) {
 
 // --device cuda: GFLOP/s of cuBLAS on each case, min / median / max over the samples.
 int run_cuda(const std::vector<Case>& cases, int reps, double sample_ms, double pause_ms,
-             const std::string& csv_path) {
-  std::printf("cuBLAS SGEMM (TF32 off), %d samples per case; %.0f ms pause between samples\n\n",
+             const std::string& csv_path, bool bf16) {
+  std::printf("cuBLAS %s, %d samples per case; %.0f ms pause between samples\n\n",
+              bf16 ? "bf16 GEMM (cublasGemmEx, f32 accumulation)"
+                   : clustr::cuda::tf32() ? "SGEMM (TF32 on)" : "SGEMM (TF32 off)",
               reps, pause_ms);
   std::ofstream csv(csv_path);
   CLUSTR_CHECK(csv.good(), "bench_gemm: cannot write ", csv_path);
-  csv << "group,M,K,N,layout,device,gflops_min,gflops_median,gflops_max\n";
+  csv << "group,M,K,N,layout,device,precision,tf32,gflops_min,gflops_median,gflops_max\n";
   std::printf("%-12s %-17s %-3s | %s\n", "group", "M x K x N", "op", "cuBLAS GFLOP/s min/med/max");
   clustr::Generator gen(1);
   for (const Case& c : cases) {
@@ -127,14 +130,20 @@ int run_cuda(const std::vector<Case>& cases, int reps, double sample_ms, double 
     clustr::uniform_(B, gen, -1, 1);
     A = A.to(clustr::Device::cuda);
     B = B.to(clustr::Device::cuda);
+    const Tensor Ah = bf16 ? A.astype(clustr::DType::bf16) : Tensor();
+    const Tensor Bh = bf16 ? B.astype(clustr::DType::bf16) : Tensor();
     Tensor C = Tensor::zeros({c.M * c.N}, clustr::DType::f32, clustr::Device::cuda);
     const int64_t lda = c.ta ? c.M : c.K, ldb = c.tb ? c.K : c.N;
     const double flops = 2.0 * c.M * c.N * c.K;
     // The launches are asynchronous: synchronize after the last call of a sample.
     auto calls = [&](int n) {
       for (int i = 0; i < n; ++i)
-        clustr::cuda::gemm(c.ta, c.tb, c.M, c.N, c.K, 1.0f, A.f32(), lda, B.f32(), ldb, 0.0f,
-                           C.f32(), c.N);
+        if (bf16)
+          clustr::cuda::gemm_bf16(c.ta, c.tb, c.M, c.N, c.K, 1.0f, Ah.bf16(), lda, Bh.bf16(), ldb,
+                                  0.0f, C.f32(), c.N);
+        else
+          clustr::cuda::gemm(c.ta, c.tb, c.M, c.N, c.K, 1.0f, A.f32(), lda, B.f32(), ldb, 0.0f,
+                             C.f32(), c.N);
       clustr::cuda::synchronize();
     };
     auto sample = [&](int n) {
@@ -157,7 +166,7 @@ int run_cuda(const std::vector<Case>& cases, int reps, double sample_ms, double 
                 c.layout().c_str(), s.min, s.median, s.max);
     std::fflush(stdout);
     csv << c.group << ',' << c.M << ',' << c.K << ',' << c.N << ',' << c.layout() << ",cuda,"
-        << s.min << ',' << s.median << ',' << s.max << '\n';
+        << (bf16 ? "bf16" : "fp32") << ',' << int(clustr::cuda::tf32()) << ',' << s.min << ',' << s.median << ',' << s.max << '\n';
   }
   std::printf("\nwrote %s\n", csv_path.c_str());
   return 0;
@@ -193,14 +202,18 @@ int main(int argc, char** argv) try {
       ->capture_default_str()->check(CLI::IsMember({"bf16", "f32"}));
   app.add_option("--kernel", kernel, "with --precision bf16: amx, avx512bf16 or generic "
                  "(default: the best this CPU has)");
+  bool tf32 = false;
+  app.add_flag("--tf32", tf32, "with --device cuda: TF32 tensor cores for the f32 GEMM");
   CLI11_PARSE(app, argc, argv);
   const bool bf16 = precision == "bf16";
   if (bf16) {
     if (!kernel.empty()) clustr::cpu::set_gemm_bf16_kernel(kernel.c_str());
     no_peer = true;
   }
-  if (clustr::resolve_device(device) == clustr::Device::cuda)
-    return run_cuda(make_cases(shapes), reps, sample_ms, pause_ms, csv_path);
+  const clustr::Device on = clustr::resolve_device(device);
+  clustr::apply_tf32(tf32, on);
+  if (on == clustr::Device::cuda)
+    return run_cuda(make_cases(shapes), reps, sample_ms, pause_ms, csv_path, bf16);
 
   OpenBlas blas;
   bool peer = !no_peer && blas.load();

@@ -9,6 +9,8 @@
 //                                             evaluate a trained model with another attention
 //   copy_task --device cuda                   train on the GPU (the model is initialised on
 //                                             the CPU from the seed, then moved)
+//   copy_task --precision bf16                matrix products with bf16 operands (f32 weights,
+//                                             optimizer, softmax, norms and loss)
 //
 // Output in --out: metrics.csv, loss.png, accuracy.png, checkpoint.safetensors.
 // apps/copy_task/ holds the model, the training loop and the flags (shared with copy_sweep).
@@ -35,7 +37,11 @@ int evaluate_checkpoint(RunOptions o, const CLI::App& app, const std::string& pa
                         const std::string& evaluate_with) {
   const std::string file = resolve_checkpoint(path, "--checkpoint");
   const AttentionConfig given = o.model.attention;
+  const Precision given_precision = o.model.precision;
   apply_checkpoint_config(read_checkpoint_config(file), o);
+  const Precision trained_precision = o.model.precision;
+  // The weights are f32 either way: a model trained in one precision evaluates in the other.
+  if (app.count("--precision")) o.model.precision = given_precision;
   const AttentionConfig trained = o.model.attention;
   AttentionConfig other = trained;
   if (!evaluate_with.empty()) other.type = parse_attention_type(evaluate_with);
@@ -54,9 +60,10 @@ int evaluate_checkpoint(RunOptions o, const CLI::App& app, const std::string& pa
               file.c_str(), static_cast<long long>(c.step),
               static_cast<long long>(trainer.model().parameter_count()), o.task.length,
               o.task.symbols, double(o.task.mask_ratio));
-  std::printf("held-out set: %lld x %lld sequences\n",
+  std::printf("held-out set: %lld x %lld sequences; products in %s (trained in %s)\n",
               static_cast<long long>(o.output.final_eval_batches),
-              static_cast<long long>(o.train.batch));
+              static_cast<long long>(o.train.batch), to_string(o.model.precision),
+              to_string(trained_precision));
   const Evaluation a = trainer.evaluate(batches);
   std::printf("trained with   %-45s loss %.4f  masked accuracy %.4f  (%.1f s)\n",
               trained.describe().c_str(), a.loss, a.accuracy, a.seconds);

@@ -7,7 +7,8 @@
 //   speech matrix --checkpoints DIR_FULL DIR_CLUSTERED DIR_IMPROVED --manifest FILE
 //                 [--attention-map FILE.png]
 //
-// Every command takes --device cpu|cuda (the model is built on the CPU, then moved).
+// Every command takes --device cpu|cuda (the model is built on the CPU, then moved) and
+// --precision fp32|bf16 (train: the products' precision; the others: default as trained).
 // A corpus is what data/make_speech_corpus.py writes (train.tsv, dev.tsv, test.tsv,
 // tokens.txt). The pieces live in apps/speech/.
 #include <CLI/CLI.hpp>
@@ -41,6 +42,8 @@ struct EvalFlags {
   std::string device = "cpu";
   Device on = Device::cpu;  // --device, checked by check_eval_flags
   AttentionConfig attention;  // the overriding attention (only the flags given count)
+  Precision precision = Precision::fp32;  // the overriding precision (when given)
+  bool tf32 = false;
 };
 
 void add_eval_flags(CLI::App& app, EvalFlags& f) {
@@ -57,6 +60,17 @@ void add_eval_flags(CLI::App& app, EvalFlags& f) {
   app.add_option("--threads", f.threads, "OpenMP threads (0: the default)")->capture_default_str();
   app.add_option("--seed", f.seed, "seed of the clustered types' hashing")->capture_default_str();
   app.add_option("--device", f.device, "cpu | cuda")->capture_default_str();
+  app.add_option_function<std::string>(
+      "--precision", [&f](const std::string& s) { f.precision = parse_precision(s); },
+      "fp32 | bf16: the products' precision (default: the one the model was trained with; the "
+      "weights are f32 either way)");
+  app.add_flag("--tf32", f.tf32,
+               "with --device cuda: TF32 tensor cores for the f32 products (off: full f32)");
+}
+
+// The model's precision: the checkpoint's, or --precision when given.
+void override_precision(LoadedModel& m, const EvalFlags& f, const CLI::App& app) {
+  if (app.count("--precision")) m.model->set_precision(f.precision);
 }
 
 void check_eval_flags(EvalFlags& f) {
@@ -66,6 +80,7 @@ void check_eval_flags(EvalFlags& f) {
   CLUSTR_CHECK(f.threads >= 0, "--threads must be >= 0, got ", f.threads);
   if (f.threads > 0) set_num_threads(f.threads);
   f.on = resolve_device(f.device);
+  apply_tf32(f.tf32, f.on);
 }
 
 // The attention to evaluate with: the trained one, with the type and parameters given on the
@@ -93,16 +108,19 @@ SpeechSet load_set(const EvalFlags& f, const LoadedModel& m, TokenTable& tokens)
 int cmd_evaluate(EvalFlags& f, const std::string& checkpoint, const CLI::App& app) {
   check_eval_flags(f);
   LoadedModel m = load_trained_model(checkpoint, "--checkpoint", f.on);
+  override_precision(m, f, app);
   const AttentionConfig a = override_attention(m.options.attention, f.attention, app);
   TokenTable tokens;
   const SpeechSet set = load_set(f, m, tokens);
   CLUSTR_CHECK(!set.examples.empty(), f.manifest, ": no usable utterances");
   m.model->set_attention(a);
   const Evaluation e = evaluate_set(*m.model, set, f.max_frames, f.beam, f.seed);
-  std::printf("checkpoint %s (step %lld), trained with %s\n", m.file.c_str(),
-              static_cast<long long>(m.step), m.options.attention.describe().c_str());
-  std::printf("evaluated with %s on %s: %lld utterances, %lld phones\n", a.describe().c_str(),
-              f.manifest.c_str(), static_cast<long long>(e.utterances),
+  std::printf("checkpoint %s (step %lld), trained with %s in %s\n", m.file.c_str(),
+              static_cast<long long>(m.step), m.options.attention.describe().c_str(),
+              to_string(m.options.precision));
+  std::printf("evaluated with %s in %s on %s: %lld utterances, %lld phones\n",
+              a.describe().c_str(), to_string(m.model->precision()), f.manifest.c_str(),
+              static_cast<long long>(e.utterances),
               static_cast<long long>(e.greedy.reference_length));
   std::printf("loss %.4f  PER greedy %.4f", e.loss, e.greedy.rate());
   if (f.beam > 1) std::printf("  PER beam %d %.4f", f.beam, e.beam.rate());
@@ -115,6 +133,7 @@ int cmd_evaluate(EvalFlags& f, const std::string& checkpoint, const CLI::App& ap
 int cmd_decode(EvalFlags& f, const std::string& checkpoint, const CLI::App& app) {
   check_eval_flags(f);
   LoadedModel m = load_trained_model(checkpoint, "--checkpoint", f.on);
+  override_precision(m, f, app);
   m.model->set_attention(override_attention(m.options.attention, f.attention, app));
   TokenTable tokens;
   const SpeechSet set = load_set(f, m, tokens);
@@ -129,7 +148,8 @@ int cmd_decode(EvalFlags& f, const std::string& checkpoint, const CLI::App& app)
 }
 
 int cmd_matrix(EvalFlags& f, const std::vector<std::string>& checkpoints,
-               const std::string& map_path, int map_layer, int map_head, int64_t map_utt) {
+               const std::string& map_path, int map_layer, int map_head, int64_t map_utt,
+               const CLI::App& app) {
   check_eval_flags(f);
   const AttentionType types[] = {AttentionType::full, AttentionType::clustered,
                                  AttentionType::improved_clustered};
@@ -138,6 +158,7 @@ int cmd_matrix(EvalFlags& f, const std::vector<std::string>& checkpoints,
   TokenTable tokens;
   for (const std::string& c : checkpoints) {
     LoadedModel m = load_trained_model(c, "--checkpoints", f.on);
+    override_precision(m, f, app);
     const SpeechSet set = load_set(f, m, tokens);
     CLUSTR_CHECK(!set.examples.empty(), f.manifest, ": no usable utterances");
     rows.push_back(attention_type_name(m.options.attention.type));
@@ -224,10 +245,14 @@ int main(int argc, char** argv) try {
 
   if (*evaluate) return cmd_evaluate(f, checkpoint, *evaluate);
   if (*decode) return cmd_decode(f, checkpoint, *decode);
-  if (*matrix) return cmd_matrix(f, checkpoints, map_path, map_layer, map_head, map_utt);
+  if (*matrix) return cmd_matrix(f, checkpoints, map_path, map_layer, map_head, map_utt, *matrix);
 
   if (!resume.empty()) {
-    adopt_locked_settings(read_checkpoint_config(resume_file(resume)), *train, o);
+    const auto saved = read_checkpoint_config(resume_file(resume));
+    adopt_locked_settings(saved, *train, o);
+    // The precision may change on resume (the weights are f32), but is kept unless given.
+    if (train->count("--precision") == 0 && saved.count("precision"))
+      o.model.precision = parse_precision(saved.at("precision"));
     if (train->count("--out") == 0) {
       const std::filesystem::path p(resume);
       o.output.out = std::filesystem::is_directory(p) ? p.string() : p.parent_path().string();

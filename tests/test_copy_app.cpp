@@ -7,6 +7,7 @@
 // the command line) is run by ctest entries in tests/CMakeLists.txt.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
@@ -20,6 +21,7 @@
 #include "check.h"
 #include "core/cuda/cuda.h"
 #include "core/error.h"
+#include "layers/checkpoint.h"
 
 using namespace clustr;
 using namespace clustr::copy;
@@ -262,4 +264,48 @@ TEST_CASE("heatmap: writes a PNG, grey for missing cells; refuses mismatched siz
               "2 row labels but 1 rows");
   o.lo = 1, o.hi = 1;
   CHECK_ERROR(plot::write_heatmap(dir.file("bad.png"), {"a"}, {"x"}, {{0.1}}, o), "lo < hi");
+}
+
+TEST_CASE("copy task: bf16 runs resume exactly, track the f32 run and store their precision") {
+  TempDir dir;
+  RunOptions o = tiny(AttentionType::full, "");
+  o.model.precision = Precision::bf16;
+  check_resume_is_exact(o, dir);  // bf16 steps are as reproducible as f32 ones
+
+  // The same start (weights, batches) in both precisions: the losses differ only by the
+  // products' rounding, which moves each product by at most 2u = 2^-7 of its size and averages
+  // out over the sums behind a loss. The first step's (same weights) within u/2 = 0.2%
+  // (measured 0.003%), the later ones, which carry the earlier steps' rounding in the weights,
+  // within 1% (measured at most 0.07%).
+  RunOptions b = tiny(AttentionType::full, dir.file("bf16"));
+  b.model.precision = Precision::bf16;
+  RunOptions f = b;
+  f.model.precision = Precision::fp32;
+  f.output.out = dir.file("fp32");
+  const RunResult rb = Trainer(b, nullptr).run(), rf = Trainer(f, nullptr).run();
+  REQUIRE(rb.losses.size() == rf.losses.size());
+  CHECK(rb.losses != rf.losses);  // the bf16 products did run
+  for (size_t i = 0; i < rb.losses.size(); ++i) {
+    INFO("step ", i, ": bf16 ", rb.losses[i], ", f32 ", rf.losses[i]);
+    CHECK(std::fabs(rb.losses[i] - rf.losses[i]) <= (i == 0 ? 0.002 : 0.01) * rf.losses[i]);
+  }
+
+  // The checkpoint names its precision and keeps f32 weights: it evaluates in fp32 too, to
+  // within 0.2% of its bf16 loss (measured 0.02%).
+  const auto config = read_checkpoint_config(dir.file("bf16/checkpoint.safetensors"));
+  CHECK(config.at("precision") == "bf16");
+  RunOptions e = tiny(AttentionType::full, dir.file("eval"));
+  apply_checkpoint_config(config, e);
+  CHECK(e.model.precision == Precision::bf16);
+  e.model.precision = Precision::fp32;
+  Trainer t(e, nullptr);
+  load_checkpoint(dir.file("bf16/checkpoint.safetensors"), t.model());
+  const Evaluation in_f32 = t.evaluate(t.final_batches(e.output.final_eval_batches));
+  INFO("bf16 ", rb.final_eval.loss, ", f32 ", in_f32.loss);
+  CHECK(std::fabs(in_f32.loss - rb.final_eval.loss) <= 0.002 * rb.final_eval.loss);
+  // A checkpoint from before mixed precision (no "precision" key) was trained in fp32.
+  auto old = config;
+  old.erase("precision");
+  apply_checkpoint_config(old, e);
+  CHECK(e.model.precision == Precision::fp32);
 }

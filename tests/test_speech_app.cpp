@@ -320,3 +320,47 @@ TEST_CASE("speech app: write the synthetic corpus" * doctest::skip()) {
   std::filesystem::remove_all(dir);
   write_tone_corpus(dir, 48, 8, /*bad=*/true);
 }
+
+TEST_CASE("speech app: a short bf16 run tracks the f32 run's losses and evaluates in either") {
+  TempDir dir;
+  write_tone_corpus(dir.file("corpus"), 48, 8, /*bad=*/false);
+  RunOptions f = tiny_run(dir.file("corpus"), dir.file("fp32"));
+  f.train.max_steps = 40;
+  RunOptions b = f;
+  b.model.precision = Precision::bf16;
+  b.output.out = dir.file("bf16");
+  TrainResult rf, rb;
+  {
+    Trainer t(f, nullptr);
+    rf = t.run();
+  }
+  {
+    Trainer t(b, nullptr);
+    rb = t.run();
+  }
+  // The same weights and batches; the losses differ by the products' rounding only (each
+  // product within 2u = 2^-7, averaging out over the sums behind the loss). The bound, 1% of
+  // the f32 loss at every step (measured: at most 0.1%), allows for 40 steps of Adam carrying
+  // the rounding of each step forward in the weights.
+  REQUIRE(rb.losses.size() == rf.losses.size());
+  REQUIRE(rb.losses.size() == 40);
+  CHECK(rb.losses != rf.losses);
+  for (size_t i = 0; i < rb.losses.size(); ++i) {
+    INFO("step ", i, ": bf16 ", rb.losses[i], ", f32 ", rf.losses[i]);
+    CHECK(std::fabs(rb.losses[i] - rf.losses[i]) <= 0.01 * rf.losses[i]);
+  }
+  CHECK(rb.last_loss < 0.7 * rb.first_loss);
+  // The checkpoint says bf16 and evaluates in f32 too (its weights are f32), to within 0.2% of
+  // its bf16 dev loss (measured 0.02%).
+  LoadedModel m = load_trained_model(dir.file("bf16"), "--checkpoint");
+  CHECK(m.options.precision == Precision::bf16);
+  CHECK(m.model->precision() == Precision::bf16);
+  const TokenTable tokens = read_tokens(dir.file("corpus/tokens.txt"));
+  FeatureCache cache(dir.file("cache"));
+  const SpeechSet dev = load_speech_set(dir.file("corpus/dev.tsv"), tokens, cache, 2, 0, nullptr);
+  const Evaluation in_bf16 = evaluate_set(*m.model, dev, 4000, 1, 1);
+  m.model->set_precision(Precision::fp32);
+  const Evaluation in_f32 = evaluate_set(*m.model, dev, 4000, 1, 1);
+  INFO("dev loss bf16 ", in_bf16.loss, ", f32 ", in_f32.loss);
+  CHECK(std::fabs(in_f32.loss - in_bf16.loss) <= 0.002 * in_bf16.loss);
+}

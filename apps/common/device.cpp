@@ -17,6 +17,13 @@ Device resolve_device(const std::string& device) {
   return Device::cuda;
 }
 
+void apply_tf32(bool tf32, Device device) {
+  if (!tf32) return;
+  CLUSTR_CHECK(device == Device::cuda, "--tf32 applies to the GPU's f32 products; this run is "
+               "on the cpu (give --device cuda, or leave --tf32 out)");
+  cuda::set_tf32(true);
+}
+
 Tensor on_device(const Tensor& t, Device device) {
   return !t.defined() || t.device() == device ? t : t.to(device);
 }

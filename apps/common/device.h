@@ -1,4 +1,5 @@
-// The apps' --device flag: "cpu" or "cuda" -> the Device, checked before any work is done.
+// The apps' --device flag: "cpu" or "cuda" -> the Device, checked before any work is done; and
+// --tf32, which only the device's f32 products know.
 #pragma once
 
 #include <string>
@@ -12,6 +13,10 @@ namespace clustr {
 // GPU (or the emulated device) is present. Otherwise throws one line that says why (the
 // driver's reason, cuda::unavailable_reason()) and suggests --device cpu.
 Device resolve_device(const std::string& device);
+
+// --tf32: lets cuBLAS run the f32 products on the GPU with TF32 tensor cores (cuda::set_tf32;
+// off by default). Throws, naming the flag, for a run on the cpu, which has no TF32.
+void apply_tf32(bool tf32, Device device);
 
 // t on `device`: t itself when it is there already, else a copy.
 Tensor on_device(const Tensor& t, Device device);

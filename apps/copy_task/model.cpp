@@ -6,7 +6,8 @@
 
 namespace clustr::copy {
 
-CopyModel::CopyModel(const ModelOptions& o, int64_t vocab, Generator& gen) : vocab_(vocab) {
+CopyModel::CopyModel(const ModelOptions& o, int64_t vocab, Generator& gen)
+    : vocab_(vocab), precision_(o.precision) {
   CLUSTR_CHECK(vocab >= 1, "CopyModel: vocabulary must be >= 1, got ", vocab);
   const int64_t D = o.dim();
   embedding_ = register_module("embedding", std::make_shared<Embedding>(vocab, D, gen));
@@ -22,6 +23,7 @@ Variable CopyModel::forward(const Tensor& input, const Tensor& lengths, Generato
   CLUSTR_CHECK(input.defined() && input.dtype() == DType::i32 && input.rank() == 2,
                "CopyModel: expected input i32 (B, N), got ",
                input.defined() ? describe(input) : std::string("an undefined tensor"));
+  const PrecisionScope scope(precision_);
   Variable x = embedding_->forward(input);       // (B, N, D)
   x = dropout_->forward(position_->forward(x), gen);
   x = encoder_->forward(x, lengths, gen);        // (B, N, D)

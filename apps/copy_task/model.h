@@ -34,10 +34,14 @@ class CopyModel : public Module {
 
   // Every encoder layer's attention (evaluate a trained model with another type).
   void set_attention(const AttentionConfig& attention) { encoder_->set_attention(attention); }
+  // The precision of the model's products (forward sets it for its ops; backward follows).
+  void set_precision(Precision precision) { precision_ = precision; }
+  Precision precision() const { return precision_; }
   int64_t vocab() const { return vocab_; }
 
  private:
   int64_t vocab_;
+  Precision precision_;
   std::shared_ptr<Embedding> embedding_;
   std::shared_ptr<PositionalEncoding> position_;
   std::shared_ptr<Dropout> dropout_;

@@ -130,6 +130,11 @@ void add_model_task_train_flags(CLI::App& app, RunOptions& o, bool grid_axes) {
   app.add_option("--dropout", m.dropout, "dropout on residual branches and feed-forward")
       ->capture_default_str();
   app.add_flag("--pre-norm", m.pre_norm, "pre-norm layers (default: post-norm, as the paper)");
+  app.add_option_function<std::string>(
+         "--precision", [&m](const std::string& s) { m.precision = parse_precision(s); },
+         "fp32 | bf16 (matrix products with bf16 operands and f32 sums; weights, optimizer, "
+         "softmax, norms and losses stay f32)")
+      ->default_str(to_string(m.precision));
   if (grid_axes) {
     app.add_option_function<std::string>(
            "--attention",
@@ -190,6 +195,8 @@ void add_model_task_train_flags(CLI::App& app, RunOptions& o, bool grid_axes) {
   app.add_option("--threads", o.threads, "CPU threads (0: OpenMP's default)")
       ->capture_default_str();
   app.add_option("--device", o.device, "cpu | cuda")->capture_default_str();
+  app.add_flag("--tf32", o.tf32,
+               "with --device cuda: TF32 tensor cores for the f32 products (off: full f32)");
 }
 
 void add_output_flags(CLI::App& app, RunOptions& o) {
@@ -268,6 +275,8 @@ void validate(const RunOptions& o) {
   at_least("--threads", o.threads, 0);
   CLUSTR_CHECK(o.device == "cpu" || o.device == "cuda", "--device must be cpu or cuda, got '",
                o.device, "'");
+  CLUSTR_CHECK(!o.tf32 || o.device == "cuda", "--tf32 applies to the GPU's f32 products; this "
+               "run is on the cpu (give --device cuda, or leave --tf32 out)");
 
   CLUSTR_CHECK(!u.out.empty(), "--out must name a folder");
   at_least("--log-interval", u.log_interval, 1);
@@ -289,6 +298,7 @@ std::vector<std::pair<std::string, std::string>> config_entries(const RunOptions
       {"feedforward", str(m.feedforward)},
       {"dropout", str(m.dropout)},
       {"pre-norm", str(m.pre_norm)},
+      {"precision", to_string(m.precision)},
       {"attention", attention_type_name(m.attention.type)},
       {"clusters", str(m.attention.clusters)},
       {"topk", str(m.attention.topk)},
@@ -317,6 +327,7 @@ std::vector<std::pair<std::string, std::string>> config_entries(const RunOptions
       {"time-limit", str(t.time_limit)},
       {"threads", str(o.threads)},
       {"device", o.device},
+      {"tf32", str(o.tf32)},
       {"out", u.out},
       {"log-interval", str(u.log_interval)},
       {"eval-interval", str(u.eval_interval)},
@@ -339,6 +350,8 @@ void apply_checkpoint_config(const std::map<std::string, std::string>& c, RunOpt
   m.feedforward = int(parse_int(c, "feedforward"));
   m.dropout = float(parse_real(c, "dropout"));
   m.pre_norm = parse_bool(c, "pre-norm");
+  // Checkpoints from before mixed precision were trained in fp32.
+  m.precision = c.count("precision") ? parse_precision(c.at("precision")) : Precision::fp32;
   m.attention.type = parse_attention_type(need(c, "attention"));
   m.attention.clusters = int(parse_int(c, "clusters"));
   m.attention.topk = int(parse_int(c, "topk"));
@@ -365,11 +378,11 @@ const std::vector<std::string>& resume_locked_keys() {
 
 const std::vector<std::string>& resume_noted_keys() {
   static const std::vector<std::string> keys = {
-      "dropout",   "batch",          "lr",               "weight-decay",
+      "dropout",   "precision",      "batch",            "lr",               "weight-decay",
       "decoupled-weight-decay",      "momentum",         "clip",
       "lr-schedule", "warmup",       "plateau-factor",   "plateau-patience",
       "plateau-threshold",           "plateau-cooldown", "min-lr",
-      "seed",      "eval-interval",  "eval-batches"};
+      "seed",      "eval-interval",  "eval-batches",   "tf32"};
   return keys;
 }
 

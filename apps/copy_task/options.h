@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/precision.h"
 #include "data/copy_task.h"
 #include "layers/attention/config.h"
 
@@ -30,6 +31,9 @@ struct ModelOptions {
   float dropout = 0.0f;   // residual branches, feed-forward and after the positional encoding
   bool pre_norm = false;  // post-norm (the paper's form) unless set
   AttentionConfig attention;
+  // The matrix products' precision (core/precision.h): fp32, or bf16 operands with f32 sums.
+  // The weights, the optimizer and everything else stay f32 either way.
+  Precision precision = Precision::fp32;
 
   int64_t dim() const { return int64_t(heads) * head_dim; }
 };
@@ -74,6 +78,7 @@ struct RunOptions {
   OutputOptions output;
   int threads = 0;  // 0: OpenMP's default
   std::string device = "cpu";
+  bool tf32 = false;  // --device cuda: TF32 tensor cores for the f32 products
 };
 
 // The presets: "cpu" (the default: a model and schedule that reach the target accuracy in a

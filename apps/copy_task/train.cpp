@@ -10,6 +10,7 @@
 #include "apps/common/device.h"
 #include "autograd/ops.h"
 #include "core/cpu/gemm.h"
+#include "core/cpu/gemm_bf16.h"
 #include "core/cuda/cuda.h"
 #include "core/error.h"
 #include "core/ops.h"
@@ -127,6 +128,7 @@ std::vector<std::pair<std::string, std::string>> build_info() {
           {"OpenMP", openmp},
           {"CUDA", cuda_state},
           {"GEMM micro-kernel", cpu::gemm_kernel_name()},
+          {"bf16 GEMM kernel", cpu::gemm_bf16_kernel_name()},
           {"threads", std::to_string(num_threads())}};
 }
 
@@ -139,6 +141,7 @@ Trainer::Trainer(const RunOptions& options, std::FILE* log)
       eval_key_(derive_key(options.train.seed, 3)) {
   validate(options_);
   device_ = resolve_device(options_.device);
+  apply_tf32(options_.tf32, device_);
   if (options_.threads > 0) set_num_threads(options_.threads);
   // Built on the CPU, so a seed gives the same initial weights on every device; the optimizer
   // is made after the move (it keeps its state on the parameters' device).

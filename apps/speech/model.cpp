@@ -7,7 +7,7 @@ namespace clustr::speech {
 
 SpeechModel::SpeechModel(const ModelOptions& o, int64_t features, int64_t classes,
                          Generator& gen)
-    : features_(features), classes_(classes) {
+    : features_(features), classes_(classes), precision_(o.precision) {
   CLUSTR_CHECK(features >= 1 && classes >= 2, "SpeechModel: need >= 1 features and >= 2 "
                "classes (blank + labels), got ", features, " and ", classes);
   const int64_t D = o.dim();
@@ -25,12 +25,14 @@ Variable SpeechModel::embed(const Tensor& features, Generator& gen) const {
                    features.size(2) == features_,
                "SpeechModel: expected features f32 (B, T, ", features_, "), got ",
                features.defined() ? describe(features) : std::string("an undefined tensor"));
+  const PrecisionScope scope(precision_);
   Variable x = input_->forward(Variable(features));  // (B, T, D)
   return dropout_->forward(position_->forward(x), gen);
 }
 
 Variable SpeechModel::forward(const Tensor& features, const Tensor& lengths,
                               Generator& gen) const {
+  const PrecisionScope scope(precision_);
   const Variable x = encoder_->forward(embed(features, gen), lengths, gen);  // (B, T, D)
   return output_->forward(x);                                               // (B, T, C)
 }

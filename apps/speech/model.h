@@ -34,11 +34,16 @@ class SpeechModel : public Module {
 
   Encoder& encoder() const { return *encoder_; }
   void set_attention(const AttentionConfig& attention) { encoder_->set_attention(attention); }
+  // The precision of the model's products (forward and embed set it for their ops; backward
+  // follows).
+  void set_precision(Precision precision) { precision_ = precision; }
+  Precision precision() const { return precision_; }
   int64_t features() const { return features_; }
   int64_t classes() const { return classes_; }
 
  private:
   int64_t features_, classes_;
+  Precision precision_;
   std::shared_ptr<Linear> input_;
   std::shared_ptr<PositionalEncoding> position_;
   std::shared_ptr<Dropout> dropout_;

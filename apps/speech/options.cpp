@@ -125,6 +125,14 @@ void add_attention_flags(CLI::App& app, AttentionConfig& a) {
       ->capture_default_str();
 }
 
+void add_precision_flag(CLI::App& app, Precision& precision) {
+  app.add_option_function<std::string>(
+         "--precision", [&precision](const std::string& s) { precision = parse_precision(s); },
+         "fp32 | bf16 (matrix products with bf16 operands and f32 sums; weights, optimizer, "
+         "softmax, norms and CTC stay f32)")
+      ->default_str(to_string(precision));
+}
+
 void add_train_flags(CLI::App& app, RunOptions& o) {
   ModelOptions& m = o.model;
   DataOptions& d = o.data;
@@ -158,6 +166,7 @@ void add_train_flags(CLI::App& app, RunOptions& o) {
   app.add_option("--stacking", m.stacking, "frames stacked per encoder position: 1, 2 or 4")
       ->capture_default_str();
   add_attention_flags(app, m.attention);
+  add_precision_flag(app, m.precision);
   // Training.
   app.add_option("--epochs", t.epochs, "epochs over the training set")->capture_default_str();
   app.add_option("--max-steps", t.max_steps, "stop after this many steps in all (0: no limit)")
@@ -189,6 +198,8 @@ void add_train_flags(CLI::App& app, RunOptions& o) {
   app.add_option("--seed", t.seed, "seed of every random draw")->capture_default_str();
   app.add_option("--threads", o.threads, "OpenMP threads (0: the default)")->capture_default_str();
   app.add_option("--device", o.device, "cpu | cuda")->capture_default_str();
+  app.add_flag("--tf32", o.tf32,
+               "with --device cuda: TF32 tensor cores for the f32 products (off: full f32)");
   // Output.
   app.add_option("--out", u.out, "output folder")->capture_default_str();
   app.add_option("--log-interval", u.log_interval, "steps between progress lines")
@@ -243,6 +254,8 @@ void validate(const RunOptions& o) {
   check_min(o.threads, 0, "--threads");
   CLUSTR_CHECK(o.device == "cpu" || o.device == "cuda", "--device must be cpu or cuda, got '",
                o.device, "'");
+  CLUSTR_CHECK(!o.tf32 || o.device == "cuda", "--tf32 applies to the GPU's f32 products; this "
+               "run is on the cpu (give --device cuda, or leave --tf32 out)");
   CLUSTR_CHECK(!o.data.corpus.empty() || (!o.data.train.empty() && !o.data.dev.empty()),
                "give --corpus, or both --train-manifest and --dev-manifest");
 }
@@ -264,6 +277,7 @@ std::vector<std::pair<std::string, std::string>> config_entries(const RunOptions
           {"dropout", str(m.dropout)},
           {"pre-norm", str(m.pre_norm)},
           {"stacking", str(m.stacking)},
+          {"precision", to_string(m.precision)},
           {"attention", attention_type_name(m.attention.type)},
           {"clusters", str(m.attention.clusters)},
           {"topk", str(m.attention.topk)},
@@ -287,6 +301,7 @@ std::vector<std::pair<std::string, std::string>> config_entries(const RunOptions
           {"seed", str(t.seed)},
           {"threads", str(o.threads)},
           {"device", o.device},
+          {"tf32", str(o.tf32)},
           {"out", o.output.out}};
 }
 
@@ -308,6 +323,8 @@ ModelOptions model_from_config(const std::map<std::string, std::string>& c) {
                "\", not true or false");
   m.pre_norm = pre == "true";
   m.stacking = parse_int(c, "stacking");
+  // Checkpoints from before mixed precision were trained in fp32.
+  m.precision = c.count("precision") ? parse_precision(c.at("precision")) : Precision::fp32;
   m.attention.type = parse_attention_type(need(c, "attention"));
   m.attention.clusters = parse_int(c, "clusters");
   m.attention.topk = parse_int(c, "topk");

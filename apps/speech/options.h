@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/precision.h"
 #include "layers/attention/config.h"
 
 namespace CLI {
@@ -28,6 +29,9 @@ struct ModelOptions {
   bool pre_norm = false;  // post-norm (the paper's form) unless set
   int stacking = 4;       // frames concatenated per encoder position: 1, 2 or 4
   AttentionConfig attention;
+  // The matrix products' precision (core/precision.h): fp32, or bf16 operands with f32 sums.
+  // The weights, the optimizer, CTC and everything else stay f32 either way.
+  Precision precision = Precision::fp32;
 
   int64_t dim() const { return int64_t(heads) * head_dim; }
 };
@@ -76,6 +80,7 @@ struct RunOptions {
   OutputOptions output;
   int threads = 0;  // 0: OpenMP's default
   std::string device = "cpu";  // cpu | cuda
+  bool tf32 = false;           // --device cuda: TF32 tensor cores for the f32 products
 };
 
 // "cpu" (the default: a small model that learns on two cores in minutes) or "paper" (the
@@ -89,6 +94,8 @@ std::string find_preset(int argc, const char* const* argv);
 
 // The attention flags (--attention --clusters --topk --bits --iterations) bound to `a`.
 void add_attention_flags(CLI::App& app, AttentionConfig& a);
+// --precision fp32|bf16, bound to `precision`.
+void add_precision_flag(CLI::App& app, Precision& precision);
 // Everything `train` takes.
 void add_train_flags(CLI::App& app, RunOptions& o);
 

@@ -189,6 +189,7 @@ Trainer::Trainer(const RunOptions& options, std::FILE* log)
       eval_key_(derive_key(options.train.seed, 2)) {
   validate(options_);
   device_ = resolve_device(options_.device);
+  apply_tf32(options_.tf32, device_);
   if (options_.threads > 0) set_num_threads(options_.threads);
   DataOptions& d = options_.data;
   if (d.train.empty()) d.train = (fs::path(d.corpus) / "train.tsv").string();
@@ -372,6 +373,7 @@ TrainResult Trainer::run() {
         continue;
       }
       optimizer_->step();
+      r.losses.push_back(value);
       const double dt = seconds_since(t0);
       run_seconds += dt;
       interval_loss += double(value), interval_seconds += dt;

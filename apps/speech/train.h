@@ -77,6 +77,7 @@ std::string default_cache(const std::string& manifest);
 
 struct TrainResult {
   double first_loss = 0, last_loss = 0;  // mean training loss of the first and last log interval
+  std::vector<float> losses;             // the loss of each step taken by this call, in order
   double best_per = 0;
   Evaluation last_dev;
   int64_t steps = 0, skipped_steps = 0, impossible = 0;
