@@ -13,6 +13,10 @@ loop does per step: drawing the batch, forward, loss, backward, clipping, the op
 Prints tokens per second (B N / step time, median over the timed steps) and the ratio
 ours / torch (> 1: ours is faster); writes a CSV.
 
+--precision bf16: our app with --precision bf16, PyTorch's step under
+torch.autocast("cpu", dtype=torch.bfloat16) (the forward and the loss inside it, backward and
+the optimizer outside, as the autocast recipe does).
+
 Run with Debian's python3-torch (1.13):
   /usr/bin/python3 apps/bench_copy_task_torch.py --binary build/apps/copy_task
 Both processes get OPENBLAS_CORETYPE=SkylakeX and OMP_WAIT_POLICY=passive (bench_torch_common);
@@ -86,9 +90,10 @@ def torch_worker(args):
 
     def step():
         x, target = batch()
-        logits = model(x)
-        loss = nn.functional.cross_entropy(logits.reshape(-1, v), target.reshape(-1),
-                                           ignore_index=-100)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
+            logits = model(x)
+            loss = nn.functional.cross_entropy(logits.reshape(-1, v), target.reshape(-1),
+                                               ignore_index=-100)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         nn.utils.clip_grad_norm_(model.parameters(), TRAIN["clip"])
@@ -117,7 +122,8 @@ def run_ours(args, length, attention):
                "--head-dim", str(MODEL["head_dim"]), "--feedforward", str(MODEL["feedforward"]),
                "--dropout", "0", "--batch", str(TRAIN["batch"]), "--lr", str(TRAIN["lr"]),
                "--optimizer", "radam", "--clip", str(TRAIN["clip"]), "--steps", str(total),
-               "--threads", str(args.threads)] + args.ours_flags.split()
+               "--threads", str(args.threads), "--precision", args.precision]
+        cmd += args.ours_flags.split()
         subprocess.run(cmd, check=True, env=child_env(), stdout=subprocess.DEVNULL)
         with open(os.path.join(tmp, "metrics.csv")) as f:
             rows = [r for r in csv.DictReader(f) if r.get("ms_per_step")]
@@ -142,6 +148,8 @@ def main():
                    "--final-eval-batches 1",
                    help="extra flags for our app (logging every step, evaluation only after "
                    "the last step, outside the timed steps)")
+    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
+                   help="bf16: ours with --precision bf16, PyTorch under autocast (bfloat16)")
     p.add_argument("--csv", default="bench_copy_task_torch.csv")
     p.add_argument("--worker", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -149,7 +157,8 @@ def main():
         return torch_worker(args)
 
     print(f"copy-task training step, {MODEL}, batch {TRAIN['batch']}, {args.threads} threads, "
-          f"median of {args.steps} steps after {args.warmup}, {args.rounds} round(s)")
+          f"{args.precision}, median of {args.steps} steps after {args.warmup}, "
+          f"{args.rounds} round(s)")
     print(f"{'N':>5} | {'ours full tok/s':>15} {'torch tok/s':>11} {'speedup':>7} | "
           f"{'ours improved tok/s':>19} | {'load':>5}")
     rows = []
@@ -159,13 +168,15 @@ def main():
             ours.append(run_ours(args, length, "full"))
             theirs.append(run_worker(__file__, ["--worker", length, "--steps", args.steps,
                                                 "--warmup", args.warmup, "--threads",
-                                                args.threads])["tokens_per_s"])
+                                                args.threads, "--precision",
+                                                args.precision])["tokens_per_s"])
             improved.append(run_ours(args, length, "improved-clustered"))
         o, t, i = (statistics.median(v) for v in (ours, theirs, improved))
         load = os.getloadavg()[0]
         n = 2 * length + 2
         print(f"{n:>5} | {o:15.0f} {t:11.0f} {o / t:7.2f} | {i:19.0f} | {load:5.2f}", flush=True)
-        rows.append({"N": n, "ours_full_tokens_per_s": o, "torch_tokens_per_s": t,
+        rows.append({"N": n, "precision": args.precision, "ours_full_tokens_per_s": o,
+                     "torch_tokens_per_s": t,
                      "speedup": o / t, "ours_improved_tokens_per_s": i, "load": load})
     with open(args.csv, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))

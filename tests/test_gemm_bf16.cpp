@@ -134,6 +134,22 @@ TEST_CASE("gemm_bf16 matches the reference on awkward sizes, all transposes, all
   });
 }
 
+TEST_CASE("gemm_bf16 reads bf16 rows of A in place when K is whole tiles, packing the rest") {
+  // K a multiple of 32 (one depth block, and two of 544 at K = 1088), M with a partial last
+  // rowgroup (the one packed) or none, padded lda, both layouts of B.
+  for_each_kernel([&](const char*) {
+    for (int64_t K : {32, 64, 256, 1088})
+      for (int64_t M : {16, 45, 70, 129})
+        for (bool tb : {false, true}) {
+          Case c{false, tb, M, 37, K, 3, 1.0f, 0.5f, cpu::Operand::bf16,
+                 tb ? cpu::Operand::bf16 : cpu::Operand::f32};
+          auto [got, ref] = run_case(c);
+          INFO(name(c));
+          CHECK_CLOSE(got, ref, 2 * atol_for(K), 1e-6);
+        }
+  });
+}
+
 TEST_CASE("gemm_bf16 alpha and beta, and a beta of 0 never reads C") {
   for_each_kernel([&](const char*) {
     for (auto [alpha, beta] : {std::pair{0.5f, -1.5f}, std::pair{-2.0f, 1.0f},

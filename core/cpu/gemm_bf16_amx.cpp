@@ -24,6 +24,7 @@ namespace clustr::cpu {
 
 namespace {
 
+using gemm_bf16_impl::ATiles;
 using gemm_bf16_impl::BlockC;
 using gemm_bf16_impl::kTileElems;
 
@@ -49,8 +50,9 @@ struct AmxKernel {
   static void end() { _tile_release(); }
 
   template <int RG, int CG>
-  static void block(int64_t ktiles, const uint16_t* a, const uint16_t* b, const BlockC& c) {
+  static void block(int64_t ktiles, const ATiles& a, const uint16_t* b, const BlockC& c) {
     const int64_t group = ktiles * kTileElems;
+    const int64_t a_stride = a.ld * static_cast<int64_t>(sizeof(uint16_t));
     const bool direct = c.rows == 16 * RG && c.cols == 16 * CG && c.alpha == 1.0f && !c.relu &&
                         !c.mask && (c.beta == 0.0f || (c.beta == 1.0f && !c.bias));
     const int64_t ldc_bytes = c.ldc * static_cast<int64_t>(sizeof(float));
@@ -76,10 +78,11 @@ struct AmxKernel {
     }
     for (int64_t t = 0; t < ktiles; ++t) {
       const int64_t off = t * kTileElems;
-      _tile_loadd(4, a + off, 64);
+      const uint16_t* at = a.a + t * a.ts;
+      _tile_loadd(4, at, a_stride);
       _tile_loadd(6, b + off, 64);
       if constexpr (CG == 2) _tile_loadd(7, b + group + off, 64);
-      if constexpr (RG == 2) _tile_loadd(5, a + group + off, 64);
+      if constexpr (RG == 2) _tile_loadd(5, at + a.gs, a_stride);
       _tile_dpbf16ps(0, 4, 6);
       if constexpr (CG == 2) _tile_dpbf16ps(1, 4, 7);
       if constexpr (RG == 2) _tile_dpbf16ps(2, 5, 6);

@@ -17,18 +17,20 @@ namespace clustr::cpu {
 
 namespace {
 
+using gemm_bf16_impl::ATiles;
 using gemm_bf16_impl::BlockC;
 using gemm_bf16_impl::kTileElems;
 
-// Rows [r0, r0 + 8) of the block: a points at rowgroup r0 / 16, row r0 % 16 of its first tile.
+// Rows [r0, r0 + 8) of the block: a points at rowgroup r0 / 16, row r0 % 16 of its first tile;
+// its rows are ld apart and its tiles ts apart.
 template <int CG>
-void strip(int64_t ktiles, const uint16_t* a, const uint16_t* b, int64_t group, int64_t r0,
-           const BlockC& c) {
+void strip(int64_t ktiles, const uint16_t* a, int64_t ld, int64_t ts, const uint16_t* b,
+           int64_t group, int64_t r0, const BlockC& c) {
   __m512 acc[8][CG];
   for (int r = 0; r < 8; ++r)
     for (int q = 0; q < CG; ++q) acc[r][q] = _mm512_setzero_ps();
   for (int64_t t = 0; t < ktiles; ++t) {
-    const uint16_t* at = a + t * kTileElems;
+    const uint16_t* at = a + t * ts;
     const uint16_t* bt = b + t * kTileElems;
     for (int kp = 0; kp < 16; ++kp) {
       __m512bh bv[CG];
@@ -36,7 +38,7 @@ void strip(int64_t ktiles, const uint16_t* a, const uint16_t* b, int64_t group, 
         bv[q] = reinterpret_cast<__m512bh>(_mm512_load_si512(bt + q * group + kp * 32));
       for (int r = 0; r < 8; ++r) {
         int32_t word;
-        __builtin_memcpy(&word, at + r * 32 + 2 * kp, sizeof word);
+        __builtin_memcpy(&word, at + r * ld + 2 * kp, sizeof word);
         const __m512bh av = reinterpret_cast<__m512bh>(_mm512_set1_epi32(word));
         for (int q = 0; q < CG; ++q) acc[r][q] = _mm512_dpbf16_ps(acc[r][q], av, bv[q]);
       }
@@ -52,10 +54,10 @@ struct Avx512Bf16Kernel {
   static void end() {}
 
   template <int RG, int CG>
-  static void block(int64_t ktiles, const uint16_t* a, const uint16_t* b, const BlockC& c) {
+  static void block(int64_t ktiles, const ATiles& a, const uint16_t* b, const BlockC& c) {
     const int64_t group = ktiles * kTileElems;
     for (int64_t r0 = 0; r0 < 16 * RG && r0 < c.rows; r0 += 8)
-      strip<CG>(ktiles, a + (r0 / 16) * group + (r0 % 16) * 32, b, group, r0, c);
+      strip<CG>(ktiles, a.a + (r0 / 16) * a.gs + (r0 % 16) * a.ld, a.ld, a.ts, b, group, r0, c);
   }
 };
 

@@ -22,12 +22,15 @@
 //     jc: N in blocks of nc (the packed kc x nc block of op(B) fills at most kBBlockBytes)
 //       ib: 32 rows of op(A), packed (2 rowgroups, 64 kc bytes: stays in L1)
 //         jb: 32 columns of the packed B block: the kernel's block, 2 x 2 tiles of 16 x 16
+// A bf16 operand A that is not transposed needs no packing when its rows are whole rowgroups
+// and K is a multiple of 32: its tiles are read where they are (ATiles below, with A's row
+// stride), and only a last partial rowgroup is packed.
 // A Kernel provides begin() and end() (around a thread's rectangle: AMX loads and releases its
 // tile configuration) and
-//   template <int RG, int CG> static void block(int64_t ktiles, const uint16_t* a,
+//   template <int RG, int CG> static void block(int64_t ktiles, const ATiles& a,
 //                                               const uint16_t* b, const BlockC& c);
-// computing the RG x CG tiles of C for one depth block (RG, CG in {1, 2}; rowgroup g at
-// a + g * ktiles * 512, colgroup q at b + q * ktiles * 512) and storing them as BlockC says.
+// computing the RG x CG tiles of C for one depth block (RG, CG in {1, 2}; colgroup q at
+// b + q * ktiles * 512) and storing them as BlockC says.
 #pragma once
 
 #include <cstdint>
@@ -56,6 +59,14 @@ constexpr int64_t kKcMax = 256;      // depth of a block of K (bf16: a 32-row A 
 constexpr int64_t kKcMaxRows = 1024;
 constexpr int64_t kMc = 64;          // rows of op(A) packed at a time (32 KiB at kc = 256)
 constexpr int64_t kBBlockBytes = 512 * 1024;  // a packed B block: half of a Zen 4 L2
+
+// Where a kernel block's rowgroups of op(A) are: element k of row r (r < 16) of depth tile t of
+// rowgroup g at a[g * gs + t * ts + r * ld + k]. Packed: ld = 32, ts = 512, gs = ktiles * 512;
+// read in place from A: ld = lda, ts = 32, gs = 16 lda.
+struct ATiles {
+  const uint16_t* a;
+  int64_t ld, ts, gs;
+};
 
 // The results of one kernel block for one depth block, and what to do with them:
 //   C = alpha * P + beta * C (+ bias[j] when bias) then ReLU when relu, then 0 where
@@ -257,7 +268,14 @@ inline void pack_a_rows(const GemmBf16Call& g, int64_t i, int64_t rows, int64_t 
 #ifdef CLUSTR_BF16_VECTOR
   if (g.trans_a) {
     const Operand type = g.a_type;
-    for (int64_t t = 0; t < ktiles; ++t)
+    const int64_t elem = type == Operand::f32 ? 4 : 2;
+    for (int64_t t = 0; t < ktiles; ++t) {
+      // The next tile's 32 rows of A, this chunk's width of each: they are far apart (a row
+      // of A apart), so the hardware prefetcher does not see them coming.
+      for (int64_t k = (t + 1) * kTileK; k < (t + 2) * kTileK && k < kc; ++k) {
+        const char* row = byte_ptr(g.A, type, (p0 + k) * g.lda + i);
+        for (int64_t b = 0; b < rows * elem; b += 64) _mm_prefetch(row + b, _MM_HINT_T0);
+      }
       for (int64_t q = 0; q < groups; ++q) {
         const int64_t r = min64(16, rows - 16 * q), col = i + 16 * q;
         __m512 lo[16], hi[16];
@@ -274,6 +292,7 @@ inline void pack_a_rows(const GemmBf16Call& g, int64_t i, int64_t rows, int64_t 
         for (int64_t rr = 0; rr < 16; ++rr)
           _mm512_store_si512(out + rr * kTileK, cvt32(lo[rr], hi[rr]));
       }
+    }
     return;
   }
 #endif
@@ -414,7 +433,7 @@ struct Bf16Buffer {
 };
 
 template <typename Kernel>
-void run_block(int rg, int cg, int64_t ktiles, const uint16_t* a, const uint16_t* b,
+void run_block(int rg, int cg, int64_t ktiles, const ATiles& a, const uint16_t* b,
                const BlockC& c) {
   if (rg == 2 && cg == 2) return Kernel::template block<2, 2>(ktiles, a, b, c);
   if (rg == 2) return Kernel::template block<2, 1>(ktiles, a, b, c);
@@ -442,6 +461,13 @@ void gemm_rect(const GemmBf16Call& g, int64_t kc_max, int64_t i0, int64_t i1, in
     for (int64_t r = 0; r < i1 - i0; ++r) sums[r] = 0.0;
   }
   const GemmEpilogue& e = g.epilogue;
+  // A's tiles read in place (see the top of the file): bf16 rows of A, every depth block whole
+  // tiles (kc_max is a multiple of 32, and so is the last block when K is), and rows that do
+  // not pile up in a few L1 sets: a row stride that is a multiple of 512 bytes (K = 256, 512,
+  // 768 unpadded) puts a tile's 16 rows in 4 sets or fewer, and measured 5-25% slower than
+  // packing (K = 192, 384 bytes: 10% faster).
+  const bool a_in_place = !g.trans_a && g.a_type == Operand::bf16 && g.K % kTileK == 0 &&
+                          (g.lda * 2) % 512 != 0;
   Kernel::begin();
   for (int64_t p0 = 0; p0 < g.K; p0 += kc_max) {
     const int64_t kc = min64(kc_max, g.K - p0), ktiles = ceil_div(kc, kTileK);
@@ -452,11 +478,19 @@ void gemm_rect(const GemmBf16Call& g, int64_t kc_max, int64_t i0, int64_t i1, in
       pack_b_cols(g, jc, nc, p0, kc, ktiles, b_pack, group);
       for (int64_t ic = i0; ic < i1; ic += kMc) {  // kMc rows of op(A) packed at a time
         const int64_t mc = min64(kMc, i1 - ic);
-        pack_a_rows(g, ic, mc, p0, kc, ktiles, a_pack, group);
+        // In place: the chunk's whole rowgroups; packed: a last partial one (or all of them).
+        const int64_t in_place = a_in_place ? mc / 16 * 16 : 0;
+        if (in_place < mc)
+          pack_a_rows(g, ic + in_place, mc - in_place, p0, kc, ktiles, a_pack, group);
         if (sums && jc == j0) add_row_sums(g, ic, mc, p0, kc, sums + (ic - i0));
         for (int64_t ib = ic; ib < ic + mc; ib += kBlock) {
           const int64_t rows = min64(kBlock, ic + mc - ib);
-          const uint16_t* a = a_pack + (ib - ic) / 16 * group;
+          const bool direct = ib + rows <= ic + in_place;
+          const ATiles a =
+              direct ? ATiles{static_cast<const uint16_t*>(g.A) + ib * g.lda + p0, g.lda,
+                              kTileK, 16 * g.lda}
+                     : ATiles{a_pack + (ib - ic - in_place) / 16 * group, kTileK, kTileElems,
+                              group};
           for (int64_t jb = 0; jb < nc; jb += kBlock) {
             const int64_t cols = min64(kBlock, nc - jb);
             const int64_t j = jc + jb;

@@ -9,6 +9,7 @@ namespace clustr::cpu {
 
 namespace {
 
+using gemm_bf16_impl::ATiles;
 using gemm_bf16_impl::BlockC;
 using gemm_bf16_impl::from_bf16;
 using gemm_bf16_impl::kTileElems;
@@ -18,7 +19,7 @@ struct GenericBf16Kernel {
   static void end() {}
 
   template <int RG, int CG>
-  static void block(int64_t ktiles, const uint16_t* a, const uint16_t* b, const BlockC& c) {
+  static void block(int64_t ktiles, const ATiles& a, const uint16_t* b, const BlockC& c) {
     constexpr int R = 16 * RG, N = 16 * CG;
     const int64_t group = ktiles * kTileElems;
     float acc[R][N] = {};
@@ -31,7 +32,7 @@ struct GenericBf16Kernel {
           b1[j] = from_bf16(w[1]);
         }
         for (int r = 0; r < R; ++r) {
-          const uint16_t* w = a + (r / 16) * group + t * kTileElems + (r % 16) * 32 + 2 * kp;
+          const uint16_t* w = a.a + (r / 16) * a.gs + t * a.ts + (r % 16) * a.ld + 2 * kp;
           const float a0 = from_bf16(w[0]), a1 = from_bf16(w[1]);
           for (int j = 0; j < N; ++j) {
             acc[r][j] += a0 * b0[j];
