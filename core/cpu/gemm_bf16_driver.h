@@ -227,23 +227,8 @@ inline void pack_a(const GemmBf16Call& g, int64_t i, int64_t rows, int64_t p0, i
       }
     return;
   }
-  // op(A) = A^T: 16 rows of op(A) are 16 consecutive elements of each row of A; two 16 x 16
-  // transposes per tile.
-  for (int64_t t = 0; t < ktiles; ++t) {
-    __m512 lo[16], hi[16];
-    for (int64_t k = 0; k < 16; ++k) {
-      const int64_t k0 = t * kTileK + k, k1 = k0 + 16;
-      lo[k] = k0 < kc ? load16(byte_ptr(g.A, type, (p0 + k0) * g.lda + i), type, rows)
-                      : _mm512_setzero_ps();
-      hi[k] = k1 < kc ? load16(byte_ptr(g.A, type, (p0 + k1) * g.lda + i), type, rows)
-                      : _mm512_setzero_ps();
-    }
-    gemm_impl::transpose16(lo);
-    gemm_impl::transpose16(hi);
-    for (int64_t r = 0; r < 16; ++r)
-      _mm512_store_si512(dst + t * kTileElems + r * kTileK, cvt32(lo[r], hi[r]));
-  }
-#else
+  // A transposed: pack_a_rows packs it in vector code, across all its rowgroups at once.
+#endif
   for (int64_t t = 0; t < ktiles; ++t)
     for (int64_t r = 0; r < 16; ++r)
       for (int64_t k = 0; k < kTileK; ++k) {
@@ -254,7 +239,6 @@ inline void pack_a(const GemmBf16Call& g, int64_t i, int64_t rows, int64_t p0, i
                                                     : (i + r) * g.lda + p0 + p);
         dst[t * kTileElems + r * kTileK + k] = v;
       }
-#endif
 }
 
 // Rows [i, i + rows) of op(A) as ceil(rows / 16) rowgroups `group` elements apart (the last one
@@ -305,39 +289,25 @@ inline void pack_a_rows(const GemmBf16Call& g, int64_t i, int64_t rows, int64_t 
 inline void pack_b(const GemmBf16Call& g, int64_t j, int64_t cols, int64_t p0, int64_t kc,
                    int64_t ktiles, uint16_t* dst) {
 #ifdef CLUSTR_BF16_VECTOR
-  const Operand type = g.b_type;
-  if (!g.trans_b) {  // two rows of B (k, k + 1), interleaved element by element
-    // Word c of the result takes element c of the first row and element c of the second.
-    alignas(64) static const uint16_t kInterleave[32] = {0,  16, 1,  17, 2,  18, 3,  19,
-                                                         4,  20, 5,  21, 6,  22, 7,  23,
-                                                         8,  24, 9,  25, 10, 26, 11, 27,
-                                                         12, 28, 13, 29, 14, 30, 15, 31};
-    const __m512i order = _mm512_load_si512(kInterleave);
-    for (int64_t t = 0; t < ktiles; ++t)
-      for (int64_t kp = 0; kp < 16; ++kp) {
-        const int64_t k0 = t * kTileK + 2 * kp, k1 = k0 + 1;
-        const __m512 x = k0 < kc ? load16(byte_ptr(g.B, type, (p0 + k0) * g.ldb + j), type, cols)
-                                 : _mm512_setzero_ps();
-        const __m512 y = k1 < kc ? load16(byte_ptr(g.B, type, (p0 + k1) * g.ldb + j), type, cols)
-                                 : _mm512_setzero_ps();
-        _mm512_store_si512(dst + t * kTileElems + kp * kTileK,
-                           _mm512_permutexvar_epi16(order, cvt32(x, y)));
-      }
+  // B not transposed: pack_b_cols packs it in vector code, across all its colgroups at once.
+  if (g.trans_b) {
+    // op(B) = B^T: column c of op(B) is row j + c of B, whose 32 consecutive values make the
+    // 16 words of that column; a 16 x 16 transpose of words puts them in tile order.
+    const Operand type = g.b_type;
+    for (int64_t t = 0; t < ktiles; ++t) {
+      __m512i w[16];
+      const int64_t n = min64(kTileK, kc - t * kTileK);
+      for (int64_t c = 0; c < 16; ++c)
+        w[c] = c < cols ? load32_bf16(byte_ptr(g.B, type, (j + c) * g.ldb + p0 + t * kTileK),
+                                      type, n)
+                        : _mm512_setzero_si512();
+      transpose16i(w);
+      for (int64_t kp = 0; kp < 16; ++kp)
+        _mm512_store_si512(dst + t * kTileElems + kp * kTileK, w[kp]);
+    }
     return;
   }
-  // op(B) = B^T: column c of op(B) is row j + c of B, whose 32 consecutive values make the 16
-  // words of that column; a 16 x 16 transpose of words puts them in tile order.
-  for (int64_t t = 0; t < ktiles; ++t) {
-    __m512i w[16];
-    const int64_t n = min64(kTileK, kc - t * kTileK);
-    for (int64_t c = 0; c < 16; ++c)
-      w[c] = c < cols ? load32_bf16(byte_ptr(g.B, type, (j + c) * g.ldb + p0 + t * kTileK), type, n)
-                      : _mm512_setzero_si512();
-    transpose16i(w);
-    for (int64_t kp = 0; kp < 16; ++kp)
-      _mm512_store_si512(dst + t * kTileElems + kp * kTileK, w[kp]);
-  }
-#else
+#endif
   for (int64_t t = 0; t < ktiles; ++t)
     for (int64_t kp = 0; kp < 16; ++kp)
       for (int64_t c = 0; c < 16; ++c)
@@ -349,7 +319,6 @@ inline void pack_b(const GemmBf16Call& g, int64_t j, int64_t cols, int64_t p0, i
                                                       : (p0 + p) * g.ldb + j + c);
           dst[t * kTileElems + kp * kTileK + c * 2 + h] = v;
         }
-#endif
 }
 
 // Columns [j, j + cols) of op(B) as ceil(cols / 16) colgroups `group` elements apart (the last
@@ -540,34 +509,13 @@ struct Plan {
 
 template <typename Kernel>
 void gemm_blocked(const GemmBf16Call& g, int nthreads) {
-  Plan<Kernel> plan;
-  if (!plan.make(g, nthreads)) return;
-  if (plan.threads() == 1) return plan.run(g, 0);
-#pragma omp parallel num_threads(plan.threads())
-  plan.run(g, gemm_impl::thread_id());
+  gemm_impl::run_planned<Plan<Kernel>>(g, nthreads);
 }
 
-// Independent products in one parallel region, as gemm_driver.h's gemm_many_blocked.
+// Independent products in one parallel region (gemm_driver.h's run_planned_many).
 template <typename Kernel>
 void gemm_many_blocked(const GemmBf16Call* g, int count, int nthreads) {
-  constexpr int kMax = 4;
-  if (count > kMax || nthreads == 1) {
-    for (int c = 0; c < count; ++c) gemm_blocked<Kernel>(g[c], nthreads);
-    return;
-  }
-  Plan<Kernel> plan[kMax];
-  int first[kMax + 1];
-  first[0] = 0;
-  for (int c = 0; c < count; ++c)
-    first[c + 1] = first[c] + (plan[c].make(g[c], nthreads) ? plan[c].threads() : 0);
-  const int pieces = first[count];
-#pragma omp parallel for schedule(dynamic) num_threads(nthreads) if (pieces > 1)
-  for (int piece = 0; piece < pieces; ++piece)
-    for (int c = 0; c < count; ++c)
-      if (piece < first[c + 1]) {
-        plan[c].run(g[c], piece - first[c]);
-        break;
-      }
+  gemm_impl::run_planned_many<Plan<Kernel>>(g, count, nthreads);
 }
 
 }  // namespace

@@ -475,9 +475,11 @@ inline int thread_id() {
 #endif
 }
 
-template <typename Kernel>
-void gemm_blocked(const Problem& g, int nthreads) {
-  Plan<Kernel> plan;
+// One product on its plan's threads (a plan type PlanT provides make(g, threads), threads()
+// and run(g, tid); the f32 driver's Plan here, the bf16 driver's in gemm_bf16_driver.h).
+template <typename PlanT, typename ProblemT>
+void run_planned(const ProblemT& g, int nthreads) {
+  PlanT plan;
   if (!plan.make(g, nthreads)) return;
   if (plan.threads() == 1)  // no parallel region at all: even a team of one costs a syscall
     return plan.run(g, 0);
@@ -490,15 +492,15 @@ void gemm_blocked(const Problem& g, int nthreads) {
 // so that each does a share of every product. (A fork and join costs a wake-up of the sleeping
 // threads, and a layer's backward has pairs of products, dX and dW, of the same size. Giving
 // each product a thread of its own was slower: the two kinds run at different speeds.) Each C
-// is what gemm_blocked would give, whoever computes its rectangles.
-template <typename Kernel>
-void gemm_many_blocked(const Problem* g, int count, int nthreads) {
+// is what run_planned would give, whoever computes its rectangles.
+template <typename PlanT, typename ProblemT>
+void run_planned_many(const ProblemT* g, int count, int nthreads) {
   constexpr int kMax = 4;
   if (count > kMax || nthreads == 1) {
-    for (int c = 0; c < count; ++c) gemm_blocked<Kernel>(g[c], nthreads);
+    for (int c = 0; c < count; ++c) run_planned<PlanT>(g[c], nthreads);
     return;
   }
-  Plan<Kernel> plan[kMax];
+  PlanT plan[kMax];
   int first[kMax + 1];  // product c's rectangles are pieces [first[c], first[c + 1])
   first[0] = 0;
   for (int c = 0; c < count; ++c)
@@ -511,6 +513,16 @@ void gemm_many_blocked(const Problem* g, int count, int nthreads) {
         plan[c].run(g[c], piece - first[c]);
         break;
       }
+}
+
+template <typename Kernel>
+void gemm_blocked(const Problem& g, int nthreads) {
+  run_planned<Plan<Kernel>>(g, nthreads);
+}
+
+template <typename Kernel>
+void gemm_many_blocked(const Problem* g, int count, int nthreads) {
+  run_planned_many<Plan<Kernel>>(g, count, nthreads);
 }
 
 }  // namespace
