@@ -1,0 +1,267 @@
+// Device emulation's cuBLAS subset (see core/cuda/emulation.h): handles with a math mode and a
+// stream, and the GEMMs clustr calls (cublasSgemm, cublasSgemmStridedBatched, cublasGemmEx,
+// cublasGemmStridedBatchedEx) as the reference column-major BLAS loop on the host, with the
+// argument rules cuBLAS applies and every matrix checked to lie inside one device allocation.
+// Compiled only with -DCLUSTR_CUDA=EMULATE.
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+
+#include "core/bf16.h"
+#include "core/cuda/emulation.h"
+#include "core/cuda/emulation_state.h"
+
+using namespace clustr::cuda::emulation;
+
+struct cublasContext {
+  cublasMath_t math = CUBLAS_DEFAULT_MATH;
+  cudaStream_t stream = nullptr;
+};
+
+cublasStatus_t cublasCreate(cublasHandle_t* handle) {
+  if (handle == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  if (state::no_devices()) return CUBLAS_STATUS_NOT_INITIALIZED;
+  *handle = new cublasContext;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasDestroy(cublasHandle_t handle) {
+  if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
+  delete handle;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode) {
+  if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
+  handle->math = mode;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t stream) {
+  if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
+  handle->stream = stream;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+namespace {
+
+bool valid_op(cublasOperation_t op) {
+  return op == CUBLAS_OP_N || op == CUBLAS_OP_T || op == CUBLAS_OP_C;
+}
+
+// The argument rules of cublasSgemm: sizes >= 0 and each leading dimension at least the number
+// of rows of the stored (column-major) matrix: A is m x k (k x m when transposed), B k x n (n x k),
+// C m x n.
+cublasStatus_t check_gemm(cublasHandle_t handle, cublasOperation_t ta, cublasOperation_t tb,
+                          int m, int n, int k, const void* alpha, int lda, int ldb,
+                          const void* beta, int ldc) {
+  if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (!valid_op(ta) || !valid_op(tb) || m < 0 || n < 0 || k < 0) return CUBLAS_STATUS_INVALID_VALUE;
+  if (alpha == nullptr || beta == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  const int a_rows = ta == CUBLAS_OP_N ? m : k, b_rows = tb == CUBLAS_OP_N ? k : n;
+  if (lda < std::max(1, a_rows) || ldb < std::max(1, b_rows) || ldc < std::max(1, m))
+    return CUBLAS_STATUS_INVALID_VALUE;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+// The device memory a column-major rows x cols matrix of `elem`-byte elements with leading
+// dimension ld spans must be inside one allocation; a GPU would fault (or silently read a
+// neighbour) otherwise.
+bool matrix_in_device(const char* call, const char* name, const void* p, size_t elem,
+                      int64_t rows, int64_t cols, int64_t ld) {
+  if (rows == 0 || cols == 0) return true;
+  const size_t bytes = static_cast<size_t>((cols - 1) * ld + rows) * elem;
+  if (p != nullptr && state::in_one_allocation(p, bytes)) return true;
+  std::fprintf(stderr,
+               "clustr device emulation: %s: matrix %s (%lld x %lld column-major, ld %lld, %zu "
+               "bytes at %p) is not inside one device allocation\n",
+               call, name, static_cast<long long>(rows), static_cast<long long>(cols),
+               static_cast<long long>(ld), bytes, p);
+  return false;
+}
+
+// x rounded to TF32 as cvt.rna.tf32.f32 does: 10 explicit mantissa bits (the low 13 of 23 are
+// cleared), to nearest with ties away from zero. Adding half of the dropped part to the bits
+// rounds the magnitude half up, since the bit pattern of a float's magnitude is monotonic in
+// it; a carry into the exponent is the correct result, and past the largest float it gives
+// infinity. NaN and infinities are kept as they are.
+float round_to_tf32(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  if ((u & 0x7f800000u) == 0x7f800000u) return x;
+  u = (u + 0x1000u) & ~0x1fffu;
+  std::memcpy(&x, &u, sizeof u);
+  return x;
+}
+
+// How an operand's elements reach the multiplier: a float as it is, a float rounded to TF32
+// (the math mode CUBLAS_TF32_TENSOR_OP_MATH), or a bf16 widened to float (exact).
+enum class Operand { f32, tf32, bf16 };
+
+template <Operand kind>
+struct Load {
+  const void* base;
+  float operator()(int64_t i) const {
+    if constexpr (kind == Operand::bf16)
+      return clustr::bf16_to_float(static_cast<const uint16_t*>(base)[i]);
+    else if constexpr (kind == Operand::tf32)
+      return round_to_tf32(static_cast<const float*>(base)[i]);
+    else
+      return static_cast<const float*>(base)[i];
+  }
+};
+
+// One column-major product, the reference BLAS loop: C = alpha op(A) op(B) + beta C, C not read
+// when beta == 0, A and B not read when alpha == 0 or k == 0. Each product is formed in float
+// and the products are added in float in order of l: exact products for bf16 and TF32 operands
+// (at most 11-bit significands), as a GPU's tensor cores form them, and float32 accumulation.
+template <Operand kind>
+void gemm_one(bool ta, bool tb, int m, int n, int k, float alpha, const void* A, int lda,
+              const void* B, int ldb, float beta, float* C, int ldc) {
+  const Load<kind> a_at{A}, b_at{B};
+  const bool product = k > 0 && alpha != 0.0f;
+  for (int64_t j = 0; j < n; ++j) {
+    for (int64_t i = 0; i < m; ++i) {
+      float acc = 0.0f;
+      if (product)
+        for (int64_t l = 0; l < k; ++l) {
+          const float a = ta ? a_at(l + i * lda) : a_at(i + l * lda);
+          const float b = tb ? b_at(j + l * ldb) : b_at(l + j * ldb);
+          acc += a * b;
+        }
+      float& c = C[i + j * ldc];
+      const float ab = product ? alpha * acc : 0.0f;
+      c = beta == 0.0f ? ab : ab + beta * c;
+    }
+  }
+}
+
+// Strided batches of column-major products. A and B hold elements of `kind` (float32 for tf32
+// too), C floats; strides are in elements. The arguments have been checked except the stream,
+// the batch count and where the matrices lie.
+cublasStatus_t gemm_batched(const char* call, cublasHandle_t handle, Operand kind,
+                            cublasOperation_t transa, cublasOperation_t transb, int m, int n,
+                            int k, float alpha, const void* A, int lda, long long stride_a,
+                            const void* B, int ldb, long long stride_b, float beta, float* C,
+                            int ldc, long long stride_c, int batch) {
+  if (batch < 0) return CUBLAS_STATUS_INVALID_VALUE;
+  if (!state::live_stream(handle->stream)) {  // its kernels could not be launched
+    std::fprintf(stderr, "clustr device emulation: %s on stream %p, which was destroyed or "
+                 "never created\n", call, static_cast<const void*>(handle->stream));
+    return CUBLAS_STATUS_EXECUTION_FAILED;
+  }
+  if (m == 0 || n == 0 || batch == 0) return CUBLAS_STATUS_SUCCESS;
+  const size_t elem = kind == Operand::bf16 ? sizeof(uint16_t) : sizeof(float);
+  const bool ta = transa != CUBLAS_OP_N, tb = transb != CUBLAS_OP_N;
+  const bool reads_ab = k > 0 && alpha != 0.0f;
+  auto* const one = kind == Operand::bf16   ? &gemm_one<Operand::bf16>
+                    : kind == Operand::tf32 ? &gemm_one<Operand::tf32>
+                                            : &gemm_one<Operand::f32>;
+  for (int b = 0; b < batch; ++b) {
+    const void* Ab = static_cast<const char*>(A) + b * stride_a * static_cast<long long>(elem);
+    const void* Bb = static_cast<const char*>(B) + b * stride_b * static_cast<long long>(elem);
+    float* Cb = C + b * stride_c;
+    if (reads_ab && (!matrix_in_device(call, "A", Ab, elem, ta ? k : m, ta ? m : k, lda) ||
+                     !matrix_in_device(call, "B", Bb, elem, tb ? n : k, tb ? k : n, ldb)))
+      return CUBLAS_STATUS_EXECUTION_FAILED;
+    if (!matrix_in_device(call, "C", Cb, sizeof(float), m, n, ldc))
+      return CUBLAS_STATUS_EXECUTION_FAILED;
+    one(ta, tb, m, n, k, alpha, Ab, lda, Bb, ldb, beta, Cb, ldc);
+  }
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+// Float32 operands are read as TF32 when the handle's math mode allows TF32 tensor cores (the
+// low 4 bits are the mode; the higher ones are flags, as the toolkit's headers test them).
+Operand f32_operand(cublasHandle_t handle) {
+  return (static_cast<int>(handle->math) & 0xf) == CUBLAS_TF32_TENSOR_OP_MATH ? Operand::tf32
+                                                                               : Operand::f32;
+}
+
+cublasStatus_t sgemm_batched(const char* call, cublasHandle_t handle, cublasOperation_t transa,
+                             cublasOperation_t transb, int m, int n, int k, const float* alpha,
+                             const float* A, int lda, long long stride_a, const float* B,
+                             int ldb, long long stride_b, const float* beta, float* C, int ldc,
+                             long long stride_c, int batch) {
+  const cublasStatus_t s = check_gemm(handle, transa, transb, m, n, k, alpha, lda, ldb, beta, ldc);
+  if (s != CUBLAS_STATUS_SUCCESS) return s;
+  return gemm_batched(call, handle, f32_operand(handle), transa, transb, m, n, k, *alpha, A, lda,
+                      stride_a, B, ldb, stride_b, *beta, C, ldc, stride_c, batch);
+}
+
+// cublasGemmEx for the combinations clustr uses (emulation.h): bf16 x bf16 -> float and
+// float x float -> float, computed in float (CUBLAS_COMPUTE_32F, so alpha and beta are floats).
+cublasStatus_t gemm_ex_batched(const char* call, cublasHandle_t handle, cublasOperation_t transa,
+                               cublasOperation_t transb, int m, int n, int k, const void* alpha,
+                               const void* A, cudaDataType a_type, int lda, long long stride_a,
+                               const void* B, cudaDataType b_type, int ldb, long long stride_b,
+                               const void* beta, void* C, cudaDataType c_type, int ldc,
+                               long long stride_c, int batch, cublasComputeType_t compute,
+                               cublasGemmAlgo_t algo) {
+  const cublasStatus_t s = check_gemm(handle, transa, transb, m, n, k, alpha, lda, ldb, beta, ldc);
+  if (s != CUBLAS_STATUS_SUCCESS) return s;
+  if (algo != CUBLAS_GEMM_DEFAULT && algo != CUBLAS_GEMM_DEFAULT_TENSOR_OP)
+    return CUBLAS_STATUS_INVALID_VALUE;
+  const bool bf16 = a_type == CUDA_R_16BF && b_type == CUDA_R_16BF;
+  const bool f32 = a_type == CUDA_R_32F && b_type == CUDA_R_32F;
+  if (!(bf16 || f32) || c_type != CUDA_R_32F || compute != CUBLAS_COMPUTE_32F) {
+    std::fprintf(stderr,
+                 "clustr device emulation: %s: types A %d, B %d, C %d with compute type %d are "
+                 "not emulated (only 16BF or 32F inputs, 32F output, CUBLAS_COMPUTE_32F)\n",
+                 call, static_cast<int>(a_type), static_cast<int>(b_type),
+                 static_cast<int>(c_type), static_cast<int>(compute));
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+  // A bf16 value is exact in TF32: the math mode changes nothing for bf16 operands.
+  const Operand kind = bf16 ? Operand::bf16 : f32_operand(handle);
+  return gemm_batched(call, handle, kind, transa, transb, m, n, k,
+                      *static_cast<const float*>(alpha), A, lda, stride_a, B, ldb, stride_b,
+                      *static_cast<const float*>(beta), static_cast<float*>(C), ldc, stride_c,
+                      batch);
+}
+
+}  // namespace
+
+cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa,
+                           cublasOperation_t transb, int m, int n, int k, const float* alpha,
+                           const float* A, int lda, const float* B, int ldb, const float* beta,
+                           float* C, int ldc) {
+  return sgemm_batched("cublasSgemm", handle, transa, transb, m, n, k, alpha, A, lda, 0, B, ldb,
+                       0, beta, C, ldc, 0, 1);
+}
+
+cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_t transa,
+                                         cublasOperation_t transb, int m, int n, int k,
+                                         const float* alpha, const float* A, int lda,
+                                         long long stride_a, const float* B, int ldb,
+                                         long long stride_b, const float* beta, float* C,
+                                         int ldc, long long stride_c, int batch_count) {
+  return sgemm_batched("cublasSgemmStridedBatched", handle, transa, transb, m, n, k, alpha, A,
+                       lda, stride_a, B, ldb, stride_b, beta, C, ldc, stride_c, batch_count);
+}
+
+cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
+                            cublasOperation_t transb, int m, int n, int k, const void* alpha,
+                            const void* A, cudaDataType Atype, int lda, const void* B,
+                            cudaDataType Btype, int ldb, const void* beta, void* C,
+                            cudaDataType Ctype, int ldc, cublasComputeType_t compute_type,
+                            cublasGemmAlgo_t algo) {
+  return gemm_ex_batched("cublasGemmEx", handle, transa, transb, m, n, k, alpha, A, Atype, lda, 0,
+                         B, Btype, ldb, 0, beta, C, Ctype, ldc, 0, 1, compute_type, algo);
+}
+
+cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation_t transa,
+                                          cublasOperation_t transb, int m, int n, int k,
+                                          const void* alpha, const void* A, cudaDataType Atype,
+                                          int lda, long long stride_a, const void* B,
+                                          cudaDataType Btype, int ldb, long long stride_b,
+                                          const void* beta, void* C, cudaDataType Ctype, int ldc,
+                                          long long stride_c, int batch_count,
+                                          cublasComputeType_t compute_type,
+                                          cublasGemmAlgo_t algo) {
+  return gemm_ex_batched("cublasGemmStridedBatchedEx", handle, transa, transb, m, n, k, alpha, A,
+                         Atype, lda, stride_a, B, Btype, ldb, stride_b, beta, C, Ctype, ldc,
+                         stride_c, batch_count, compute_type, algo);
+}
+
