@@ -27,7 +27,6 @@
 #include <vector>
 
 #include "apps/common/device.h"
-#include "core/bf16.h"
 #include "core/cpu/gemm.h"
 #include "core/cpu/gemm_bf16.h"
 #include "core/cuda/cuda.h"
@@ -250,16 +249,17 @@ int main(int argc, char** argv) try {
     int64_t lda = c.ta ? c.M : c.K, ldb = c.tb ? c.K : c.N;
     double flops = 2.0 * c.M * c.N * c.K;
     // The bf16 operands: the same values rounded (--operands bf16), or the floats themselves.
-    std::vector<uint16_t> Ah, Bh;
-    for (float v : A.to_vector()) Ah.push_back(clustr::float_to_bf16(v));
-    for (float v : B.to_vector()) Bh.push_back(clustr::float_to_bf16(v));
+    const Tensor Ah = bf16 ? A.astype(clustr::DType::bf16) : Tensor();
+    const Tensor Bh = bf16 ? B.astype(clustr::DType::bf16) : Tensor();
     const bool f32_ops = operands == "f32";
     const clustr::cpu::Operand type = f32_ops ? clustr::cpu::Operand::f32 : clustr::cpu::Operand::bf16;
     const clustr::cpu::GemmBf16Call bf16_call{
         c.ta, c.tb, c.M, c.N, c.K, 1.0f,
-        f32_ops ? static_cast<const void*>(A.f32()) : static_cast<const void*>(Ah.data()), type,
+        f32_ops || !bf16 ? static_cast<const void*>(A.f32()) : static_cast<const void*>(Ah.bf16()),
+        type,
         lda,
-        f32_ops ? static_cast<const void*>(B.f32()) : static_cast<const void*>(Bh.data()), type,
+        f32_ops || !bf16 ? static_cast<const void*>(B.f32()) : static_cast<const void*>(Bh.bf16()),
+        type,
         ldb, 0.0f, C.f32(), c.N, clustr::cpu::GemmEpilogue{}};
     for (int t : threads) {
       clustr::set_num_threads(t);

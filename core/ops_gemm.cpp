@@ -42,9 +42,9 @@ cpu::Operand operand_of(const Tensor& t) {
 
 // The bf16 elements of a device operand: its own, or a rounded copy (kept in `copy`).
 const uint16_t* device_bf16(const Tensor& t, Tensor& copy) {
-  if (t.dtype() == DType::bf16) return static_cast<const uint16_t*>(t.raw());
+  if (t.dtype() == DType::bf16) return t.bf16();
   copy = t.astype(DType::bf16);
-  return static_cast<const uint16_t*>(copy.raw());
+  return copy.bf16();
 }
 
 // The product with bf16 operands (gemm's checks done; a, b, c as gemm computed them).

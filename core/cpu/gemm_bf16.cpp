@@ -7,8 +7,10 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstring>
 
+#include "core/bf16.h"
 #include "core/cpu/gemm_problem.h"
 #include "core/error.h"
 #include "core/gemm_args.h"
@@ -115,37 +117,6 @@ double flops_of(const GemmBf16Call& g) {
   return 2.0 * static_cast<double>(g.M) * static_cast<double>(g.N) * static_cast<double>(g.K);
 }
 
-// Stored elements as double, for the row sums and the reference.
-double stored(const void* base, Operand type, int64_t idx) {
-  if (type == Operand::f32) return static_cast<const float*>(base)[idx];
-  const uint32_t u = static_cast<uint32_t>(static_cast<const uint16_t*>(base)[idx]) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-// The value the GEMM multiplies: rounded to bf16 as the packing does (float32 subnormals and
-// bf16 subnormals read as zero).
-double multiplied(const void* base, Operand type, int64_t idx) {
-  uint32_t u;
-  if (type == Operand::f32) {
-    float f = static_cast<const float*>(base)[idx];
-    std::memcpy(&u, &f, sizeof u);
-    if ((u & 0x7f800000u) == 0)
-      u &= 0x80000000u;
-    else if ((u & 0x7fffffffu) > 0x7f800000u)
-      u = (u | 0x00400000u) & 0xffff0000u;
-    else
-      u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-  } else {
-    u = static_cast<uint32_t>(static_cast<const uint16_t*>(base)[idx]) << 16;
-    if ((u & 0x7f800000u) == 0) u &= 0x80000000u;
-  }
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-
 int64_t a_index(const GemmBf16Call& g, int64_t i, int64_t p) {
   return g.trans_a ? p * g.lda + i : i * g.lda + p;
 }
@@ -153,24 +124,49 @@ int64_t b_index(const GemmBf16Call& g, int64_t p, int64_t j) {
   return g.trans_b ? j * g.ldb + p : p * g.ldb + j;
 }
 
+// Stored elements as double, for the row sums and the reference.
+double stored(const void* base, Operand type, int64_t idx) {
+  if (type == Operand::f32) return static_cast<const float*>(base)[idx];
+  return bf16_to_float(static_cast<const uint16_t*>(base)[idx]);
+}
+
+// A subnormal (or zero) as the signed zero that the bf16 instructions read it as.
+float flush_subnormal(float f) { return std::fpclassify(f) == FP_SUBNORMAL ? f * 0.0f : f; }
+
+// The value the GEMM multiplies: an f32 operand rounded to bf16 as the packing does
+// (vcvtne2ps2bf16 reads subnormals as zero), any bf16 subnormal read as zero.
+double multiplied(const void* base, Operand type, int64_t idx) {
+  if (type == Operand::f32)
+    return round_to_bf16(flush_subnormal(static_cast<const float*>(base)[idx]));
+  return flush_subnormal(bf16_to_float(static_cast<const uint16_t*>(base)[idx]));
+}
+
+// The epilogue of C's element (i, j) given v = alpha op(A) op(B) + beta C.
+template <typename T>
+T epilogue_value(const GemmEpilogue& e, int64_t i, int64_t j, T v) {
+  if (e.bias) v += e.bias[j];
+  if (e.relu) v = v < T(0) ? T(0) : v;
+  if (e.mask && !(e.mask[i * e.ldm + j] > 0.0f)) v = T(0);
+  return v;
+}
+
+// The epilogue's row sums of op(A): its stored values summed in double, in the order of k.
+void row_sums(const GemmBf16Call& g) {
+  for (int64_t i = 0; i < g.M; ++i) {
+    double sum = 0.0;
+    for (int64_t p = 0; p < g.K; ++p) sum += stored(g.A, g.a_type, a_index(g, i, p));
+    g.epilogue.a_row_sums[i] = static_cast<float>(sum);
+  }
+}
+
 // C = beta * C (+ the epilogue) and the row sums of op(A), when K == 0 or alpha == 0.
 void scale_c(const GemmBf16Call& g) {
-  const GemmEpilogue& e = g.epilogue;
   for (int64_t i = 0; i < g.M; ++i)
     for (int64_t j = 0; j < g.N; ++j) {
       float* c = g.C + i * g.ldc + j;
-      float v = g.beta == 0.0f ? 0.0f : g.beta * *c;
-      if (e.bias) v += e.bias[j];
-      if (e.relu) v = v < 0.0f ? 0.0f : v;
-      if (e.mask && !(e.mask[i * e.ldm + j] > 0.0f)) v = 0.0f;
-      *c = v;
+      *c = epilogue_value(g.epilogue, i, j, g.beta == 0.0f ? 0.0f : g.beta * *c);
     }
-  if (e.a_row_sums)
-    for (int64_t i = 0; i < g.M; ++i) {
-      double sum = 0.0;
-      for (int64_t p = 0; p < g.K; ++p) sum += stored(g.A, g.a_type, a_index(g, i, p));
-      e.a_row_sums[i] = static_cast<float>(sum);
-    }
+  if (g.epilogue.a_row_sums) row_sums(g);
 }
 
 void check_call(const GemmBf16Call& g) {
@@ -288,18 +284,9 @@ void gemm_bf16_reference(const GemmBf16Call& g) {
       float* c = g.C + i * g.ldc + j;
       double v = static_cast<double>(g.alpha) * acc;
       if (g.beta != 0.0f) v += static_cast<double>(g.beta) * *c;
-      const GemmEpilogue& e = g.epilogue;
-      if (e.bias) v += e.bias[j];
-      if (e.relu) v = v < 0.0 ? 0.0 : v;
-      if (e.mask && !(e.mask[i * e.ldm + j] > 0.0f)) v = 0.0;
-      *c = static_cast<float>(v);
+      *c = static_cast<float>(epilogue_value(g.epilogue, i, j, v));
     }
-  if (g.epilogue.a_row_sums)
-    for (int64_t i = 0; i < g.M; ++i) {
-      double sum = 0.0;
-      for (int64_t p = 0; p < g.K; ++p) sum += stored(g.A, g.a_type, a_index(g, i, p));
-      g.epilogue.a_row_sums[i] = static_cast<float>(sum);
-    }
+  if (g.epilogue.a_row_sums) row_sums(g);
 }
 
 }  // namespace clustr::cpu
