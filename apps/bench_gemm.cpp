@@ -260,7 +260,7 @@ int main(int argc, char** argv) try {
         lda,
         f32_ops || !bf16 ? static_cast<const void*>(B.f32()) : static_cast<const void*>(Bh.bf16()),
         type,
-        ldb, 0.0f, C.f32(), c.N, clustr::cpu::GemmEpilogue{}};
+        ldb, 0.0f, C.f32(), c.N, clustr::cpu::GemmEpilogue{}, nullptr, nullptr};
     for (int t : threads) {
       clustr::set_num_threads(t);
       if (peer) blas.set_threads(t);

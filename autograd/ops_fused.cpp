@@ -10,7 +10,8 @@
 //   dW1 = dP^T X,   db1 = sum of the rows of dP,   dX = dP W1
 // (core feed_forward_relu_backward: each db from its dW's GEMM, the products in pairs in one
 // parallel region each).
-// It saves X, W1, W2 and H; the unfused chain saves H twice (ReLU's input and linear2's).
+// It saves X, W1, W2 and H; the unfused chain saves H twice (ReLU's input and linear2's). In
+// the bf16 precision H and dP are bf16 (core/ops.h): half the memory for H.
 //
 // add_layer_norm, y = layer_norm(a + b): da = db = the layer-norm gradient of the sum, which
 // the backward kernel recomputes from a and b.
@@ -87,7 +88,10 @@ Variable feed_forward_relu(const Variable& x, const Variable& w1, const Variable
   const int64_t rows = D == 0 ? 0 : X.numel() / D;
   const Tensor X2 = X.reshape({rows, D});
   const Precision precision = current_precision();
-  Tensor H = linear_forward(X2, W1, b1.data(), /*relu=*/true, precision);  // checks b1
+  // H is read only by products (the second linear layer, dW2) and by backward's ReLU mask: in
+  // the bf16 precision it is stored in bf16, which those products would round it to.
+  const DType hidden = precision == Precision::bf16 ? DType::bf16 : DType::f32;
+  Tensor H = linear_forward(X2, W1, b1.data(), /*relu=*/true, precision, hidden);  // checks b1
   Tensor Y = linear_forward(H, W2, b2.data(), false, precision);           // checks b2
   Shape y_shape = X.shape();
   y_shape.back() = W2.size(0);

@@ -153,14 +153,18 @@ Tensor matmul(const Tensor& A, const Tensor& B, bool trans_a = false, bool trans
 //
 // The linear layer's forward with the bias and the activation folded into the GEMM's store of
 // each tile: x (R, in), W (out, in), b (out) or undefined -> y (R, out) = x W^T + b, then
-// ReLU when `relu`.
+// ReLU when `relu`. x may be bf16 (then the product is bf16). In the bf16 precision y may be
+// asked for in bf16 (`out_dtype`): the f32 result rounded as it is stored, for a tensor that
+// only products read (the feed-forward block's hidden layer): half the bytes to write, keep
+// and read back.
 Tensor linear_forward(const Tensor& x, const Tensor& W, const Tensor& b, bool relu = false,
-                      Precision precision = Precision::fp32);
+                      Precision precision = Precision::fp32, DType out_dtype = DType::f32);
 // The linear layer's gradients for y = x W^T + b, x (R, in), W (out, in), dy (R, out):
 // dx = dy W (R, in), dW = dy^T x (out, in), db = the sums of dy's rows (out), each only when
 // asked for (x is needed for dW, W for dx). db comes out of dW's GEMM, which reads dy anyway;
-// dx and dW run in one parallel region (cpu::gemm_many). On another device than the cpu: the
-// plain matmul and sum.
+// dx and dW run in one parallel region (cpu::gemm_many). dy and x may be bf16 (as the
+// feed-forward block's dP and H are in the bf16 precision). On another device than the cpu:
+// the plain matmul and sum.
 struct LinearGrads {
   Tensor dx, dW, db;
 };
@@ -168,9 +172,10 @@ LinearGrads linear_backward(const Tensor& dy, const Tensor& x, const Tensor& W, 
                             bool need_dW, bool need_db, Precision precision = Precision::fp32);
 // The backward of the ReLU feed-forward block y = relu(x W1^T + b1) W2^T + b2 (autograd
 // feed_forward_relu), given dy (R, D_out), x (R, D), W1 (F, D), W2 (D_out, F) and the hidden
-// activation H = relu(x W1^T + b1) (R, F): dW2 = dy^T H, db2, dP = (dy W2) * [H > 0], then
-// dx = dP W1, dW1 = dP^T x, db1; each only when asked for. Two parallel regions: dW2 with
-// dP, then dx with dW1.
+// activation H = relu(x W1^T + b1) (R, F), f32 or bf16: dW2 = dy^T H, db2, dP = (dy W2) *
+// [H > 0], then dx = dP W1, dW1 = dP^T x, db1; each only when asked for. Two parallel regions:
+// dW2 with dP, then dx with dW1. In the bf16 precision dP is stored in bf16 (only the two
+// products read it), so db1, summed from it, adds up rounded values.
 struct FeedForwardNeeds {
   bool dx = true, dW1 = true, db1 = true, dW2 = true, db2 = true;
 };

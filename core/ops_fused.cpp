@@ -35,21 +35,74 @@ void check_input(const char* op, const char* what, const Tensor& t, const Tensor
   check_same_device(op, like, t);
 }
 
+// An input that a product reads: f32 or bf16, on the device of `like`.
+void check_operand(const char* op, const char* what, const Tensor& t, const Tensor& like) {
+  detail::check_defined(op, what, t);
+  CLUSTR_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::bf16, op, ": expected ", what,
+               " to be f32 or bf16, got ", describe(t));
+  check_same_device(op, like, t);
+}
+
 bool on_cuda(const Tensor& t) { return t.device() == Device::cuda; }
 
-// The CPU products of one fused op, in one parallel region (cpu::gemm_many), in f32 or with
-// the f32 operands rounded to bf16 (cpu::gemm_bf16_many): the same calls either way.
-void run_products(const cpu::GemmCall* calls, int count, Precision precision) {
-  if (precision == Precision::fp32) return cpu::gemm_many(calls, count);
-  cpu::GemmBf16Call bf16[2];
+// One CPU product of a fused op: C (M, N) = alpha op(A) op(B) (+ the epilogue), with A, B, C
+// and the epilogue's mask (row stride epilogue.ldm) f32 or bf16 tensors.
+struct Product {
+  bool trans_a, trans_b;
+  int64_t M, N, K;
+  const Tensor& A;
+  int64_t lda;
+  const Tensor& B;
+  int64_t ldb;
+  Tensor& C;
+  int64_t ldc;
+  cpu::GemmEpilogue epilogue;  // bias, ReLU and row sums; the mask comes from `mask`
+  const Tensor* mask;
+};
+
+bool is_bf16(const Tensor& t) { return t.dtype() == DType::bf16; }
+
+// The CPU products of one fused op, in one parallel region: cpu::gemm_many when all is f32 in
+// the fp32 precision, else cpu::gemm_bf16_many (f32 operands rounded as it packs them; a bf16
+// C, only ever made in the bf16 precision, stored rounded).
+void run_products(const Product* ps, int count, Precision precision) {
   CLUSTR_CHECK(count <= 2, "run_products: at most 2 products, got ", count);
+  bool bf16 = precision == Precision::bf16;
   for (int i = 0; i < count; ++i) {
-    const cpu::GemmCall& c = calls[i];
-    bf16[i] = {c.trans_a, c.trans_b, c.M,        c.N,         c.K,      c.alpha,
-               c.A,       cpu::Operand::f32, c.lda, c.B,      cpu::Operand::f32, c.ldb,
-               c.beta,    c.C,              c.ldc, c.epilogue};
+    const Product& p = ps[i];
+    bf16 = bf16 || is_bf16(p.A) || is_bf16(p.B) || (p.mask && is_bf16(*p.mask));
+    CLUSTR_CHECK(!is_bf16(p.C) || precision == Precision::bf16,
+                 "run_products: a bf16 result needs the bf16 precision");
   }
-  cpu::gemm_bf16_many(bf16, count);
+  if (!bf16) {
+    cpu::GemmCall calls[2];
+    for (int i = 0; i < count; ++i) {
+      const Product& p = ps[i];
+      calls[i] = {p.trans_a, p.trans_b, p.M, p.N, p.K, 1.0f, p.A.f32(), p.lda, p.B.f32(), p.ldb,
+                  0.0f, p.C.f32(), p.ldc, p.epilogue};
+      if (p.mask) calls[i].epilogue.mask = p.mask->f32();
+    }
+    return cpu::gemm_many(calls, count);
+  }
+  auto operand = [](const Tensor& t) {
+    return is_bf16(t) ? cpu::Operand::bf16 : cpu::Operand::f32;
+  };
+  cpu::GemmBf16Call calls[2];
+  for (int i = 0; i < count; ++i) {
+    const Product& p = ps[i];
+    calls[i] = {p.trans_a, p.trans_b, p.M,   p.N,        p.K,          1.0f,
+                p.A.raw(), operand(p.A), p.lda, p.B.raw(), operand(p.B), p.ldb,
+                0.0f,      nullptr,      p.ldc, p.epilogue, nullptr,      nullptr};
+    if (is_bf16(p.C))
+      calls[i].C_bf16 = p.C.bf16();
+    else
+      calls[i].C = p.C.f32();
+    if (p.mask && is_bf16(*p.mask))
+      calls[i].mask_bf16 = p.mask->bf16();
+    else if (p.mask)
+      calls[i].epilogue.mask = p.mask->f32();
+  }
+  cpu::gemm_bf16_many(calls, count);
 }
 
 Shape row_shape(const Tensor& x) { return Shape(x.shape().begin(), x.shape().end() - 1); }
@@ -74,13 +127,17 @@ int64_t check_add_layer_norm(const char* op, const Tensor& a, const Tensor& b,
 
 // x (R, in), W (out, in), b (out) or undefined -> (R, out).
 Tensor linear_forward(const Tensor& x, const Tensor& W, const Tensor& b, bool relu,
-                      Precision precision) {
+                      Precision precision, DType out_dtype) {
   const char* op = "linear_forward";
-  check_f32(op, "x", x);
+  check_operand(op, "x", x, x);
   check_input(op, "W", W, x);
   CLUSTR_CHECK(W.rank() == 2 && x.rank() == 2 && x.size(1) == W.size(1), op,
                ": expected x (R, in) and W (out, in), got x ", describe(x), " and W ",
                describe(W));
+  CLUSTR_CHECK(out_dtype == DType::f32 ||
+                   (out_dtype == DType::bf16 && precision == Precision::bf16),
+               op, ": the result can be f32, or bf16 in the bf16 precision; got ",
+               to_string(out_dtype), " in ", to_string(precision));
   const int64_t R = x.size(0), out = W.size(0), in = W.size(1);
   cpu::GemmEpilogue epilogue{};
   if (b.defined()) {
@@ -90,15 +147,15 @@ Tensor linear_forward(const Tensor& x, const Tensor& W, const Tensor& b, bool re
     epilogue.bias = b.f32();
   }
   epilogue.relu = relu;
-  Tensor y = Tensor::empty({R, out}, DType::f32, x.device());
-  if (on_cuda(x)) {  // the product, then the epilogue as its own pass
+  if (on_cuda(x)) {  // the product, then the epilogue as its own pass (and the rounding)
+    Tensor y = Tensor::empty({R, out}, DType::f32, x.device());
     gemm(false, true, 1.0f, x, W, 0.0f, y, precision);
     cuda::bias_activation(y.f32(), epilogue.bias, relu, R, out);
-    return y;
+    return out_dtype == DType::f32 ? y : y.astype(out_dtype);
   }
-  const cpu::GemmCall call{false, true, R,   out,  in,      1.0f, x.f32(), in,
-                           W.f32(), in,   0.0f, y.f32(), out, epilogue};
-  run_products(&call, 1, precision);
+  Tensor y = Tensor::empty({R, out}, out_dtype);
+  const Product p{false, true, R, out, in, x, in, W, in, y, out, epilogue, nullptr};
+  run_products(&p, 1, precision);
   return y;
 }
 
@@ -107,7 +164,7 @@ Tensor linear_forward(const Tensor& x, const Tensor& W, const Tensor& b, bool re
 LinearGrads linear_backward(const Tensor& dy, const Tensor& x, const Tensor& W, bool need_dx,
                             bool need_dW, bool need_db, Precision precision) {
   const char* op = "linear_backward";
-  check_f32(op, "dy", dy);
+  check_operand(op, "dy", dy, dy);
   CLUSTR_CHECK(dy.rank() == 2, op, ": expected dy (R, out), got ", describe(dy));
   const int64_t R = dy.size(0), out = dy.size(1);
   if (need_dx) {
@@ -116,7 +173,7 @@ LinearGrads linear_backward(const Tensor& dy, const Tensor& x, const Tensor& W, 
                  describe(dy), ", got ", describe(W));
   }
   if (need_dW) {
-    check_input(op, "x", x, dy);
+    check_operand(op, "x", x, dy);
     CLUSTR_CHECK(x.rank() == 2 && x.size(0) == R, op, ": expected x (", R, ", in) for dy ",
                  describe(dy), ", got ", describe(x));
   }
@@ -124,32 +181,29 @@ LinearGrads linear_backward(const Tensor& dy, const Tensor& x, const Tensor& W, 
     LinearGrads g;
     if (need_dx) g.dx = matmul(dy, W, false, false, precision);
     if (need_dW) g.dW = matmul(dy, x, true, false, precision);
-    if (need_db) g.db = sum(dy, 0);
+    if (need_db) g.db = sum(is_bf16(dy) ? dy.astype(DType::f32) : dy, 0);
     return g;
   }
   LinearGrads g;
-  cpu::GemmCall calls[2];
-  int count = 0;
-  if (need_dx) {  // dx = dy W: (R, out) (out, in)
-    const int64_t in = W.size(1);
-    g.dx = Tensor::empty({R, in});
-    calls[count++] = {false, false, R, in, out, 1.0f, dy.f32(), out, W.f32(), in, 0.0f,
-                      g.dx.f32(), in, cpu::GemmEpilogue{}};
+  const int64_t in = need_dx ? W.size(1) : need_dW ? x.size(1) : 0;
+  if (need_dx) g.dx = Tensor::empty({R, in});
+  if (need_dW) g.dW = Tensor::empty({out, in});
+  cpu::GemmEpilogue sums{};
+  if (need_db) {
+    g.db = Tensor::empty({out});
+    if (need_dW) sums.a_row_sums = g.db.f32();  // the row sums of dy^T, from dW's GEMM
   }
-  if (need_dW) {  // dW = dy^T x: (out, R) (R, in), and db = the row sums of dy^T
-    const int64_t in = x.size(1);
-    g.dW = Tensor::empty({out, in});
-    cpu::GemmEpilogue epilogue{};
-    if (need_db) {
-      g.db = Tensor::empty({out});
-      epilogue.a_row_sums = g.db.f32();
-    }
-    calls[count++] = {true, false, out, in, R, 1.0f, dy.f32(), out, x.f32(), in, 0.0f,
-                      g.dW.f32(), in, epilogue};
-  } else if (need_db) {
-    g.db = sum(dy, 0);
+  const Product dx{false, false, R, in, out, dy, out, W, in, g.dx, in, {}, nullptr};  // dy W
+  const Product dW{true, false, out, in, R, dy, out, x, in, g.dW, in, sums, nullptr};  // dy^T x
+  if (need_dx && need_dW) {
+    const Product both[2] = {dx, dW};
+    run_products(both, 2, precision);  // both products in one parallel region
+  } else if (need_dx) {
+    run_products(&dx, 1, precision);
+  } else if (need_dW) {
+    run_products(&dW, 1, precision);
   }
-  run_products(calls, count, precision);  // both products in one parallel region
+  if (need_db && !need_dW) g.db = sum(is_bf16(dy) ? dy.astype(DType::f32) : dy, 0);
   return g;
 }
 
@@ -158,9 +212,11 @@ FeedForwardGrads feed_forward_relu_backward(const Tensor& dy, const Tensor& x, c
                                             const Tensor& W2, const Tensor& H,
                                             const FeedForwardNeeds& need, Precision precision) {
   const char* op = "feed_forward_relu_backward";
-  for (const Tensor* t : {&dy, &x, &W1, &W2, &H})
-    check_input(op, t == &dy ? "dy" : t == &x ? "x" : t == &W1 ? "W1" : t == &W2 ? "W2" : "H",
-                *t, dy);
+  check_input(op, "dy", dy, dy);
+  check_input(op, "x", x, dy);
+  check_input(op, "W1", W1, dy);
+  check_input(op, "W2", W2, dy);
+  check_operand(op, "H", H, dy);
   CLUSTR_CHECK(dy.rank() == 2 && x.rank() == 2 && W1.rank() == 2 && W2.rank() == 2 &&
                    H.rank() == 2,
                op, ": expected matrices, got dy ", describe(dy), ", x ", describe(x), ", W1 ",
@@ -179,32 +235,34 @@ FeedForwardGrads feed_forward_relu_backward(const Tensor& dy, const Tensor& x, c
     if (need.db2) g.db2 = sum(dy, 0);
     if (need_dp) {  // dP = (dy W2) * [H > 0]: ReLU's derivative at H, in place on the product
       dp = matmul(dy, W2, false, false, precision);
-      cuda::unary_backward(UnaryOp::relu, H.f32(), nullptr, dp.f32(), dp.f32(), R * F);
+      const Tensor h = is_bf16(H) ? H.astype(DType::f32) : H;
+      cuda::unary_backward(UnaryOp::relu, h.f32(), nullptr, dp.f32(), dp.f32(), R * F);
+      if (precision == Precision::bf16) dp = dp.astype(DType::bf16);  // as the CPU stores it
     }
   } else {
-    cpu::GemmCall calls[2];
-    int count = 0;
-    if (need.dW2) {  // dW2 = dy^T H, db2 = the row sums of dy^T
-      g.dW2 = Tensor::empty({D_out, F});
-      cpu::GemmEpilogue epilogue{};
-      if (need.db2) {
-        g.db2 = Tensor::empty({D_out});
-        epilogue.a_row_sums = g.db2.f32();
-      }
-      calls[count++] = {true, false, D_out, F, R, 1.0f, dy.f32(), D_out, H.f32(), F, 0.0f,
-                        g.dW2.f32(), F, epilogue};
-    } else if (need.db2) {
-      g.db2 = sum(dy, 0);
+    // dP is read only by the two products of linear_backward: in the bf16 precision it is
+    // stored in bf16, as they would round it anyway (the device rounds it in a pass of its own).
+    if (need.dW2) g.dW2 = Tensor::empty({D_out, F});
+    if (need_dp)
+      dp = Tensor::empty({R, F}, precision == Precision::bf16 ? DType::bf16 : DType::f32);
+    cpu::GemmEpilogue sums{};
+    if (need.db2) {
+      g.db2 = Tensor::empty({D_out});
+      if (need.dW2) sums.a_row_sums = g.db2.f32();  // the row sums of dy^T, from dW2's GEMM
     }
-    if (need_dp) {  // dP = (dy W2) * [H > 0]
-      dp = Tensor::empty({R, F});
-      cpu::GemmEpilogue epilogue{};
-      epilogue.mask = H.f32();
-      epilogue.ldm = F;
-      calls[count++] = {false, false, R, F, D_out, 1.0f, dy.f32(), D_out, W2.f32(), F, 0.0f,
-                        dp.f32(), F, epilogue};
+    cpu::GemmEpilogue mask{};
+    mask.ldm = F;
+    const Product dW2{true, false, D_out, F, R, dy, D_out, H, F, g.dW2, F, sums, nullptr};
+    const Product dP{false, false, R, F, D_out, dy, D_out, W2, F, dp, F, mask, &H};
+    if (need.dW2 && need_dp) {
+      const Product both[2] = {dW2, dP};
+      run_products(both, 2, precision);  // dW2 and dP in one parallel region
+    } else if (need.dW2) {
+      run_products(&dW2, 1, precision);
+    } else if (need_dp) {
+      run_products(&dP, 1, precision);
     }
-    run_products(calls, count, precision);  // dW2 and dP in one parallel region
+    if (need.db2 && !need.dW2) g.db2 = sum(dy, 0);
   }
   if (need_dp) {
     LinearGrads d1 = linear_backward(dp, x, W1, need.dx, need.dW1, need.db1, precision);

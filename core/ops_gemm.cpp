@@ -64,7 +64,7 @@ void gemm_bf16(bool trans_a, bool trans_b, float alpha, const Tensor& A, const T
   if (A.rank() == 2)
     return cpu::gemm_bf16_call({trans_a, trans_b, a.rows, b.cols, a.cols, alpha, A.raw(),
                                 operand_of(A), a.ld, B.raw(), operand_of(B), b.ld, beta, C.f32(),
-                                c.ld, cpu::GemmEpilogue{}});
+                                c.ld, cpu::GemmEpilogue{}, nullptr, nullptr});
   cpu::gemm_bf16_strided_batched(trans_a, trans_b, a.rows, b.cols, a.cols, alpha, A.raw(),
                                  operand_of(A), a.ld, a.stride, B.raw(), operand_of(B), b.ld,
                                  b.stride, beta, C.f32(), c.ld, c.stride, a.batch);

@@ -93,15 +93,26 @@ TEST_CASE("cuda bf16 policy: linear forward and backward, the feed-forward backw
   check_product("db", g.db, c.db);
   const Tensor W1 = random_tensor({F, in}, 7), b1 = random_tensor({F}, 8);
   const Tensor W2 = random_tensor({out, F}, 9);
-  const Tensor H = linear_forward(x, W1, b1, true, Precision::bf16);
-  const FeedForwardGrads fg =
-      feed_forward_relu_backward(dev(dy), dev(x), dev(W1), dev(W2), dev(H), {}, Precision::bf16);
-  const FeedForwardGrads fc = feed_forward_relu_backward(dy, x, W1, W2, H, {}, Precision::bf16);
-  check_product("ff dx", fg.dx, fc.dx);
-  check_product("ff dW1", fg.dW1, fc.dW1);
-  check_product("ff db1", fg.db1, fc.db1);
-  check_product("ff dW2", fg.dW2, fc.dW2);
-  check_product("ff db2", fg.db2, fc.db2);
+  // The hidden layer stored in bf16 (as the bf16 policy stores it) and in f32.
+  const Tensor H16 = linear_forward(x, W1, b1, true, Precision::bf16, DType::bf16);
+  const Tensor H16_dev = linear_forward(dev(x), dev(W1), dev(b1), true, Precision::bf16,
+                                        DType::bf16);
+  CHECK(H16_dev.dtype() == DType::bf16);
+  check_product("linear_forward, bf16 result", H16_dev.astype(DType::f32),
+                H16.astype(DType::f32));
+  for (DType hidden : {DType::f32, DType::bf16}) {
+    INFO("H ", to_string(hidden));
+    const Tensor H = hidden == DType::bf16 ? H16 : linear_forward(x, W1, b1, true,
+                                                                  Precision::bf16);
+    const FeedForwardGrads fg = feed_forward_relu_backward(dev(dy), dev(x), dev(W1), dev(W2),
+                                                           dev(H), {}, Precision::bf16);
+    const FeedForwardGrads fc = feed_forward_relu_backward(dy, x, W1, W2, H, {}, Precision::bf16);
+    check_product("ff dx", fg.dx, fc.dx);
+    check_product("ff dW1", fg.dW1, fc.dW1);
+    check_product("ff db1", fg.db1, fc.db1);
+    check_product("ff dW2", fg.dW2, fc.dW2);
+    check_product("ff db2", fg.db2, fc.db2);
+  }
 }
 
 TEST_CASE("cuda bf16 policy: full attention forward and backward match the CPU") {

@@ -2,8 +2,10 @@
 // generic), against the reference that rounds the operands to bf16 and accumulates in double:
 // awkward sizes, every transpose pair, bf16, float32 and mixed operands, padded leading
 // dimensions, alpha/beta, blocking boundaries, the epilogue, batches, gemm_bf16_many, rounding
-// of float32 operands (nearest even, ties, NaN, inf, subnormals) and thread-count independence.
+// of float32 operands (nearest even, ties, NaN, inf, subnormals), thread-count independence,
+// and a C (and the epilogue's mask) stored in bf16.
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -84,7 +86,7 @@ std::pair<std::vector<float>, std::vector<float>> run_case(const Case& c,
   const Matrix A = make_matrix(a_rows * lda, 1, c.a_type), B = make_matrix(b_rows * ldb, 2, c.b_type);
   std::vector<float> C = random_values(std::max<int64_t>(1, c.M * ldc), 3, -1.0f, 1.0f), R = C;
   cpu::GemmBf16Call call{c.ta, c.tb, c.M, c.N, c.K, c.alpha, A.data(), c.a_type, lda,
-                         B.data(), c.b_type, ldb, c.beta, C.data(), ldc, e};
+                         B.data(), c.b_type, ldb, c.beta, C.data(), ldc, e, nullptr, nullptr};
   cpu::gemm_bf16_call(call);
   call.C = R.data();
   cpu::gemm_bf16_reference(call);
@@ -136,10 +138,11 @@ TEST_CASE("gemm_bf16 matches the reference on awkward sizes, all transposes, all
 
 TEST_CASE("gemm_bf16 reads bf16 rows of A in place when K is whole tiles, packing the rest") {
   // K a multiple of 32 (one depth block, and two of 544 at K = 1088), M with a partial last
-  // rowgroup (the one packed) or none, padded lda, both layouts of B.
+  // kernel block (packed) or none, padded lda, both layouts of B. M = 58 and 250 end their last
+  // 64-row chunk with a block of one whole rowgroup and one partial one.
   for_each_kernel([&](const char*) {
     for (int64_t K : {32, 64, 256, 1088})
-      for (int64_t M : {16, 45, 70, 129})
+      for (int64_t M : {16, 45, 58, 70, 129, 250})
         for (bool tb : {false, true}) {
           Case c{false, tb, M, 37, K, 3, 1.0f, 0.5f, cpu::Operand::bf16,
                  tb ? cpu::Operand::bf16 : cpu::Operand::f32};
@@ -168,7 +171,8 @@ TEST_CASE("gemm_bf16 alpha and beta, and a beta of 0 never reads C") {
     std::vector<float> C(M * N, std::numeric_limits<float>::quiet_NaN()), R(M * N);
     cpu::gemm_bf16(false, false, M, N, K, 1.0f, A.h.data(), K, B.h.data(), N, 0.0f, C.data(), N);
     cpu::gemm_bf16_reference({false, false, M, N, K, 1.0f, A.h.data(), cpu::Operand::bf16, K,
-                              B.h.data(), cpu::Operand::bf16, N, 0.0f, R.data(), N, {}});
+                              B.h.data(), cpu::Operand::bf16, N, 0.0f, R.data(), N, {},
+                              nullptr, nullptr});
     CHECK_CLOSE(C, R, atol_for(K), 1e-6);
     std::vector<float> S = {1, 2, 3, 4, 5, 6};
     cpu::gemm_bf16(false, false, 2, 3, 0, 1.0f, A.h.data(), 1, B.h.data(), 3, 2.0f, S.data(), 3);
@@ -189,7 +193,7 @@ TEST_CASE("gemm_bf16 crosses every blocking boundary (K > 256, N past a B block,
       const std::vector<float> C0 = random_values(M * ldc, 53, -1.0f, 1.0f);
       std::vector<float> R = C0;
       cpu::GemmBf16Call call{ta, tb, M, N, K, 1.0f, A.data(), A.type, lda, B.data(), B.type,
-                             ldb, 0.5f, R.data(), ldc, {}};
+                             ldb, 0.5f, R.data(), ldc, {}, nullptr, nullptr};
       cpu::gemm_bf16_reference(call);
       for_each_kernel([&](const char*) {
         std::vector<float> C = C0;
@@ -259,7 +263,7 @@ TEST_CASE("gemm_bf16 rounds float32 operands to nearest even as it reads them") 
     for (bool ta : {false, true}) {
       std::vector<float> C(M, -1.0f);
       cpu::gemm_bf16_call({ta, false, M, 1, 1, 1.0f, values, cpu::Operand::f32, ta ? M : 1, &one,
-                           cpu::Operand::f32, 1, 0.0f, C.data(), 1, {}});
+                           cpu::Operand::f32, 1, 0.0f, C.data(), 1, {}, nullptr, nullptr});
       for (int64_t i = 0; i < M; ++i) {
         INFO("value ", values[i], " ta=", ta, " got ", C[i]);
         if (std::isnan(values[i])) {
@@ -289,7 +293,8 @@ TEST_CASE("gemm_bf16 on float32 operands equals it on the same operands rounded 
         std::vector<float> C1(M * N), C2(M * N);
         const int64_t lda = ta ? M : K, ldb = tb ? K : N;
         cpu::gemm_bf16_call({ta, tb, M, N, K, 1.0f, Af.f.data(), cpu::Operand::f32, lda,
-                             Bf.f.data(), cpu::Operand::f32, ldb, 0.0f, C1.data(), N, {}});
+                             Bf.f.data(), cpu::Operand::f32, ldb, 0.0f, C1.data(), N, {},
+                             nullptr, nullptr});
         cpu::gemm_bf16(ta, tb, M, N, K, 1.0f, Ah.data(), lda, Bh.data(), ldb, 0.0f, C2.data(), N);
         INFO("ta=", ta, " tb=", tb);
         CHECK(C1 == C2);
@@ -306,7 +311,8 @@ TEST_CASE("gemm_bf16 propagates NaN and infinity from the operands") {
     A.f[20 * K + 7] = std::numeric_limits<float>::infinity();  // row 20
     std::vector<float> C(M * N);
     cpu::gemm_bf16_call({false, false, M, N, K, 1.0f, A.f.data(), cpu::Operand::f32, K,
-                         B.f.data(), cpu::Operand::f32, N, 0.0f, C.data(), N, {}});
+                         B.f.data(), cpu::Operand::f32, N, 0.0f, C.data(), N, {}, nullptr,
+                         nullptr});
     for (int64_t j = 0; j < N; ++j) {
       INFO("column ", j);
       CHECK(std::isnan(C[3 * N + j]));
@@ -332,7 +338,7 @@ TEST_CASE("gemm_bf16 results are identical at 1, 2 and 3 threads") {
         e.relu = true;
         e.a_row_sums = sums.data();
         cpu::gemm_bf16_call({true, false, M, N, K, 1.0f, A.data(), A.type, M, B.data(), B.type,
-                             N, 0.0f, C.data(), N, e});
+                             N, 0.0f, C.data(), N, e, nullptr, nullptr});
         C.insert(C.end(), sums.begin(), sums.end());
         return C;
       };
@@ -358,13 +364,13 @@ TEST_CASE("gemm_bf16_many gives each product exactly what gemm_bf16_call gives")
       sums.a_row_sums = db.data();
       const std::vector<cpu::GemmBf16Call> calls = {
           {false, false, R, in, out, 1.0f, dy.data(), dy.type, out, W.data(), W.type, in, 0.0f,
-           dx.data(), in, {}},
+           dx.data(), in, {}, nullptr, nullptr},
           {true, false, out, in, R, 1.0f, dy.data(), dy.type, out, x.data(), x.type, in, 0.0f,
-           dW.data(), in, sums},
+           dW.data(), in, sums, nullptr, nullptr},
           {false, true, 17, 9, 40, 0.5f, x.data(), x.type, in, W.data(), W.type, in, 2.0f,
-           c2.data(), 9, {}},
+           c2.data(), 9, {}, nullptr, nullptr},
           {false, false, 17, 9, 0, 1.0f, x.data(), x.type, 1, W.data(), W.type, 9, 3.0f,
-           c3.data(), 9, {}}};
+           c3.data(), 9, {}, nullptr, nullptr}};
       if (together)
         cpu::gemm_bf16_many(calls.data(), static_cast<int>(calls.size()));
       else
@@ -399,10 +405,115 @@ TEST_CASE("gemm_bf16_strided_batched equals the reference per matrix, stride 0 i
           for (int64_t b = 0; b < batch; ++b)
             cpu::gemm_bf16_reference({ta, tb, M, N, K, 0.5f, A.h.data() + b * sa, A.type, lda,
                                       B.f.data() + b * sb, B.type, ldb, -1.0f, R.data() + b * sc,
-                                      ldc, {}});
+                                      ldc, {}, nullptr, nullptr});
           INFO("batch ", batch, " M=", M, " N=", N, " K=", K, " ta=", ta, " tb=", tb);
           CHECK_CLOSE(C, R, 2 * atol_for(K), 1e-6);
         }
+  });
+}
+
+std::string hex16(uint16_t h) {
+  char buf[8];
+  std::snprintf(buf, sizeof buf, "0x%04x", static_cast<unsigned>(h));
+  return buf;
+}
+
+// C rounded to bf16 as the GEMM stores it (vcvtneps2bf16: nearest even, subnormals to zero).
+uint16_t stored_bf16(float v) {
+  return float_to_bf16(std::fpclassify(v) == FP_SUBNORMAL ? v * 0.0f : v);
+}
+
+TEST_CASE("gemm_bf16 with a bf16 C stores its float32 result rounded, epilogue included") {
+  // Each case runs twice, into a float32 C and into a bf16 C (with the mask in float32 and in
+  // bf16, the same values): the bf16 C must be the float32 one rounded, bit for bit, and the
+  // padding past N in each row untouched. K = 300 with A transposed and K = 1100 are deeper
+  // than one depth block of the kernels (computed in float32, then rounded); M, N leave
+  // partial tiles; 64 x 64 is whole AMX tiles.
+  struct Shape3 {
+    int64_t M, N, K;
+  };
+  const Shape3 shapes[] = {{77, 45, 300}, {64, 64, 192}, {33, 17, 1100}, {1, 1, 1}};
+  const uint16_t kSentinel = 0x7bad;
+  for_each_kernel([&](const char*) {
+    for (const Shape3& sh : shapes)
+      for (bool ta : {false, true})
+        for (bool tb : {false, true})
+          for (int variant = 0; variant < 3; ++variant) {
+            const int64_t M = sh.M, N = sh.N, K = sh.K, ldc = N + 3;
+            const Matrix A = make_matrix(M * K, 61, cpu::Operand::f32);
+            const Matrix B = make_matrix(K * N, 62, cpu::Operand::bf16);
+            const std::vector<float> bias = random_values(N, 63);
+            std::vector<uint16_t> mask_h;
+            for (float v : random_values(M * ldc, 64)) mask_h.push_back(float_to_bf16(v));
+            mask_h[0] = 0x0001;  // the smallest positive subnormal: > 0, so it keeps C
+            std::vector<float> mask_f;
+            for (uint16_t h : mask_h) mask_f.push_back(bf16_to_float(h));
+            cpu::GemmEpilogue e{};
+            if (variant == 1) e.bias = bias.data(), e.relu = true;
+            if (variant == 2) e.ldm = ldc;
+            std::vector<float> Cf(M * ldc, 5.0f);
+            std::vector<uint16_t> Cb(M * ldc, kSentinel), Rb(M * ldc, kSentinel);
+            cpu::GemmBf16Call call{ta, tb, M, N, K, variant == 2 ? 0.5f : 1.0f, A.data(), A.type,
+                                   ta ? M : K, B.data(), B.type, tb ? K : N, 0.0f, Cf.data(),
+                                   ldc, e, nullptr, nullptr};
+            if (variant == 2) call.epilogue.mask = mask_f.data();
+            cpu::gemm_bf16_call(call);
+            call.C = nullptr;
+            call.C_bf16 = Cb.data();
+            if (variant == 2) call.epilogue.mask = nullptr, call.mask_bf16 = mask_h.data();
+            cpu::gemm_bf16_call(call);
+            call.C_bf16 = Rb.data();
+            cpu::gemm_bf16_reference(call);
+            INFO("M=", M, " N=", N, " K=", K, " ta=", ta, " tb=", tb, " variant ", variant);
+            int64_t wrong = 0, first = -1, far = 0;
+            for (int64_t i = 0; i < M; ++i)
+              for (int64_t j = 0; j < ldc; ++j) {
+                const int64_t at = i * ldc + j;
+                const uint16_t want = j < N ? stored_bf16(Cf[at]) : kSentinel;
+                if (Cb[at] != want && wrong++ == 0) first = at;
+                // The reference sums in double: at most one bf16 step from the kernel's sum.
+                if (j < N && std::abs(bf16_to_float(Rb[at]) - bf16_to_float(Cb[at])) >
+                                 std::abs(bf16_to_float(Cb[at])) / 128 + 1e-6f)
+                  ++far;
+              }
+            INFO("first difference at ", first, ": got ", hex16(first < 0 ? 0 : Cb[first]),
+                 " want ",
+                 hex16(first < 0 ? 0 : (first % ldc < N ? stored_bf16(Cf[first]) : kSentinel)));
+            CHECK(wrong == 0);
+            CHECK(far == 0);
+          }
+  });
+}
+
+TEST_CASE("gemm_bf16 with a bf16 C: K == 0 stores the rounded epilogue, gemm_bf16_many agrees") {
+  const std::vector<float> bias = {1.0f / 3.0f, -2.0f, 1e-39f};
+  std::vector<uint16_t> C(3, 0x7bad);
+  const float a = 0.0f;
+  cpu::GemmEpilogue e{};
+  e.bias = bias.data();
+  cpu::gemm_bf16_call({false, false, 1, 3, 0, 1.0f, &a, cpu::Operand::f32, 1, &a,
+                       cpu::Operand::f32, 3, 0.0f, nullptr, 3, e, C.data(), nullptr});
+  CHECK(C[0] == float_to_bf16(1.0f / 3.0f));
+  CHECK(C[1] == float_to_bf16(-2.0f));
+  CHECK(C[2] == 0);  // a subnormal result is stored as zero, as the kernels store it
+  // In gemm_bf16_many, a deep bf16 product (run on its own) next to a plain one.
+  for_each_kernel([&](const char*) {
+    const int64_t M = 40, N = 24, K = 1100;
+    const Matrix A = make_matrix(M * K, 71, cpu::Operand::f32);
+    const Matrix B = make_matrix(K * N, 72, cpu::Operand::f32);
+    std::vector<uint16_t> one(M * N), two(M * N), many1(M * N), many2(M * N);
+    cpu::GemmBf16Call calls[2] = {
+        {false, false, M, N, K, 1.0f, A.data(), A.type, K, B.data(), B.type, N, 0.0f, nullptr,
+         N, {}, one.data(), nullptr},
+        {false, false, M, N, 64, 1.0f, A.data(), A.type, K, B.data(), B.type, N, 0.0f, nullptr,
+         N, {}, two.data(), nullptr}};
+    cpu::gemm_bf16_call(calls[0]);
+    cpu::gemm_bf16_call(calls[1]);
+    calls[0].C_bf16 = many1.data();
+    calls[1].C_bf16 = many2.data();
+    cpu::gemm_bf16_many(calls, 2);
+    CHECK(many1 == one);
+    CHECK(many2 == two);
   });
 }
 
@@ -420,6 +531,23 @@ TEST_CASE("gemm_bf16 errors name the problem") {
                        doctest::Contains("null A or B"), Error);
   CHECK_THROWS_WITH_AS(cpu::set_gemm_bf16_kernel("sse"), doctest::Contains("unknown kernel 'sse'"),
                        Error);
+  std::vector<uint16_t> h(4);
+  const float one = 1.0f;
+  CHECK_THROWS_WITH_AS(cpu::gemm_bf16_call({false, false, 2, 2, 2, 1.0f, x.data(),
+                                            cpu::Operand::bf16, 2, x.data(), cpu::Operand::bf16,
+                                            2, 1.0f, nullptr, 2, {}, h.data(), nullptr}),
+                       doctest::Contains("beta must be 0"), Error);
+  CHECK_THROWS_WITH_AS(cpu::gemm_bf16_call({false, false, 2, 2, 2, 1.0f, x.data(),
+                                            cpu::Operand::bf16, 2, x.data(), cpu::Operand::bf16,
+                                            2, 0.0f, c.data(), 2, {}, h.data(), nullptr}),
+                       doctest::Contains("not both"), Error);
+  cpu::GemmEpilogue both{};
+  both.mask = &one;
+  both.ldm = 2;
+  CHECK_THROWS_WITH_AS(cpu::gemm_bf16_call({false, false, 2, 2, 2, 1.0f, x.data(),
+                                            cpu::Operand::bf16, 2, x.data(), cpu::Operand::bf16,
+                                            2, 0.0f, c.data(), 2, both, nullptr, h.data()}),
+                       doctest::Contains("mask in float32 or in bf16"), Error);
   bool amx = false;
   for (const char* k : cpu::gemm_bf16_kernels()) amx = amx || std::string(k) == "amx";
   if (!amx)

@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "core/bf16.h"
 #include "core/cpu/gemm_problem.h"
@@ -143,11 +144,22 @@ double multiplied(const void* base, Operand type, int64_t idx) {
 
 // The epilogue of C's element (i, j) given v = alpha op(A) op(B) + beta C.
 template <typename T>
-T epilogue_value(const GemmEpilogue& e, int64_t i, int64_t j, T v) {
+T epilogue_value(const GemmBf16Call& g, int64_t i, int64_t j, T v) {
+  const GemmEpilogue& e = g.epilogue;
   if (e.bias) v += e.bias[j];
   if (e.relu) v = v < T(0) ? T(0) : v;
   if (e.mask && !(e.mask[i * e.ldm + j] > 0.0f)) v = T(0);
+  if (g.mask_bf16 && !(bf16_to_float(g.mask_bf16[i * e.ldm + j]) > 0.0f)) v = T(0);
   return v;
+}
+
+// Stores C's element (i, j): as it is, or rounded to a bf16 C as vcvtneps2bf16 rounds
+// (subnormals to zero), which is how the kernels store it.
+void store_c(const GemmBf16Call& g, int64_t i, int64_t j, float v) {
+  if (g.C_bf16)
+    g.C_bf16[i * g.ldc + j] = float_to_bf16(flush_subnormal(v));
+  else
+    g.C[i * g.ldc + j] = v;
 }
 
 // The epilogue's row sums of op(A): its stored values summed in double, in the order of k.
@@ -162,28 +174,54 @@ void row_sums(const GemmBf16Call& g) {
 // C = beta * C (+ the epilogue) and the row sums of op(A), when K == 0 or alpha == 0.
 void scale_c(const GemmBf16Call& g) {
   for (int64_t i = 0; i < g.M; ++i)
-    for (int64_t j = 0; j < g.N; ++j) {
-      float* c = g.C + i * g.ldc + j;
-      *c = epilogue_value(g.epilogue, i, j, g.beta == 0.0f ? 0.0f : g.beta * *c);
-    }
+    for (int64_t j = 0; j < g.N; ++j)
+      store_c(g, i, j,
+              epilogue_value(g, i, j, g.beta == 0.0f ? 0.0f : g.beta * g.C[i * g.ldc + j]));
   if (g.epilogue.a_row_sums) row_sums(g);
 }
 
 void check_call(const GemmBf16Call& g) {
   check_gemm_args("gemm_bf16", g.trans_a, g.trans_b, g.M, g.N, g.K, g.lda, g.ldb, g.ldc);
-  CLUSTR_CHECK(!g.epilogue.mask || g.epilogue.ldm >= g.N, "gemm_bf16: the epilogue's mask row ",
-               "stride ldm=", g.epilogue.ldm, " is smaller than a row of C (", g.N, " elements)");
+  CLUSTR_CHECK(!(g.epilogue.mask || g.mask_bf16) || g.epilogue.ldm >= g.N,
+               "gemm_bf16: the epilogue's mask row stride ldm=", g.epilogue.ldm,
+               " is smaller than a row of C (", g.N, " elements)");
+  CLUSTR_CHECK(!(g.epilogue.mask && g.mask_bf16),
+               "gemm_bf16: give the epilogue's mask in float32 or in bf16, not both");
+  CLUSTR_CHECK(!(g.C && g.C_bf16), "gemm_bf16: give C in float32 or in bf16 (C_bf16), not both");
+  CLUSTR_CHECK(!g.C_bf16 || g.beta == 0.0f, "gemm_bf16: a bf16 C is written, never read: beta ",
+               "must be 0, got ", g.beta);
   const bool product = g.M > 0 && g.N > 0 && g.K > 0;
   CLUSTR_CHECK(!product || (g.A && g.B), "gemm_bf16: null A or B for a ", g.M, " x ", g.N, " x ",
                g.K, " product");
-  CLUSTR_CHECK(g.M == 0 || g.N == 0 || g.C, "gemm_bf16: null C for a ", g.M, " x ", g.N,
-               " result");
+  CLUSTR_CHECK(g.M == 0 || g.N == 0 || g.C || g.C_bf16, "gemm_bf16: null C for a ", g.M, " x ",
+               g.N, " result");
+}
+
+// A bf16 C deeper than one depth block of the kernels, which would have to add the blocks'
+// sums into a rounded C: run_deep computes it in float32 and rounds it once at the end.
+bool deep_bf16(const GemmBf16Call& g) {
+  return g.C_bf16 &&
+         g.K > (g.trans_a ? gemm_impl::kBf16KcMaxTrans : gemm_impl::kBf16KcMaxRows);
+}
+
+void run(const GemmBf16Call& g, int threads);
+
+void run_deep(const GemmBf16Call& g, int threads) {
+  std::vector<float> c(static_cast<size_t>(g.M * g.N));
+  GemmBf16Call f = g;
+  f.C = c.data();
+  f.ldc = g.N;
+  f.C_bf16 = nullptr;
+  run(f, threads);
+  for (int64_t i = 0; i < g.M; ++i)
+    for (int64_t j = 0; j < g.N; ++j) store_c(g, i, j, c[static_cast<size_t>(i * g.N + j)]);
 }
 
 // Runs g (already checked) on `threads` threads.
 void run(const GemmBf16Call& g, int threads) {
   if (g.M == 0 || g.N == 0) return;
   if (g.K == 0 || g.alpha == 0.0f) return scale_c(g);
+  if (deep_bf16(g)) return run_deep(g, threads);
   kernel().fn(g, threads);
 }
 
@@ -221,7 +259,7 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
                const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb, float beta,
                float* C, int64_t ldc) {
   gemm_bf16_call({trans_a, trans_b, M, N, K, alpha, A, Operand::bf16, lda, B, Operand::bf16, ldb,
-                  beta, C, ldc, GemmEpilogue{}});
+                  beta, C, ldc, GemmEpilogue{}, nullptr, nullptr});
 }
 
 void gemm_bf16_many(const GemmBf16Call* calls, int count) {
@@ -231,10 +269,10 @@ void gemm_bf16_many(const GemmBf16Call* calls, int count) {
     check_call(calls[c]);
     flops += flops_of(calls[c]);
     all_products = all_products && calls[c].M > 0 && calls[c].N > 0 && calls[c].K > 0 &&
-                   calls[c].alpha != 0.0f;
+                   calls[c].alpha != 0.0f && !deep_bf16(calls[c]);
   }
   const int threads = flops < kParallelFlops ? 1 : num_threads();
-  if (!all_products) {  // the degenerate ones on their own
+  if (!all_products) {  // the degenerate and deep bf16 ones on their own
     for (int c = 0; c < count; ++c) run(calls[c], threads);
     return;
   }
@@ -253,7 +291,7 @@ void gemm_bf16_strided_batched(bool trans_a, bool trans_b, int64_t M, int64_t N,
                         static_cast<const char*>(A) + b * stride_a * static_cast<int64_t>(a_size),
                         a_type, lda,
                         static_cast<const char*>(B) + b * stride_b * static_cast<int64_t>(b_size),
-                        b_type, ldb, beta, C + b * stride_c, ldc, GemmEpilogue{}};
+                        b_type, ldb, beta, C + b * stride_c, ldc, GemmEpilogue{}, nullptr, nullptr};
   };
   if (batch == 0) {
     check_gemm_args("gemm_bf16_strided_batched", trans_a, trans_b, M, N, K, lda, ldb, ldc);
@@ -281,10 +319,9 @@ void gemm_bf16_reference(const GemmBf16Call& g) {
       for (int64_t p = 0; p < g.K; ++p)
         acc += multiplied(g.A, g.a_type, a_index(g, i, p)) *
                multiplied(g.B, g.b_type, b_index(g, p, j));
-      float* c = g.C + i * g.ldc + j;
       double v = static_cast<double>(g.alpha) * acc;
-      if (g.beta != 0.0f) v += static_cast<double>(g.beta) * *c;
-      *c = static_cast<float>(epilogue_value(g.epilogue, i, j, v));
+      if (g.beta != 0.0f) v += static_cast<double>(g.beta) * g.C[i * g.ldc + j];
+      store_c(g, i, j, static_cast<float>(epilogue_value(g, i, j, v)));
     }
   if (g.epilogue.a_row_sums) row_sums(g);
 }

@@ -8,6 +8,10 @@
 // bf16 subnormals count as zero (they are below 1.2e-38). beta == 0 overwrites C without
 // reading it. The epilogue (GemmEpilogue) works as in gemm_fused; its row sums of op(A) add
 // up the operand's stored values (an f32 operand's unrounded ones), in double.
+// C may instead be stored in bf16 (GemmBf16Call::C_bf16, beta 0): each element is the float32
+// result, epilogue included, rounded to nearest even as vcvtneps2bf16 does (subnormals to
+// zero), so a tensor that only later products read costs half the bytes to write and to read.
+// The epilogue's mask may be bf16 too (mask_bf16), read exactly.
 //
 // Kernels, chosen at run time from what the CPU supports (gemm_bf16_kernel_name()):
 //   amx         AMX tiles (_tile_dpbf16ps, 16 x 16 float32 results per instruction), where the
@@ -34,7 +38,9 @@ namespace clustr::cpu {
 enum class Operand : uint8_t { bf16, f32 };
 
 // The arguments of one bf16 product (for gemm_bf16_call and gemm_bf16_many). A and B point to
-// uint16_t bf16 elements or float elements, as a_type and b_type say.
+// uint16_t bf16 elements or float elements, as a_type and b_type say. The last two members are
+// the bf16 forms of C and of the epilogue's mask, used instead of C and epilogue.mask (which
+// are then null); an initializer that stops after the epilogue leaves them null.
 struct GemmBf16Call {
   bool trans_a, trans_b;
   int64_t M, N, K;
@@ -49,6 +55,8 @@ struct GemmBf16Call {
   float* C;
   int64_t ldc;
   GemmEpilogue epilogue;
+  uint16_t* C_bf16;             // C (M, N) in bf16, row stride ldc, or null; needs beta == 0
+  const uint16_t* mask_bf16;    // the epilogue's mask in bf16 (row stride epilogue.ldm), or null
 };
 
 // bf16 operands.

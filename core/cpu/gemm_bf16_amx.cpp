@@ -8,8 +8,8 @@
 // Full blocks whose store is plain (alpha 1, no ReLU or mask) load and store C's tiles in place:
 // C itself when beta is 1 (and in every later depth block), the bias row repeated down the
 // tile (a load with row stride 0) when beta is 0 and there is a bias, zeros otherwise. Other
-// blocks (edges of C, alpha != 1, the ReLU and the mask) go through a 4 KiB scratch block and
-// finish_block.
+// blocks (edges of C, alpha != 1, the ReLU and the mask, a bf16 C) go through a 4 KiB scratch
+// block and finish_block.
 //
 // The tile configuration is per thread: begin() loads it before a thread's rectangle, end()
 // releases the tile state. The operating system must have granted this process the tile data
@@ -54,12 +54,13 @@ struct AmxKernel {
     const int64_t group = ktiles * kTileElems;
     const int64_t a_stride = a.ld * static_cast<int64_t>(sizeof(uint16_t));
     const bool direct = c.rows == 16 * RG && c.cols == 16 * CG && c.alpha == 1.0f && !c.relu &&
-                        !c.mask && (c.beta == 0.0f || (c.beta == 1.0f && !c.bias));
+                        !c.mask && !c.maskb && !c.cb &&
+                        (c.beta == 0.0f || (c.beta == 1.0f && !c.bias));
     const int64_t ldc_bytes = c.ldc * static_cast<int64_t>(sizeof(float));
-    float* c0 = c.c;
-    float* c1 = c.c + 16;
-    float* c2 = c.c + 16 * c.ldc;
-    float* c3 = c.c + 16 * c.ldc + 16;
+    float* c0 = direct ? c.c : nullptr;  // (a bf16 C has no float pointer to offset)
+    float* c1 = direct ? c.c + 16 : nullptr;
+    float* c2 = direct ? c.c + 16 * c.ldc : nullptr;
+    float* c3 = direct ? c.c + 16 * c.ldc + 16 : nullptr;
     if (direct && c.beta == 1.0f) {
       _tile_loadd(0, c0, ldc_bytes);
       if constexpr (CG == 2) _tile_loadd(1, c1, ldc_bytes);

@@ -24,7 +24,7 @@
 //         jb: 32 columns of the packed B block: the kernel's block, 2 x 2 tiles of 16 x 16
 // A bf16 operand A that is not transposed needs no packing when its rows are whole rowgroups
 // and K is a multiple of 32: its tiles are read where they are (ATiles below, with A's row
-// stride), and only a last partial rowgroup is packed.
+// stride), and only the rows of a last partial kernel block are packed.
 // A Kernel provides begin() and end() (around a thread's rectangle: AMX loads and releases its
 // tile configuration) and
 //   template <int RG, int CG> static void block(int64_t ktiles, const ATiles& a,
@@ -55,8 +55,9 @@ using gemm_impl::round_up;
 constexpr int64_t kTileK = 32;       // bf16 values of k in a tile row
 constexpr int64_t kTileElems = 512;  // 16 x 32 bf16: one tile, 1 KiB
 constexpr int64_t kBlock = 32;       // rows and columns of a kernel block (2 x 2 tiles)
-constexpr int64_t kKcMax = 256;      // depth of a block of K (bf16: a 32-row A block is 16 KiB)
-constexpr int64_t kKcMaxRows = 1024;
+// The depth of a block of K: with op(A) = A^T a 32-row A block is 16 KiB; op(A) = A goes deeper.
+constexpr int64_t kKcMax = gemm_impl::kBf16KcMaxTrans;
+constexpr int64_t kKcMaxRows = gemm_impl::kBf16KcMaxRows;
 constexpr int64_t kMc = 64;          // rows of op(A) packed at a time (32 KiB at kc = 256)
 constexpr int64_t kBBlockBytes = 512 * 1024;  // a packed B block: half of a Zen 4 L2
 
@@ -70,9 +71,11 @@ struct ATiles {
 
 // The results of one kernel block for one depth block, and what to do with them:
 //   C = alpha * P + beta * C (+ bias[j] when bias) then ReLU when relu, then 0 where
-//   !(mask[i, j] > 0) when mask. beta == 0: C is not read.
-// rows x cols of the block are in C (fewer than 32 at its edges). The driver sets beta to 1 and
-// bias to null after the first depth block, and relu and mask only for the last one.
+//   !(mask[i, j] > 0) when mask (or maskb, the same in bf16). beta == 0: C is not read.
+// rows x cols of the block are in C (fewer than 32 at its edges), or in cb, the block's first
+// element of a bf16 C (then c is null, beta is 0 and there is one depth block: the driver
+// never accumulates into a bf16 C). The driver sets beta to 1 and bias to null after the first
+// depth block, and relu and mask only for the last one.
 struct BlockC {
   float* c;
   int64_t ldc;
@@ -82,6 +85,8 @@ struct BlockC {
   bool relu;
   const float* mask;  // at the block's first element
   int64_t ldm;
+  uint16_t* cb;              // a bf16 C at the block's first element, or null
+  const uint16_t* maskb;     // a bf16 mask at the block's first element, or null
 };
 
 #pragma GCC diagnostic push
@@ -96,44 +101,35 @@ inline __mmask32 mask32(int64_t n) {
   return n >= 32 ? static_cast<__mmask32>(0xffffffffu) : static_cast<__mmask32>((1u << n) - 1u);
 }
 
+// 16 bf16 widened exactly to float32 (a shift: subnormals stay subnormal).
+inline __m512 widen16(__m256i h) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
 // Columns [j, j + 16) of row r of the block (those < c.cols) from their products p, as BlockC
 // says: the AVX-512 kernel finishes its registers with it, the AMX kernel its scratch rows.
 inline void finish16(const BlockC& c, int64_t r, int64_t j, __m512 p) {
   const __mmask16 m = mask16(c.cols - j);
   const __m512 zero = _mm512_setzero_ps();
-  float* out = c.c + r * c.ldc + j;
   __m512 v = _mm512_mul_ps(_mm512_set1_ps(c.alpha), p);
   if (c.beta != 0.0f)
-    v = _mm512_fmadd_ps(_mm512_set1_ps(c.beta), _mm512_maskz_loadu_ps(m, out), v);
+    v = _mm512_fmadd_ps(_mm512_set1_ps(c.beta), _mm512_maskz_loadu_ps(m, c.c + r * c.ldc + j), v);
   if (c.bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, c.bias + j));
   if (c.relu) v = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, zero, _CMP_LT_OQ), v, zero);
-  if (c.mask) {
-    const __m512 keep = _mm512_maskz_loadu_ps(m, c.mask + r * c.ldm + j);
+  if (c.mask || c.maskb) {
+    const __m512 keep = c.mask ? _mm512_maskz_loadu_ps(m, c.mask + r * c.ldm + j)
+                               : widen16(_mm256_maskz_loadu_epi16(m, c.maskb + r * c.ldm + j));
     v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(keep, zero, _CMP_GT_OQ), v);
   }
-  _mm512_mask_storeu_ps(out, m, v);
+  if (c.cb) {
+    const __m256i h = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v));
+    _mm256_mask_storeu_epi16(c.cb + r * c.ldc + j, m, h);
+    return;
+  }
+  _mm512_mask_storeu_ps(c.c + r * c.ldc + j, m, v);
 }
 #endif
 
-// The block's products p (row stride ldp) stored into C as BlockC says: C = alpha p + beta C
-// (+ bias), then ReLU (keeping NaN, as math::relu) and the mask (dropping NaN, as
-// math::ReluGrad).
-inline void finish_block(const float* p, int64_t ldp, const BlockC& c) {
-#ifdef CLUSTR_BF16_VECTOR
-  for (int64_t r = 0; r < c.rows; ++r)
-    for (int64_t j = 0; j < c.cols; j += 16) finish16(c, r, j, _mm512_loadu_ps(p + r * ldp + j));
-#else
-  for (int64_t r = 0; r < c.rows; ++r)
-    for (int64_t j = 0; j < c.cols; ++j) {
-      float v = c.alpha * p[r * ldp + j];
-      if (c.beta != 0.0f) v += c.beta * c.c[r * c.ldc + j];
-      if (c.bias) v += c.bias[j];
-      if (c.relu) v = v < 0.0f ? 0.0f : v;
-      if (c.mask && !(c.mask[r * c.ldm + j] > 0.0f)) v = 0.0f;
-      c.c[r * c.ldc + j] = v;
-    }
-#endif
-}
 #pragma GCC diagnostic pop
 
 // ---- scalar conversions (the packing's scalar path and the generic kernel) -----------------
@@ -160,6 +156,38 @@ inline float from_bf16(uint16_t h) {
   float f;
   std::memcpy(&f, &u, sizeof f);
   return f;
+}
+
+// A bf16 bit pattern widened exactly (subnormals kept): how the epilogue reads a bf16 mask.
+inline float exact_bf16(uint16_t h) {
+  const uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+// The block's products p (row stride ldp) stored into C as BlockC says: C = alpha p + beta C
+// (+ bias), then ReLU (keeping NaN, as math::relu) and the mask (dropping NaN, as
+// math::ReluGrad), then rounded when C is bf16.
+inline void finish_block(const float* p, int64_t ldp, const BlockC& c) {
+#ifdef CLUSTR_BF16_VECTOR
+  for (int64_t r = 0; r < c.rows; ++r)
+    for (int64_t j = 0; j < c.cols; j += 16) finish16(c, r, j, _mm512_loadu_ps(p + r * ldp + j));
+#else
+  for (int64_t r = 0; r < c.rows; ++r)
+    for (int64_t j = 0; j < c.cols; ++j) {
+      float v = c.alpha * p[r * ldp + j];
+      if (c.beta != 0.0f) v += c.beta * c.c[r * c.ldc + j];
+      if (c.bias) v += c.bias[j];
+      if (c.relu) v = v < 0.0f ? 0.0f : v;
+      if (c.mask && !(c.mask[r * c.ldm + j] > 0.0f)) v = 0.0f;
+      if (c.maskb && !(exact_bf16(c.maskb[r * c.ldm + j]) > 0.0f)) v = 0.0f;
+      if (c.cb)
+        c.cb[r * c.ldc + j] = to_bf16(v);
+      else
+        c.c[r * c.ldc + j] = v;
+    }
+#endif
 }
 
 // Element idx of an operand as a bf16 bit pattern.
@@ -360,12 +388,7 @@ inline void pack_b_cols(const GemmBf16Call& g, int64_t j, int64_t cols, int64_t 
 
 // An element as stored, as a double.
 inline double stored_value(float x) { return x; }
-inline double stored_value(uint16_t h) {
-  const uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
+inline double stored_value(uint16_t h) { return exact_bf16(h); }
 
 template <typename T>
 void add_row_sums_typed(const T* a, int64_t lda, bool trans, int64_t rows, int64_t kc,
@@ -447,8 +470,10 @@ void gemm_rect(const GemmBf16Call& g, int64_t kc_max, int64_t i0, int64_t i1, in
       pack_b_cols(g, jc, nc, p0, kc, ktiles, b_pack, group);
       for (int64_t ic = i0; ic < i1; ic += kMc) {  // kMc rows of op(A) packed at a time
         const int64_t mc = min64(kMc, i1 - ic);
-        // In place: the chunk's whole rowgroups; packed: a last partial one (or all of them).
-        const int64_t in_place = a_in_place ? mc / 16 * 16 : 0;
+        // In place: the chunk's whole kernel blocks (32 rows); packed: the rows of a last
+        // partial block (or all of them), so that no block mixes an in-place rowgroup with a
+        // packed one (ATiles has one stride between a block's two rowgroups).
+        const int64_t in_place = a_in_place ? mc / kBlock * kBlock : 0;
         if (in_place < mc)
           pack_a_rows(g, ic + in_place, mc - in_place, p0, kc, ktiles, a_pack, group);
         if (sums && jc == j0) add_row_sums(g, ic, mc, p0, kc, sums + (ic - i0));
@@ -463,9 +488,18 @@ void gemm_rect(const GemmBf16Call& g, int64_t kc_max, int64_t i0, int64_t i1, in
           for (int64_t jb = 0; jb < nc; jb += kBlock) {
             const int64_t cols = min64(kBlock, nc - jb);
             const int64_t j = jc + jb;
-            BlockC c{g.C + ib * g.ldc + j, g.ldc, rows, cols, g.alpha, first_k ? g.beta : 1.0f,
-                     first_k && e.bias ? e.bias + j : nullptr, last_k && e.relu,
-                     last_k && e.mask ? e.mask + ib * e.ldm + j : nullptr, e.ldm};
+            BlockC c{g.C ? g.C + ib * g.ldc + j : nullptr,
+                     g.ldc,
+                     rows,
+                     cols,
+                     g.alpha,
+                     first_k ? g.beta : 1.0f,
+                     first_k && e.bias ? e.bias + j : nullptr,
+                     last_k && e.relu,
+                     last_k && e.mask ? e.mask + ib * e.ldm + j : nullptr,
+                     e.ldm,
+                     g.C_bf16 ? g.C_bf16 + ib * g.ldc + j : nullptr,
+                     last_k && g.mask_bf16 ? g.mask_bf16 + ib * e.ldm + j : nullptr};
             run_block<Kernel>(rows > 16 ? 2 : 1, cols > 16 ? 2 : 1, ktiles, a,
                               b_pack + (jb / 16) * group, c);
           }

@@ -19,4 +19,9 @@ using Problem = GemmCall;
 // throws, listing the known ones. Defined in gemm.cpp.
 const char* forced_kernel(const char* const* family, int count);
 
+// The bf16 GEMM's deepest block of K (gemm_bf16_driver.h), for op(A) = A^T and for op(A) = A:
+// a product no deeper is one depth block.
+inline constexpr int64_t kBf16KcMaxTrans = 256;
+inline constexpr int64_t kBf16KcMaxRows = 1024;
+
 }  // namespace clustr::cpu::gemm_impl

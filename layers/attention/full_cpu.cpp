@@ -96,7 +96,7 @@ void product(const FullAttentionParams& p, bool trans_a, bool trans_b, int64_t M
              float beta, float* C, int64_t ldc) {
   if (!p.bf16) return gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   gemm_bf16_call({trans_a, trans_b, M, N, K, alpha, A, Operand::f32, lda, B, Operand::f32, ldb,
-                  beta, C, ldc, GemmEpilogue{}});
+                  beta, C, ldc, GemmEpilogue{}, nullptr, nullptr});
 }
 
 // Which columns of a tile a row sees: row r (query i0 + r) sees the tile's columns
