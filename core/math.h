@@ -61,6 +61,15 @@ CLUSTR_HD uint32_t bits_of(float f) {
 #endif
 }
 
+// Unsigned integers in the order of the floats: the sign bit set for positives, every bit
+// flipped for negatives. -0 ranks just below +0, and a NaN by its bits (above +inf when its
+// sign is clear, below -inf when set). For selections that must agree between the CPU and the
+// device (the top-k sets of improved-clustered attention).
+CLUSTR_HD uint32_t order_key(float x) {
+  const uint32_t u = bits_of(x);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
 // c ? a : b, computed on the bits with a compare mask. GCC's vectoriser, under its default
 // -ftrapping-math, will not if-convert a float `c ? a : b` whose result feeds more arithmetic,
 // and the loop around it then stays scalar; it does vectorise this.

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -251,6 +252,51 @@ TEST_CASE("improved clustered attention: top-k sets, mass and ties") {
       improved_clustered_attention_forward(in.Q, in.K, in.V, in.lengths, in.assignment, 1, 5);
   CHECK(g.topk.to_int_vector() == std::vector<int32_t>{0, 1, 2, -1});  // k > L valid keys
   CHECK(g.mass.to_vector()[0] == doctest::Approx(1.0f));
+}
+
+TEST_CASE("improved clustered attention: top-k sets of short and long rows, ties included") {
+  // Against a full sort of each row of Ac by (weight descending, index ascending): rows of up
+  // to 512 valid keys take the bitwise search, longer ones the candidate pass (S = 700 and
+  // 1500, with a shorter sequence beside). Every fourth key repeats the one before it, so
+  // equal weights compete for the last places of T; k from 1 to past L.
+  for (int64_t S : {40, 300, 700, 1500})
+    for (int64_t k : {1, 7, 32, 100, 2000}) {
+      const int64_t B = 2, H = 1, N = 24, E = 4, C = 5;
+      const Case c = make_case(B, H, N, S, E, 2, C, k, {int32_t(S), int32_t(S * 2 / 3)});
+      Inputs in = make_attention_inputs(c, 41);
+      float* K = in.K.f32();
+      for (int64_t r = 0; r < B * H * S; ++r)
+        if (r % 4 == 3) std::copy(K + (r - 1) * E, K + r * E, K + r * E);
+      const auto f = improved_clustered_attention_forward(in.Q, in.K, in.V, in.lengths,
+                                                          in.assignment, C, k);
+      const int64_t kw = f.topk.size(3);
+      const std::vector<int32_t> tk = f.topk.to_int_vector(), a = in.assignment.to_int_vector();
+      const std::vector<float> w = f.weights.to_vector(), mass = f.mass.to_vector();
+      int64_t wrong = 0, ties = 0;
+      for (int64_t bh = 0; bh < B * H; ++bh)
+        for (int64_t j = 0; j < C; ++j) {
+          const int64_t L = c.lengths[bh / H];
+          const float* row = w.data() + (bh * C + j) * S;
+          const bool empty = std::count(a.begin() + bh * N, a.begin() + (bh + 1) * N, j) == 0;
+          std::vector<int32_t> order(static_cast<size_t>(L));
+          std::iota(order.begin(), order.end(), 0);
+          std::stable_sort(order.begin(), order.end(),
+                           [&](int32_t x, int32_t y) { return row[x] > row[y]; });
+          const int64_t kk = empty ? 0 : std::min(k, L);
+          if (kk > 0 && kk < L && row[order[kk - 1]] == row[order[kk]]) ++ties;
+          std::vector<int32_t> want(order.begin(), order.begin() + kk);
+          std::sort(want.begin(), want.end());
+          float m = 0.0f;
+          for (int32_t l : want) m += row[l];
+          want.resize(static_cast<size_t>(kw), -1);
+          const std::vector<int32_t> got(tk.begin() + (bh * C + j) * kw,
+                                         tk.begin() + (bh * C + j + 1) * kw);
+          if (got != want || mass[bh * C + j] != m) ++wrong;
+        }
+      INFO("S=", S, " k=", k, ": ", wrong, " rows wrong, ", ties, " ties at the edge of T");
+      CHECK(wrong == 0);
+      if (k == 7) CHECK(ties > 0);  // the repeated keys do meet at the edge of T
+    }
 }
 
 namespace {

@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "autograd/node.h"
+#include "core/math.h"
 #include "core/parallel.h"
 #include "layers/attention/clustered_common.h"
 #include "layers/attention/improved_clustered_cuda.h"
@@ -88,6 +89,10 @@ Tensor make_pair_scratch(const Dims& d, int64_t kw, bool backward, bool inner, P
   });
 }
 
+// Rows of Ac up to this many valid keys take select_topk's bitwise search; longer ones its
+// candidate pass.
+constexpr int64_t kShortRow = 512;
+
 // Room for select_topk's candidates: at least 4 kw, at most S.
 int64_t select_room(const Dims& d, int64_t kw) {
   return std::min(d.S, std::max<int64_t>(4 * kw, 256));
@@ -97,6 +102,7 @@ int64_t select_room(const Dims& d, int64_t kw) {
 struct MemberScratch {
   float *qj, *oj, *kt, *vt, *P, *G, *Pd, *tq;  // n x E, n x M, kw x E, kw x M, n x kw (3), n x E
   int32_t* sel;                                // select_room(): top-k candidates
+  uint32_t* keys;                              // min(S, kShortRow): a short row's order keys
 };
 
 // `team` sets of member scratch (one per thread sharing the pair).
@@ -113,6 +119,7 @@ Tensor make_member_scratch(const Dims& d, int64_t kw, int64_t n, bool dropout,
       m.Pd = dropout ? c.f32(n * kw) : nullptr;
       m.tq = c.f32(n * d.E);
       m.sel = c.i32(select_room(d, kw));
+      m.keys = reinterpret_cast<uint32_t*>(c.i32(std::min(d.S, kShortRow)));
     }
   });
 }
@@ -142,37 +149,60 @@ void for_each_pair(const Dims& d, int64_t kw, bool backward, Pair pair) {
 // eq. 9-10: T = the kk = min(k, L) valid keys with the largest weights of row (S), ties to the
 // lower key index, written to tk (kw) in ascending key order with -1 padding; returns m = their
 // summed weight (in key order). An empty row (empty cluster, L = 0) has T empty and m = 0.
-// The order (weight descending, then index ascending) is total, so the selected set is unique.
-// One pass over the row keeps candidates in sel (room for at least 4 kk): whenever it fills,
-// nth_element keeps its best kk and their lowest weight becomes the bar that later keys must
-// beat strictly (a later key with an equal weight has a higher index, so it ranks lower). Most
-// keys fail the bar at the cost of one comparison.
-float select_topk(const float* row, int64_t L, int64_t k, int64_t kw, bool empty, int32_t* sel,
-                  int64_t room, int32_t* tk) {
+// Weights are ranked by math::order_key (the floats' order), then by index ascending: a total
+// order, so the selected set is unique, and the device's (TopkKernel) is the same.
+// A short row (L <= kShortRow; the keys in `keys`) finds the kk-th largest key bit by bit from
+// the top, as the device does: the largest bar with at least kk keys at or above it (stopping
+// as soon as exactly kk are: they are T); one pass in index order then takes the keys above
+// the bar and enough of those equal to it. Each step is a count over the row that the compiler
+// vectorises: about 16 passes over L keys in all, with no data-dependent branch.
+// A longer row is one pass that keeps candidates in sel (room for at least 4 kk): whenever it
+// fills, nth_element keeps its best kk and their lowest key becomes the bar that later keys
+// must beat strictly (a later key with an equal weight has a higher index, so it ranks lower).
+// Most keys fail the bar at the cost of one comparison.
+float select_topk(const float* row, int64_t L, int64_t k, int64_t kw, bool empty, uint32_t* keys,
+                  int32_t* sel, int64_t room, int32_t* tk) {
   const int64_t kk = empty ? 0 : std::min(k, L);
-  auto better = [row](int32_t x, int32_t y) {
-    return row[x] > row[y] || (row[x] == row[y] && x < y);
-  };
   int64_t n = 0;
   if (kk == L) {
     std::iota(sel, sel + L, 0);
     n = L;
+  } else if (kk > 0 && L <= kShortRow) {
+    for (int64_t l = 0; l < L; ++l) keys[l] = math::order_key(row[l]);
+    uint32_t bar = 0;
+    for (int bit = 31; bit >= 0; --bit) {
+      const uint32_t trial = bar | (1u << bit);
+      int32_t at_or_above = 0;
+      for (int64_t l = 0; l < L; ++l) at_or_above += keys[l] >= trial ? 1 : 0;
+      if (at_or_above < kk) continue;
+      bar = trial;
+      if (at_or_above == kk) break;
+    }
+    int32_t above = 0;
+    for (int64_t l = 0; l < L; ++l) above += keys[l] > bar ? 1 : 0;
+    int64_t equal = kk - above;  // keys equal to the bar that T takes, lowest index first
+    for (int64_t l = 0; l < L && n < kk; ++l)
+      if (keys[l] > bar || (keys[l] == bar && equal-- > 0)) sel[n++] = static_cast<int32_t>(l);
   } else if (kk > 0) {
-    float bar = 0.0f;
+    auto better = [row](int32_t x, int32_t y) {
+      const uint32_t kx = math::order_key(row[x]), ky = math::order_key(row[y]);
+      return kx > ky || (kx == ky && x < y);
+    };
+    uint32_t bar = 0;
     bool full = false;
     for (int64_t l = 0; l < L; ++l) {
-      if (full && !(row[l] > bar)) continue;
+      if (full && !(math::order_key(row[l]) > bar)) continue;
       sel[n++] = static_cast<int32_t>(l);
       if (n == room) {
         std::nth_element(sel, sel + (kk - 1), sel + n, better);
         n = kk;
-        bar = row[sel[kk - 1]];
+        bar = math::order_key(row[sel[kk - 1]]);
         full = true;
       }
     }
     if (n > kk) std::nth_element(sel, sel + (kk - 1), sel + n, better);
+    std::sort(sel, sel + kk);
   }
-  std::sort(sel, sel + kk);
   float m = 0.0f;
   for (int64_t c = 0; c < kw; ++c) {
     tk[c] = c < kk ? sel[c] : -1;
@@ -248,8 +278,8 @@ void forward_pair(const Dims& d, const Params& p, const Dropout& drop, int64_t k
   const Tensor hold = make_member_scratch(d, kw, m.largest, false, ms);
 #pragma omp parallel for schedule(dynamic, 4) num_threads(team) if (inner)
   for (int64_t j = 0; j < d.C; ++j)  // eq. 9-10
-    mass[j] = select_topk(ac + j * d.S, L, k, kw, count[j] == 0 || L == 0, ms[thread_id()].sel,
-                          select_room(d, kw), tk + j * kw);
+    mass[j] = select_topk(ac + j * d.S, L, k, kw, count[j] == 0 || L == 0, ms[thread_id()].keys,
+                          ms[thread_id()].sel, select_room(d, kw), tk + j * kw);
   fill_shared(o, d.N * d.M, 0.0f, inner);
   if (L == 0) return;
   // eq. 11, second term once per cluster: R = (Ac with the T_j columns zeroed) V.

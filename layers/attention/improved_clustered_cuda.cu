@@ -55,17 +55,10 @@ CLUSTR_DEVICE int64_t topk_size(const int32_t* T, int64_t kw) {
   return kk;
 }
 
-// Unsigned integers in the order of the floats (the sign flipped for positives, every bit for
-// negatives). Weights are >= 0 and never -0 (exp times a positive), so equal keys are equal
-// floats, as the CPU's comparisons see them.
-CLUSTR_DEVICE uint32_t order_key(float x) {
-  const uint32_t u = math::bits_of(x);
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
 // eq. 9-10, one CUDA block per row (pair bh, cluster j) of ac (B, H, C, S): tk (kw) = the kk
-// valid keys with the largest weights (ties to the lower key index) in ascending key order, -1
-// padded; mass = their weights summed in that order (0 for an empty set).
+// valid keys with the largest weights (ties to the lower key index; weights ranked by
+// math::order_key, as on the CPU) in ascending key order, -1 padded; mass = their weights
+// summed in that order (0 for an empty set).
 struct TopkKernel {
   static constexpr bool kUsesBarrier = true;
   const float* ac;
@@ -88,11 +81,11 @@ struct TopkKernel {
       for (int bit = 31; bit >= 0; --bit) {
         const uint32_t trial = bar | (1u << bit);
         int n = 0;
-        for (int64_t c = tid; c < L; c += nt) n += order_key(w[c]) >= trial ? 1 : 0;
+        for (int64_t c = tid; c < L; c += nt) n += math::order_key(w[c]) >= trial ? 1 : 0;
         if (block_reduce(t, n, t.shared<int>(), AddInt{}) >= kk) bar = trial;
       }
       int above = 0;
-      for (int64_t c = tid; c < L; c += nt) above += order_key(w[c]) > bar ? 1 : 0;
+      for (int64_t c = tid; c < L; c += nt) above += math::order_key(w[c]) > bar ? 1 : 0;
       take_equal = kk - block_reduce(t, above, t.shared<int>(), AddInt{});
     }
     if (tid != 0) return;  // no barrier below
@@ -100,7 +93,7 @@ struct TopkKernel {
     int64_t n = 0, equal = 0;
     float m = 0.0f;
     for (int64_t c = 0; c < L && n < kk; ++c) {
-      const uint32_t key = order_key(w[c]);
+      const uint32_t key = math::order_key(w[c]);
       const bool take = kk == L || key > bar || (key == bar && equal++ < take_equal);
       if (!take) continue;
       T[n++] = static_cast<int32_t>(c);
