@@ -6,7 +6,8 @@
 // This program has its own main: it runs on a GPU, or on the emulated device of a
 // -DCLUSTR_CUDA=EMULATE build; without either (or in a build without the CUDA backend) it
 // prints why and exits 77, which ctest reports as skipped (SKIP_RETURN_CODE in
-// tests/CMakeLists.txt), so a machine without a GPU never reports these tests as passed.
+// tests/CMakeLists.txt), so a machine without a GPU never reports these tests as passed. With
+// CLUSTR_REQUIRE_GPU=1 in the environment a missing GPU, or the emulated device, fails the run.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
@@ -14,8 +15,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "check.h"
@@ -238,9 +241,23 @@ TEST_CASE("cuda: gemm rejects bad leading dimensions and strides with clear erro
 }
 
 int main(int argc, char** argv) {
+  // CLUSTR_REQUIRE_GPU=1 (scripts/gpu_check.sh): the run is meant for a real GPU, so a missing
+  // or unusable one, or the emulated device, is a failure rather than a skip.
+  const char* require = std::getenv("CLUSTR_REQUIRE_GPU");
+  const bool require_gpu = require && *require && std::string(require) != "0";
   if (!cuda::available()) {
+    if (require_gpu) {
+      std::printf("cuda tests FAILED: CLUSTR_REQUIRE_GPU is set but there is no usable GPU: %s\n",
+                  cuda::unavailable_reason().c_str());
+      return 1;
+    }
     std::printf("cuda tests skipped: %s\n", cuda::unavailable_reason().c_str());
     return 77;
+  }
+  if (require_gpu && cuda::emulated()) {
+    std::printf("cuda tests FAILED: CLUSTR_REQUIRE_GPU is set but this build runs the emulated "
+                "device (-DCLUSTR_CUDA=EMULATE), not a GPU\n");
+    return 1;
   }
   std::printf("cuda tests run on %s\n",
               cuda::emulated() ? "the emulated device (kernels on host fibers, a host cuBLAS)"

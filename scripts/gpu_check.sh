@@ -1,0 +1,190 @@
+#!/usr/bin/env bash
+# The GPU check: on a machine with an NVIDIA GPU, from the repository's folder,
+#
+#   bash scripts/gpu_check.sh OUTDIR [--deps DIR] [--corpus DIR]
+#
+# 1. prints the machine (GPU, driver, nvcc, CMake, CPU, PyTorch when present);
+# 2. configures a release build for this GPU's architecture only (nvidia-smi's compute
+#    capability) in build-gpu/ and builds it; with --deps, the dependencies come from a folder
+#    of unpacked Debian packages (scripts/fetch_deps.sh; such a machine has no package registry);
+# 3. runs the cuda tests on the GPU with CLUSTR_REQUIRE_GPU=1 (no usable GPU fails, never skips);
+# 4. runs compute-sanitizer's memcheck, racecheck, synccheck and initcheck over the cuda tests;
+# 5. trains the main job (the copy task to its target) with --device cuda, and, with --corpus (a
+#    speech corpus folder made by data/make_speech_corpus.py), 300 speech steps on the device;
+# 6. runs the GPU benchmarks: cuBLAS GEMM in fp32, TF32 and bf16, the three attention types from
+#    N = 512 up (the paper's Figure 4, PNGs), the copy-task step in fp32 and bf16.
+# Every log, CSV and PNG goes to OUTDIR, with summary.txt: one line per step, PASS / FAIL /
+# NOT RUN and why. Each step has a time limit, and the whole check aims at 8 minutes on one H100.
+# The exit status is 0 only when every step that ran passed.
+#
+# GPU_CHECK_EMULATE=1 rehearses the same steps on a machine without a GPU: an emulated-device
+# build (-DCLUSTR_CUDA=EMULATE), no nvidia-smi or compute-sanitizer, tiny sizes; it checks the
+# script and the programs' flags, not the GPU.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+usage() {
+  echo "usage: bash scripts/gpu_check.sh OUTDIR [--deps DIR] [--corpus DIR]" >&2
+  exit 2
+}
+[ $# -ge 1 ] || usage
+out=$1
+shift
+deps="" corpus=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --deps) [ $# -ge 2 ] || usage; deps=$(cd "$2" && pwd) || exit 2; shift 2 ;;
+    --corpus) [ $# -ge 2 ] || usage; corpus=$(cd "$2" && pwd) || exit 2; shift 2 ;;
+    *) echo "gpu_check: unknown argument '$1'" >&2; usage ;;
+  esac
+done
+emulate=${GPU_CHECK_EMULATE:-0}
+mkdir -p "$out" || exit 2
+out=$(cd "$out" && pwd)
+summary="$out/summary.txt"
+: > "$summary"
+failures=0
+start=$(date +%s)
+
+note() { echo "$*" | tee -a "$summary"; }
+
+# step NAME LIMIT_SECONDS COMMAND...: runs the command with its output in OUTDIR/NAME.log.
+step() {
+  local name=$1 limit=$2
+  shift 2
+  local t0 rc
+  t0=$(date +%s)
+  echo "== $name (limit ${limit}s)"
+  timeout --kill-after=10 "$limit" "$@" > "$out/$name.log" 2>&1
+  rc=$?
+  local took=$(( $(date +%s) - t0 ))
+  if [ "$rc" -eq 0 ]; then
+    note "PASS     $name (${took}s)"
+  elif [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+    note "FAIL     $name: over its ${limit}s limit (log: $name.log)"
+    failures=$((failures + 1))
+  else
+    note "FAIL     $name: exit status $rc (log: $name.log)"
+    failures=$((failures + 1))
+    tail -5 "$out/$name.log"
+  fi
+  return "$rc"
+}
+
+not_run() { note "NOT RUN  $1: $2"; }
+
+# ---- 1. the machine ----------------------------------------------------------------------------
+{
+  echo "date: $(date -u)"
+  echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)"
+  echo "cpu: $(lscpu | sed -n 's/^Model name: *//p')"
+  if [ "$emulate" = 1 ]; then
+    echo "gpu: none (GPU_CHECK_EMULATE=1: the emulated device)"
+  else
+    nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total --format=csv
+  fi
+  command -v nvcc > /dev/null && nvcc --version | tail -2
+  [ -x /usr/local/cuda/bin/nvcc ] && /usr/local/cuda/bin/nvcc --version | tail -1
+  cmake --version | head -1
+  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available())' \
+    2> /dev/null || echo "torch: not importable"
+} > "$out/machine.txt" 2>&1
+cat "$out/machine.txt"
+
+arch=""
+if [ "$emulate" != 1 ]; then
+  if ! command -v nvidia-smi > /dev/null; then
+    note "FAIL     gpu: nvidia-smi not found: this check needs a machine with an NVIDIA GPU"
+    exit 1
+  fi
+  cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2> /dev/null | head -1 | tr -d ' ')
+  if [ -z "$cap" ]; then
+    note "FAIL     gpu: nvidia-smi lists no GPU (compute capability unknown)"
+    exit 1
+  fi
+  arch=${cap/./}
+  echo "GPU architecture: sm_$arch"
+fi
+
+# ---- 2. configure and build ------------------------------------------------------------------
+build=build-gpu
+cuda_flags=(-DCLUSTR_CUDA=ON "-DCLUSTR_CUDA_ARCHITECTURES=$arch")
+[ "$emulate" = 1 ] && build=build-gpu-emulate && cuda_flags=(-DCLUSTR_CUDA=EMULATE)
+config=(-DCMAKE_BUILD_TYPE=Release -DCLUSTR_APPS=ON -DCLUSTR_TESTS=ON "${cuda_flags[@]}")
+[ -n "$deps" ] && config+=("-DCLUSTR_DEPS_ROOT=$deps")
+step configure 120 cmake -S . -B "$build" "${config[@]}" || { note "stopped: no build"; exit 1; }
+step build 600 cmake --build "$build" -j "$(nproc)" || { note "stopped: no build"; exit 1; }
+
+# ---- 3. the cuda tests on the GPU -------------------------------------------------------------
+if [ "$emulate" = 1 ]; then
+  # The emulated device is refused under CLUSTR_REQUIRE_GPU; the rehearsal runs without it.
+  step cuda_tests 600 "$build/tests/test_cuda"
+else
+  step cuda_tests 240 env CLUSTR_REQUIRE_GPU=1 "$build/tests/test_cuda"
+fi
+
+# ---- 4. compute-sanitizer ----------------------------------------------------------------------
+if [ "$emulate" = 1 ]; then
+  not_run compute_sanitizer "no GPU (GPU_CHECK_EMULATE=1)"
+elif ! command -v compute-sanitizer > /dev/null; then
+  not_run compute_sanitizer "compute-sanitizer not found"
+  failures=$((failures + 1))
+else
+  # The app tests (whole training runs) take most of the time under the sanitizer and launch
+  # the same kernels as the op tests: left out here, run above without it.
+  for tool in memcheck racecheck synccheck initcheck; do
+    step "sanitizer_$tool" 120 env CLUSTR_REQUIRE_GPU=1 compute-sanitizer --tool "$tool" \
+      --error-exitcode 1 "$build/tests/test_cuda" --test-case-exclude='*app*'
+  done
+fi
+
+# ---- 5. training on the device ----------------------------------------------------------------
+if [ "$emulate" = 1 ]; then
+  step main_job 600 "$build/apps/copy_task" --device cuda --out "$out/copy_task" --steps 2 \
+    --warmup 1 --batch 2 --length 7 --eval-interval 1 --eval-batches 1 --final-eval-batches 1 \
+    --log-interval 1
+else
+  step main_job 240 "$build/apps/copy_task" --device cuda --out "$out/copy_task"
+fi
+if [ -z "$corpus" ]; then
+  not_run speech "no --corpus given (make one with data/make_speech_corpus.py where its Debian packages are)"
+elif [ "$emulate" = 1 ]; then
+  step speech 600 "$build/apps/speech" train --device cuda --corpus "$corpus" --out "$out/speech" \
+    --max-steps 2 --log-interval 1
+else
+  step speech 180 "$build/apps/speech" train --device cuda --corpus "$corpus" --out "$out/speech" \
+    --max-steps 300 --log-interval 20
+fi
+
+# ---- 6. benchmarks -----------------------------------------------------------------------------
+if [ "$emulate" = 1 ]; then
+  step bench_gemm 300 "$build/apps/bench_gemm" --device cuda --shapes transformer --reps 1 \
+    --csv "$out/bench_gemm_fp32.csv"
+  step bench_attention 600 "$build/apps/bench_attention" --device cuda --n 64 128 --reps 1 \
+    --heads 1 --dim 8 --clusters 4 --bits 15 --iterations 2 --topk 8 \
+    --attention full clustered improved-clustered --csv "$out/bench_attention.csv" \
+    --png "$out/attention_time.png" --png-memory "$out/attention_memory.png"
+else
+  step bench_gemm 120 "$build/apps/bench_gemm" --device cuda --shapes all \
+    --csv "$out/bench_gemm_fp32.csv"
+  step bench_gemm_tf32 120 "$build/apps/bench_gemm" --device cuda --shapes all --tf32 \
+    --csv "$out/bench_gemm_tf32.csv"
+  step bench_gemm_bf16 120 "$build/apps/bench_gemm" --device cuda --shapes all --precision bf16 \
+    --csv "$out/bench_gemm_bf16.csv"
+  step bench_attention 300 "$build/apps/bench_attention" --device cuda \
+    --attention full clustered improved-clustered \
+    --n 512 1024 2048 4096 8192 16384 32768 65536 131072 --max-full-n 65536 --reps 3 \
+    --csv "$out/bench_attention.csv" --png "$out/attention_time.png" \
+    --png-memory "$out/attention_memory.png"
+  for precision in fp32 bf16; do
+    step "copy_task_step_$precision" 120 "$build/apps/copy_task" --device cuda \
+      --out "$out/copy_task_step_$precision" --attention full --length 63 --layers 4 --heads 6 \
+      --head-dim 32 --feedforward 768 --dropout 0 --batch 32 --optimizer radam --lr 2e-4 \
+      --steps 30 --log-interval 1 --eval-interval 100000 --target-accuracy 0 --eval-batches 1 \
+      --final-eval-batches 1 --precision "$precision"
+  done
+fi
+not_run pytorch_peer "the side-by-side PyTorch 2.x GPU benchmark is not written yet"
+
+note "total: $(( $(date +%s) - start ))s, $failures failed step(s); logs in $out"
+[ "$failures" -eq 0 ]
