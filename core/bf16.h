@@ -46,6 +46,19 @@ CLUSTR_HD uint16_t float_to_bf16(float f) {
 
 CLUSTR_HD float bf16_to_float(uint16_t h) { return bits_float(static_cast<uint32_t>(h) << 16); }
 
+// float -> bf16 as the AVX512-BF16 conversions (vcvtneps2bf16, vcvtne2ps2bf16) do it, which is
+// how the CPU's bf16 GEMM rounds the f32 operands it packs: float_to_bf16, except that zero and
+// subnormal inputs give a signed zero (the bf16 GEMM's reference, core/cpu/gemm_bf16.cpp,
+// rounds with it). Written with selects rather than branches on the value.
+CLUSTR_HD uint16_t float_to_bf16_ftz(float f) {
+  const uint32_t u = float_bits(f);
+  const uint32_t nan = (u >> 16) | 0x0040u;
+  const uint32_t zero = (u >> 16) & 0x8000u;
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t finite = (u & 0x7f800000u) == 0 ? zero : rounded;
+  return static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? nan : finite);
+}
+
 // f rounded to bf16 and back: the value a bf16 operand carries.
 CLUSTR_HD float round_to_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
 

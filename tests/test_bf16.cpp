@@ -335,6 +335,27 @@ TEST_CASE("bf16: float_to_bf16 matches the AVX512-BF16 instruction (where the CP
   }
 }
 
+TEST_CASE("bf16: float_to_bf16_ftz is float_to_bf16 with subnormals to signed zero, as the "
+          "AVX512-BF16 instruction converts (where the CPU has it)") {
+  for (const std::vector<uint32_t>& in : {sampled_patterns(), contiguous_patterns()}) {
+    std::vector<uint16_t> got(in.size()), want(in.size());
+    for (size_t i = 0; i < in.size(); ++i) {
+      const uint32_t u = in[i];
+      got[i] = float_to_bf16_ftz(float_of(u));
+      // Zero and subnormal inputs: the signed zero; everything else: float_to_bf16.
+      want[i] = (u & 0x7f800000u) == 0 ? static_cast<uint16_t>((u >> 16) & 0x8000u)
+                                       : float_to_bf16(float_of(u));
+    }
+    check_patterns("float_to_bf16_ftz", in, got, want);
+    if (!has_hardware_bf16()) continue;
+    std::vector<float> x(in.size());
+    std::memcpy(x.data(), in.data(), in.size() * 4);
+    std::vector<uint16_t> hw(in.size());
+    hardware_bf16(x.data(), hw.data(), x.size());
+    check_patterns("float_to_bf16_ftz vs vcvtneps2bf16", in, got, hw);
+  }
+}
+
 TEST_CASE("bf16: every float32 pattern against the exact reference" * doctest::skip()) {
   // All 2^32 patterns, in blocks; about a minute on two cores. Run with --no-skip.
   constexpr uint64_t kBlock = uint64_t(1) << 24;

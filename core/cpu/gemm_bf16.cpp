@@ -138,7 +138,7 @@ float flush_subnormal(float f) { return std::fpclassify(f) == FP_SUBNORMAL ? f *
 // (vcvtne2ps2bf16 reads subnormals as zero), any bf16 subnormal read as zero.
 double multiplied(const void* base, Operand type, int64_t idx) {
   if (type == Operand::f32)
-    return round_to_bf16(flush_subnormal(static_cast<const float*>(base)[idx]));
+    return bf16_to_float(float_to_bf16_ftz(static_cast<const float*>(base)[idx]));
   return flush_subnormal(bf16_to_float(static_cast<const uint16_t*>(base)[idx]));
 }
 
@@ -157,7 +157,7 @@ T epilogue_value(const GemmBf16Call& g, int64_t i, int64_t j, T v) {
 // (subnormals to zero), which is how the kernels store it.
 void store_c(const GemmBf16Call& g, int64_t i, int64_t j, float v) {
   if (g.C_bf16)
-    g.C_bf16[i * g.ldc + j] = float_to_bf16(flush_subnormal(v));
+    g.C_bf16[i * g.ldc + j] = float_to_bf16_ftz(v);
   else
     g.C[i * g.ldc + j] = v;
 }
