@@ -24,6 +24,7 @@
 #include "apps/speech/options.h"
 #include "apps/speech/train.h"
 #include "check.h"
+#include "core/cuda/cuda.h"
 #include "core/tensor.h"
 #include "tone_corpus.h"
 
@@ -116,6 +117,48 @@ TEST_CASE("apps: two copy-task training steps on cuda match the cpu") {
   INFO("held-out loss cuda " << eval_loss[1] << ", cpu " << eval_loss[0]);
   CHECK(relative_difference(eval_loss[1], eval_loss[0]) <= kLossTolerance);
   check_parameters_close(params[1], params[0]);
+}
+
+TEST_CASE("apps: a copy-task run on cuda reports its kernel launches and cuBLAS calls per step") {
+  TempDir dir;
+  copy::RunOptions o = copy::preset_options("cpu");
+  o.model.layers = 1;
+  o.model.heads = 2;
+  o.model.head_dim = 8;
+  o.model.feedforward = 16;
+  o.task = CopyTaskConfig{5, 4, 0.2f};
+  o.train.batch = 4;
+  o.train.steps = 3;
+  o.train.target_accuracy = 0;
+  o.output.log_interval = 1;
+  o.output.eval_interval = 2;  // an evaluation inside the run, whose launches are not counted
+  o.output.eval_batches = 1;
+  o.output.final_eval_batches = 1;
+  o.output.write_plots = false;
+  double kernels[2] = {0, 0}, blas[2] = {0, 0};
+  for (int d = 0; d < 2; ++d) {
+    o.device = d == 0 ? "cpu" : "cuda";
+    o.output.out = dir.file(o.device);
+    copy::Trainer trainer(o, nullptr);
+    const copy::RunResult r = trainer.run();
+    kernels[d] = r.kernel_launches_per_step, blas[d] = r.blas_calls_per_step;
+  }
+  CHECK(kernels[0] == 0);  // nothing is launched on the cpu
+  CHECK(blas[0] == 0);
+  // One step on the device, counted directly: the run's last interval (one step) is the same.
+  o.device = "cuda";
+  o.output.out = dir.file("direct");
+  copy::Trainer trainer(o, nullptr);
+  double acc = 0;
+  trainer.train_step(&acc);  // the first step (the optimizer state is made lazily)
+  const cuda::LaunchCounts before = cuda::launch_counts();
+  trainer.train_step(&acc);
+  const cuda::LaunchCounts after = cuda::launch_counts();
+  INFO("per step: " << kernels[1] << " kernels, " << blas[1] << " cuBLAS calls");
+  CHECK(kernels[1] == double(after.kernels - before.kernels));
+  CHECK(blas[1] == double(after.blas - before.blas));
+  CHECK(kernels[1] > 0);
+  CHECK(blas[1] > 0);
 }
 
 TEST_CASE("apps: two speech training steps on cuda match the cpu") {

@@ -147,6 +147,24 @@ TEST_CASE("cuda launch: atomic_add counts every thread, 2-D grids and 3-D blocks
   CHECK(counter.item() == 129.0f * 17.0f);
 }
 
+TEST_CASE("cuda launch: launch_counts counts kernel launches and cuBLAS calls") {
+  Tensor counter = Tensor::zeros({1}, DType::f32, Device::cuda);
+  Tensor a = Tensor::zeros({4, 4}, DType::f32, Device::cuda), c = a.clone();  // (fills: kernels)
+  const cuda::LaunchCounts before = cuda::launch_counts();
+  cuda::launch("count", {3}, {5}, 0, CountKernel{counter.f32()});
+  cuda::launch("count", {0}, {5}, 0, CountKernel{counter.f32()});  // empty: not launched
+  cuda::launch("count", {1}, {1}, 0, CountKernel{counter.f32()});
+  const cuda::LaunchCounts mid = cuda::launch_counts();
+  CHECK(mid.kernels - before.kernels == 2);
+  CHECK(mid.blas == before.blas);
+  cuda::gemm(false, false, 4, 4, 4, 1.0f, a.f32(), 4, a.f32(), 4, 0.0f, c.f32(), 4);
+  cuda::gemm_strided_batched(false, false, 2, 2, 2, 1.0f, a.f32(), 2, 4, a.f32(), 2, 4, 0.0f,
+                             c.f32(), 2, 4, 3);
+  const cuda::LaunchCounts after = cuda::launch_counts();
+  CHECK(after.blas - mid.blas == 2);  // one cuBLAS call each, however many matrices
+  CHECK(after.kernels == mid.kernels);
+}
+
 TEST_CASE("cuda launch: a configuration the GPU rejects is a clear error") {
   Tensor counter = Tensor::zeros({1}, DType::f32, Device::cuda);
   CHECK_THROWS_WITH_AS(cuda::launch("too wide", {1}, {2048}, 0, CountKernel{counter.f32()}),

@@ -51,6 +51,9 @@ struct RunResult {
   std::string stop_reason;  // "steps", "target accuracy", "time limit"
   double train_seconds = 0;  // training steps only, this call
   double total_seconds = 0;  // this call, evaluations and checkpoints included
+  // --device cuda: kernel launches and cuBLAS calls per training step (cuda::launch_counts),
+  // averaged over the last log interval; 0 on the cpu.
+  double kernel_launches_per_step = 0, blas_calls_per_step = 0;
 };
 
 // The batch's tensors on `device` (the same tensors when they are there already).

@@ -191,6 +191,7 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
     return;
   // Swapped operands: see the comment at the top of the file.
   const Bound h;
+  counting::blas_call();
   CLUSTR_CUBLAS_CHECK(cublasSgemm(h.get(), op_of(trans_b), op_of(trans_a), static_cast<int>(N),
                                   static_cast<int>(M), static_cast<int>(K), &alpha, B,
                                   static_cast<int>(ldb), A, static_cast<int>(lda), &beta, C,
@@ -205,6 +206,7 @@ void gemm_strided_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int6
                B, ldb, stride_b, beta, C, ldc, stride_c, batch))
     return;
   const Bound h;
+  counting::blas_call();
   CLUSTR_CUBLAS_CHECK(cublasSgemmStridedBatched(
       h.get(), op_of(trans_b), op_of(trans_a), static_cast<int>(N), static_cast<int>(M),
       static_cast<int>(K), &alpha, B, static_cast<int>(ldb), static_cast<long long>(stride_b), A,
@@ -221,6 +223,7 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
                C, ldc, 0, 1))
     return;
   const Bound h;
+  counting::blas_call();
   CLUSTR_CUBLAS_CHECK(cublasGemmEx(h.get(), op_of(trans_b), op_of(trans_a), static_cast<int>(N),
                                    static_cast<int>(M), static_cast<int>(K), &alpha, B,
                                    CUDA_R_16BF, static_cast<int>(ldb), A, CUDA_R_16BF,
@@ -237,6 +240,7 @@ void gemm_bf16_strided_batched(bool trans_a, bool trans_b, int64_t M, int64_t N,
                stride_a, B, ldb, stride_b, beta, C, ldc, stride_c, batch))
     return;
   const Bound h;
+  counting::blas_call();
   CLUSTR_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
       h.get(), op_of(trans_b), op_of(trans_a), static_cast<int>(N), static_cast<int>(M),
       static_cast<int>(K), &alpha, B, CUDA_R_16BF, static_cast<int>(ldb),

@@ -25,6 +25,20 @@ bool available();                // compiled, and a usable GPU is present
 std::string unavailable_reason();  // why available() is false ("" when it is true)
 void require(const char* what);  // throws, naming `what`, when no usable GPU is present
 
+// What this process has queued on the device since it started (all host threads, all
+// streams): kernel launches (every cuda::launch, core/cuda/kernel.h) and cuBLAS GEMM calls
+// (each one or a few kernels of cuBLAS's own). A training step's count (the difference across
+// it) says how launch-bound it is on a GPU, where each launch costs a few microseconds of host
+// time however small its kernel. Zero in a build without the CUDA backend.
+struct LaunchCounts {
+  uint64_t kernels = 0, blas = 0;
+};
+LaunchCounts launch_counts();
+namespace counting {
+void kernel_launch();  // launch_counts().kernels += 1: cuda::launch calls it
+void blas_call();      // launch_counts().blas += 1: each cuBLAS GEMM call
+}  // namespace counting
+
 // ---- streams and events (core/cuda/runtime.cu) -------------------------------------------------
 //
 // Work queued on one stream runs in order; work on two streams may run concurrently. Every

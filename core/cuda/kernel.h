@@ -78,6 +78,7 @@ void launch(const char* name, Dim3 grid, Dim3 block, size_t shared_bytes, const 
       block.z == 0)
     return;
   const cudaStream_t stream = current_stream();
+  counting::kernel_launch();
   kernel_entry<K><<<dim3(grid.x, grid.y, grid.z), dim3(block.x, block.y, block.z), shared_bytes,
                     stream>>>(k);
   CLUSTR_CUDA_CHECK_NAMED(cudaGetLastError(), name);
@@ -134,6 +135,8 @@ void launch(const char* name, Dim3 grid, Dim3 block, size_t shared_bytes, const 
     t.kernel_ = s.kernel_name;
     (*static_cast<const K*>(kernel))(t);
   };
+  if (grid.x && grid.y && grid.z && block.x && block.y && block.z)  // as the GPU's launch above
+    counting::kernel_launch();
   emulation::launch(l);  // records a bad configuration or stream for cudaGetLastError, as a GPU
   CLUSTR_CUDA_CHECK_NAMED(cudaGetLastError(), name);
 }

@@ -17,6 +17,7 @@ bool emulated() { return false; }
 bool available() { return false; }
 std::string unavailable_reason() { return "clustr was built without the CUDA backend"; }
 void require(const char* what) { no_cuda(what); }
+LaunchCounts launch_counts() { return {}; }
 
 // Nothing can be queued, so the current stream is always the default one; a Stream or an Event
 // cannot be made (their other members are reachable only through a moved-from object).

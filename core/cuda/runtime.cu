@@ -14,6 +14,7 @@
 // stand-in of the runtime API, so the allocator, the streams and the copies below are the code
 // a GPU runs.
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <map>
@@ -76,6 +77,24 @@ std::string unavailable_reason() { return availability().reason; }
 void require(const char* what) {
   const Availability& a = availability();
   if (!a.ok) throw Error(detail::cat(what, ": no usable GPU: ", a.reason));
+}
+
+// ---- launch counts -----------------------------------------------------------------------------
+
+namespace {
+std::atomic<uint64_t> g_kernel_launches{0}, g_blas_calls{0};
+}  // namespace
+
+namespace counting {
+void kernel_launch() { g_kernel_launches.fetch_add(1, std::memory_order_relaxed); }
+void blas_call() { g_blas_calls.fetch_add(1, std::memory_order_relaxed); }
+}  // namespace counting
+
+LaunchCounts launch_counts() {
+  LaunchCounts c;
+  c.kernels = g_kernel_launches.load(std::memory_order_relaxed);
+  c.blas = g_blas_calls.load(std::memory_order_relaxed);
+  return c;
 }
 
 // ---- the current stream ------------------------------------------------------------------------
