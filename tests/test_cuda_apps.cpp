@@ -72,19 +72,26 @@ void check_parameters_close(const NamedValues& cuda, const NamedValues& cpu) {
                                                                          << kParamTolerance << ")");
 }
 
-}  // namespace
-
-TEST_CASE("apps: two copy-task training steps on cuda match the cpu") {
-  TempDir dir;
+// A copy-task run small enough for the emulated device: one layer of 2 heads x 8, sequences of
+// 12 tokens, batch 4.
+copy::RunOptions tiny_copy_run() {
   copy::RunOptions o = copy::preset_options("cpu");
   o.model.layers = 1;
   o.model.heads = 2;
   o.model.head_dim = 8;
   o.model.feedforward = 16;
-  o.model.dropout = 0.1f;  // the same masks on both devices
-  o.model.attention.type = AttentionType::full;
   o.task = CopyTaskConfig{5, 4, 0.2f};
   o.train.batch = 4;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("apps: two copy-task training steps on cuda match the cpu") {
+  TempDir dir;
+  copy::RunOptions o = tiny_copy_run();
+  o.model.dropout = 0.1f;  // the same masks on both devices
+  o.model.attention.type = AttentionType::full;
   o.train.optimizer = "sgd";
   o.train.momentum = 0.9f;
   o.train.lr = 0.05f;
@@ -121,13 +128,7 @@ TEST_CASE("apps: two copy-task training steps on cuda match the cpu") {
 
 TEST_CASE("apps: a copy-task run on cuda reports its kernel launches and cuBLAS calls per step") {
   TempDir dir;
-  copy::RunOptions o = copy::preset_options("cpu");
-  o.model.layers = 1;
-  o.model.heads = 2;
-  o.model.head_dim = 8;
-  o.model.feedforward = 16;
-  o.task = CopyTaskConfig{5, 4, 0.2f};
-  o.train.batch = 4;
+  copy::RunOptions o = tiny_copy_run();
   o.train.steps = 3;
   o.train.target_accuracy = 0;
   o.output.log_interval = 1;
