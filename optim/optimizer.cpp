@@ -82,6 +82,15 @@ void Optimizer::step() {
                  ", got ", describe(g));
   }
   ++step_count_;
+  // Parameters in order, in runs of the same device and step number: one update() per run
+  // (usually one for the whole model).
+  std::vector<ParamUpdate> run;
+  Device run_device = Device::cpu;
+  int64_t run_step = 0;
+  auto flush = [&] {
+    if (!run.empty()) update(run_device, run_step, run);
+    run.clear();
+  };
   for (size_t i = 0; i < params_.size(); ++i) {
     const Variable& p = params_[i].second;
     const Tensor& g = p.grad();
@@ -91,10 +100,14 @@ void Optimizer::step() {
       for (size_t k = 0; k < slot_names_.size(); ++k)
         st.slots.push_back(Tensor::zeros(p.shape(), DType::f32, p.device()));
     ++st.step;
-    std::vector<float*> slots;
-    for (const Tensor& s : st.slots) slots.push_back(s.f32());
-    update(p.device(), st.step, p.data().f32(), g.f32(), slots, p.numel());
+    if (!run.empty() && (p.device() != run_device || st.step != run_step)) flush();
+    run_device = p.device();
+    run_step = st.step;
+    ParamUpdate u{p.data().f32(), g.f32(), {}, p.numel()};
+    for (const Tensor& s : st.slots) u.slots.push_back(s.f32());
+    run.push_back(std::move(u));
   }
+  flush();
 }
 
 std::vector<std::pair<std::string, Tensor>> Optimizer::state_dict() const {
@@ -180,16 +193,30 @@ Sgd::Sgd(NamedParameters params, const SgdOptions& o)
                o.momentum);
 }
 
-void Sgd::update(Device device, int64_t t, float* p, const float* g,
-                 const std::vector<float*>& slots, int64_t n) {
+namespace {
+// The parameters' pointers for the multi-tensor kernels (slots a, b: the first two, or null).
+std::vector<cuda::TensorSlots> tensor_slots(const std::vector<Optimizer::ParamUpdate>& params) {
+  std::vector<cuda::TensorSlots> ts;
+  for (const Optimizer::ParamUpdate& u : params)
+    ts.push_back({u.p, u.g, u.slots.size() > 0 ? u.slots[0] : nullptr,
+                  u.slots.size() > 1 ? u.slots[1] : nullptr, u.n});
+  return ts;
+}
+}  // namespace
+
+void Sgd::update(Device device, int64_t t, const std::vector<ParamUpdate>& params) {
   const math::SgdScalars s{lr(), options_.momentum, options_.weight_decay, options_.nesterov,
                            t == 1};
-  float* buf = slots.empty() ? nullptr : slots[0];
-  if (device == Device::cuda) return cuda::sgd_update(p, g, buf, s, n);
-#pragma omp parallel for schedule(static) if (n >= kParallelMin)
-  for (int64_t i = 0; i < n; ++i) {
-    float dummy = 0.0f;
-    math::sgd_update(p[i], g[i], buf ? buf[i] : dummy, s);
+  if (device == Device::cuda) return cuda::sgd_update_many(tensor_slots(params), s);
+  for (const ParamUpdate& u : params) {
+    float* p = u.p;
+    const float* g = u.g;
+    float* buf = u.slots.empty() ? nullptr : u.slots[0];
+#pragma omp parallel for schedule(static) if (u.n >= kParallelMin)
+    for (int64_t i = 0; i < u.n; ++i) {
+      float dummy = 0.0f;
+      math::sgd_update(p[i], g[i], buf ? buf[i] : dummy, s);
+    }
   }
 }
 
@@ -215,8 +242,7 @@ AdamBase::AdamBase(const char* name, AdamVariant variant, NamedParameters params
   // With beta2 this small rho_inf <= 5 and R-Adam would never rectify (PyTorch accepts it).
 }
 
-void AdamBase::update(Device device, int64_t t, float* p, const float* g,
-                      const std::vector<float*>& slots, int64_t n) {
+void AdamBase::update(Device device, int64_t t, const std::vector<ParamUpdate>& params) {
   const AdamOptions& o = options_;
   const double td = static_cast<double>(t);
   const double bc1 = 1.0 - std::pow(static_cast<double>(o.beta1), td);
@@ -230,24 +256,30 @@ void AdamBase::update(Device device, int64_t t, float* p, const float* g,
   s.step_size = static_cast<float>(lr() / bc1);
   s.sqrt_bc2 = static_cast<float>(std::sqrt(bc2));
   s.eps = o.eps;
-  float* m = slots[0];
-  float* v = slots[1];
-  if (variant_ == AdamVariant::adam) {
-    if (device == Device::cuda) return cuda::adam_update(p, g, m, v, s, n);
-#pragma omp parallel for schedule(static) if (n >= kParallelMin)
-    for (int64_t i = 0; i < n; ++i) math::adam_update(p[i], g[i], m[i], v[i], s);
-    return;
+  const bool radam = variant_ == AdamVariant::radam;
+  if (radam) {
+    const double beta2 = o.beta2;
+    const double rho_inf = 2.0 / (1.0 - beta2) - 1.0;
+    const double rho_t = radam_rho(beta2, t);
+    s.rectified = rho_t > 5.0;
+    s.rect = s.rectified ? static_cast<float>(std::sqrt((rho_t - 4) * (rho_t - 2) * rho_inf /
+                                                        ((rho_inf - 4) * (rho_inf - 2) * rho_t)))
+                         : 1.0f;
   }
-  const double beta2 = o.beta2;
-  const double rho_inf = 2.0 / (1.0 - beta2) - 1.0;
-  const double rho_t = radam_rho(beta2, t);
-  s.rectified = rho_t > 5.0;
-  s.rect = s.rectified ? static_cast<float>(std::sqrt((rho_t - 4) * (rho_t - 2) * rho_inf /
-                                                      ((rho_inf - 4) * (rho_inf - 2) * rho_t)))
-                       : 1.0f;
-  if (device == Device::cuda) return cuda::radam_update(p, g, m, v, s, n);
-#pragma omp parallel for schedule(static) if (n >= kParallelMin)
-  for (int64_t i = 0; i < n; ++i) math::radam_update(p[i], g[i], m[i], v[i], s);
+  if (device == Device::cuda) return cuda::adam_update_many(tensor_slots(params), s, radam);
+  for (const ParamUpdate& u : params) {
+    float* p = u.p;
+    const float* g = u.g;
+    float* m = u.slots[0];
+    float* v = u.slots[1];
+    if (radam) {
+#pragma omp parallel for schedule(static) if (u.n >= kParallelMin)
+      for (int64_t i = 0; i < u.n; ++i) math::radam_update(p[i], g[i], m[i], v[i], s);
+    } else {
+#pragma omp parallel for schedule(static) if (u.n >= kParallelMin)
+      for (int64_t i = 0; i < u.n; ++i) math::adam_update(p[i], g[i], m[i], v[i], s);
+    }
+  }
 }
 
 AdamOptions adamw_defaults() {

@@ -62,12 +62,20 @@ class Optimizer {
   // and every shape must match; parameters absent from `state` start afresh.
   void load_state_dict(const std::map<std::string, Tensor>& state);
 
+  // One parameter to update: p, g and slots[i] (slot_names()[i]) hold n floats.
+  struct ParamUpdate {
+    float* p;
+    const float* g;
+    std::vector<float*> slots;
+    int64_t n;
+  };
+
  protected:
   Optimizer(const char* name, NamedParameters params, float lr, std::vector<std::string> slots);
-  // Updates one parameter: p, g and slots[i] (slot_names()[i]) hold n floats on `device`; t is
-  // this parameter's step number, counted from 1.
-  virtual void update(Device device, int64_t t, float* p, const float* g,
-                      const std::vector<float*>& slots, int64_t n) = 0;
+  // Updates parameters that are all on `device` and all at step t (counted from 1), in one go:
+  // on the CUDA device a few launches for all of them (the multi-tensor kernels of
+  // optim/cuda/update.h), on the CPU one loop per parameter.
+  virtual void update(Device device, int64_t t, const std::vector<ParamUpdate>& params) = 0;
 
  private:
   struct ParamState {
@@ -96,8 +104,7 @@ class Sgd : public Optimizer {
       : Sgd(number_parameters(params), options) {}
 
  protected:
-  void update(Device device, int64_t t, float* p, const float* g,
-              const std::vector<float*>& slots, int64_t n) override;
+  void update(Device device, int64_t t, const std::vector<ParamUpdate>& params) override;
 
  private:
   SgdOptions options_;
@@ -122,8 +129,7 @@ class AdamBase : public Optimizer {
  protected:
   AdamBase(const char* name, AdamVariant variant, NamedParameters params,
            const AdamOptions& options);
-  void update(Device device, int64_t t, float* p, const float* g,
-              const std::vector<float*>& slots, int64_t n) override;
+  void update(Device device, int64_t t, const std::vector<ParamUpdate>& params) override;
 
  private:
   AdamVariant variant_;

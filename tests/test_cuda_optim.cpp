@@ -176,6 +176,45 @@ TEST_CASE("cuda optim: every optimizer takes the cpu's steps on device parameter
   CHECK(radam_rho(0.999, kSteps) > 5.0);
 }
 
+TEST_CASE("cuda optim: a step updates all parameters in a few launches (multi-tensor)") {
+  // 49 parameters (more than one launch holds), one of which gets no gradient at the first
+  // step and so runs a step behind: each step is one launch per 24 parameters of each run of
+  // parameters at the same step number. SGD without momentum has no state to allocate (the
+  // zero-fill of new state would be kernels of its own).
+  const int kParams = 49, kLagging = 10;
+  NamedParameters ps[2];
+  for (int d = 0; d < 2; ++d)
+    for (int i = 0; i < kParams; ++i)
+      ps[d].emplace_back("p" + std::to_string(i),
+                         Variable(test::random_tensor({1 + 7 * i}, 500 + uint32_t(i))
+                                      .to(d == 0 ? Device::cpu : Device::cuda),
+                                  true));
+  Sgd cpu_opt(ps[0], SgdOptions{0.1f}), dev_opt(ps[1], SgdOptions{0.1f});
+  for (int t = 1; t <= 2; ++t) {
+    CAPTURE(t);
+    for (int d = 0; d < 2; ++d)
+      for (int i = 0; i < kParams; ++i) {
+        Variable p = ps[d][size_t(i)].second;
+        if (t == 1 && i == kLagging) {
+          p.zero_grad();
+          continue;
+        }
+        set_grad(p, test::random_tensor({1 + 7 * i}, 900 + 100 * uint32_t(t) + uint32_t(i)));
+      }
+    cpu_opt.step();
+    const cuda::LaunchCounts before = cuda::launch_counts();
+    dev_opt.step();
+    const uint64_t launches = cuda::launch_counts().kernels - before.kernels;
+    // Step 1: one run of 48 parameters (2 launches). Step 2: p0-p9 at step 2, p10 at step 1,
+    // p11-p48 at step 2: 1 + 1 + 2 launches.
+    CHECK(launches == (t == 1 ? 2u : 4u));
+    for (int i = 0; i < kParams; ++i) {
+      CAPTURE(i);
+      check_same(data_of(ps[1][size_t(i)].second), data_of(ps[0][size_t(i)].second));
+    }
+  }
+}
+
 TEST_CASE("cuda optim: state is allocated on the parameters' device") {
   const NamedParameters ps = make_params(Device::cuda);
   Adam opt(ps, AdamOptions{});

@@ -13,14 +13,11 @@ namespace {
 }
 }  // namespace
 
-void sgd_update(float*, const float*, float*, const math::SgdScalars&, int64_t) {
-  no_cuda("optim::cuda::sgd_update");
+void sgd_update_many(const std::vector<TensorSlots>&, const math::SgdScalars&) {
+  no_cuda("optim::cuda::sgd_update_many");
 }
-void adam_update(float*, const float*, float*, float*, const math::AdamScalars&, int64_t) {
-  no_cuda("optim::cuda::adam_update");
-}
-void radam_update(float*, const float*, float*, float*, const math::AdamScalars&, int64_t) {
-  no_cuda("optim::cuda::radam_update");
+void adam_update_many(const std::vector<TensorSlots>&, const math::AdamScalars&, bool) {
+  no_cuda("optim::cuda::adam_update_many");
 }
 std::vector<double> sum_squares(const std::vector<const float*>&, const std::vector<int64_t>&) {
   no_cuda("optim::cuda::sum_squares");

@@ -1,6 +1,6 @@
 // The optimizers' CUDA kernels (optim/cuda/update.h): the per-element updates of SGD and the
-// Adam family, one thread per element with the formula of optim/update_math.h, and the sum of
-// squares behind clip_grad_norm. Written against core/cuda/kernel.h, so the same code runs on a
+// Adam family for many parameters per launch, one thread per element with the formula of
+// optim/update_math.h, and the sum of squares behind clip_grad_norm. Written against core/cuda/kernel.h, so the same code runs on a
 // GPU and in device emulation.
 #include "optim/cuda/update.h"
 
@@ -21,39 +21,48 @@ using core_cuda::Thread;
 using core_cuda::global_x;
 using core_cuda::grid_stride_x;
 
-// p, g, buf (n): one SGD step per element; buf null without momentum.
-struct SgdKernel {
+// Up to kTensorsPerLaunch tensors, back to back in one index space: tensor k holds the
+// elements [start[k], start[k + 1]).
+struct TensorList {
+  TensorSlots t[kTensorsPerLaunch];
+  int64_t start[kTensorsPerLaunch + 1];
+  int count;
+};
+
+// One update per element of every tensor of the list (grid-stride over them all; a thread's
+// indices grow, so it finds each one's tensor by walking forward). Op(slots, j) updates element
+// j of one tensor.
+template <class Op>
+struct ManyKernel {
   static constexpr bool kUsesBarrier = false;
-  float* p;
-  const float* g;
-  float* buf;
-  math::SgdScalars s;
-  int64_t n;
+  TensorList list;
+  Op op;
   CLUSTR_DEVICE void operator()(const Thread& t) const {
-    for (int64_t i = global_x(t); i < n; i += grid_stride_x(t)) {
-      float unused = 0.0f;
-      math::sgd_update(p[i], g[i], buf ? buf[i] : unused, s);
+    int k = 0;
+    const int64_t total = list.start[list.count];
+    for (int64_t i = global_x(t); i < total; i += grid_stride_x(t)) {
+      while (i >= list.start[k + 1]) ++k;
+      op(list.t[k], i - list.start[k]);
     }
   }
 };
 
-// p, g, m, v (n): one Adam (rectified = false) or R-Adam step per element.
+struct SgdOp {
+  math::SgdScalars s;
+  CLUSTR_DEVICE void operator()(const TensorSlots& x, int64_t j) const {
+    float unused = 0.0f;
+    math::sgd_update(x.p[j], x.g[j], x.a ? x.a[j] : unused, s);
+  }
+};
+
 template <bool kRAdam>
-struct AdamKernel {
-  static constexpr bool kUsesBarrier = false;
-  float* p;
-  const float* g;
-  float* m;
-  float* v;
+struct AdamOp {
   math::AdamScalars s;
-  int64_t n;
-  CLUSTR_DEVICE void operator()(const Thread& t) const {
-    for (int64_t i = global_x(t); i < n; i += grid_stride_x(t)) {
-      if (kRAdam)
-        math::radam_update(p[i], g[i], m[i], v[i], s);
-      else
-        math::adam_update(p[i], g[i], m[i], v[i], s);
-    }
+  CLUSTR_DEVICE void operator()(const TensorSlots& x, int64_t j) const {
+    if (kRAdam)
+      math::radam_update(x.p[j], x.g[j], x.a[j], x.b[j], s);
+    else
+      math::adam_update(x.p[j], x.g[j], x.a[j], x.b[j], s);
   }
 };
 
@@ -114,27 +123,43 @@ class Scratch {
 
 }  // namespace
 
-void sgd_update(float* p, const float* g, float* buf, const math::SgdScalars& s, int64_t n) {
-  if (n == 0) return;
-  core_cuda::require("optim::cuda::sgd_update");
-  core_cuda::launch("optim::cuda::sgd_update", grid_for(n), kBlock, 0,
-                    SgdKernel{p, g, buf, s, n});
+namespace {
+
+// One launch per kTensorsPerLaunch tensors (empty ones left out).
+template <class Op>
+void launch_many(const char* name, const std::vector<TensorSlots>& tensors, const Op& op) {
+  TensorList list{};
+  auto flush = [&] {
+    if (list.count == 0) return;
+    core_cuda::launch(name, grid_for(list.start[list.count]), kBlock, 0,
+                      ManyKernel<Op>{list, op});
+    list = TensorList{};
+  };
+  for (const TensorSlots& x : tensors) {
+    if (x.n == 0) continue;
+    list.t[list.count] = x;
+    list.start[list.count + 1] = list.start[list.count] + x.n;
+    if (++list.count == kTensorsPerLaunch) flush();
+  }
+  flush();
 }
 
-void adam_update(float* p, const float* g, float* m, float* v, const math::AdamScalars& s,
-                 int64_t n) {
-  if (n == 0) return;
-  core_cuda::require("optim::cuda::adam_update");
-  core_cuda::launch("optim::cuda::adam_update", grid_for(n), kBlock, 0,
-                    AdamKernel<false>{p, g, m, v, s, n});
+}  // namespace
+
+void sgd_update_many(const std::vector<TensorSlots>& tensors, const math::SgdScalars& s) {
+  if (tensors.empty()) return;
+  core_cuda::require("optim::cuda::sgd_update_many");
+  launch_many("optim::cuda::sgd_update_many", tensors, SgdOp{s});
 }
 
-void radam_update(float* p, const float* g, float* m, float* v, const math::AdamScalars& s,
-                  int64_t n) {
-  if (n == 0) return;
-  core_cuda::require("optim::cuda::radam_update");
-  core_cuda::launch("optim::cuda::radam_update", grid_for(n), kBlock, 0,
-                    AdamKernel<true>{p, g, m, v, s, n});
+void adam_update_many(const std::vector<TensorSlots>& tensors, const math::AdamScalars& s,
+                      bool radam) {
+  if (tensors.empty()) return;
+  core_cuda::require("optim::cuda::adam_update_many");
+  if (radam)
+    launch_many("optim::cuda::radam_update_many", tensors, AdamOp<true>{s});
+  else
+    launch_many("optim::cuda::adam_update_many", tensors, AdamOp<false>{s});
 }
 
 std::vector<double> sum_squares(const std::vector<const float*>& xs,

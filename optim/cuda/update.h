@@ -16,13 +16,21 @@
 
 namespace clustr::optim::cuda {
 
-// p, g, buf (n); buf is null without momentum (it is then not touched).
-void sgd_update(float* p, const float* g, float* buf, const math::SgdScalars& s, int64_t n);
-// p, g, m (exp_avg), v (exp_avg_sq) (n).
-void adam_update(float* p, const float* g, float* m, float* v, const math::AdamScalars& s,
-                 int64_t n);
-void radam_update(float* p, const float* g, float* m, float* v, const math::AdamScalars& s,
-                  int64_t n);
+// The updates of a whole model's parameters at once (multi-tensor): one launch per
+// kTensorsPerLaunch parameters (the list travels in the kernel's arguments), each element
+// updated by the CPU's formula. a and b are the parameter's state:
+// SGD's momentum buffer in a (null without momentum); Adam's exp_avg in a, exp_avg_sq in b.
+struct TensorSlots {
+  float* p;
+  const float* g;
+  float* a;
+  float* b;
+  int64_t n;
+};
+constexpr int kTensorsPerLaunch = 24;
+void sgd_update_many(const std::vector<TensorSlots>& tensors, const math::SgdScalars& s);
+void adam_update_many(const std::vector<TensorSlots>& tensors, const math::AdamScalars& s,
+                      bool radam);
 
 // sums[i] = sum over j of double(xs[i][j])^2 for the arrays xs[i] of ns[i] floats (host vector
 // out, one entry per array). Each array is split into a fixed number of blocks (a function of
