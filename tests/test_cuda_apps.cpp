@@ -204,4 +204,9 @@ TEST_CASE("apps: two speech training steps on cuda match the cpu") {
   CHECK(relative_difference(r[1].last_dev.loss, r[0].last_dev.loss) <= kLossTolerance);
   CHECK(r[1].last_dev.greedy.edits == r[0].last_dev.greedy.edits);
   check_parameters_close(params[1], params[0]);
+  // The launches of a step are counted on the device only.
+  CHECK(r[0].kernel_launches_per_step == 0);
+  CHECK(r[0].blas_calls_per_step == 0);
+  CHECK(r[1].kernel_launches_per_step > 0);
+  CHECK(r[1].blas_calls_per_step > 0);
 }

@@ -8,10 +8,12 @@
 #include <cstdlib>
 #include <filesystem>
 #include <limits>
+#include <string>
 
 #include "apps/common/device.h"
 #include "apps/speech/metrics.h"
 #include "autograd/ops.h"
+#include "core/cuda/cuda.h"
 #include "core/error.h"
 #include "core/parallel.h"
 #include "core/safetensors.h"
@@ -335,6 +337,7 @@ TrainResult Trainer::run() {
   int64_t interval_steps = 0, interval_frames = 0, total_frames = 0;
   bool first_interval = true, stop = false;
   double run_seconds = 0;
+  uint64_t interval_kernels = 0, interval_blas = 0;  // launches of the interval's steps
   for (; epoch_ <= t.epochs && !stop; ++epoch_, batch_in_epoch_ = 0) {
     std::vector<std::vector<size_t>> order = buckets_;
     Generator order_gen(derive_key(order_key_, uint64_t(epoch_)));
@@ -342,6 +345,7 @@ TrainResult Trainer::run() {
     int64_t impossible = 0;
     for (; batch_in_epoch_ < int64_t(order.size()); ++batch_in_epoch_) {
       const auto t0 = Clock::now();
+      const cuda::LaunchCounts launches_before = cuda::launch_counts();
       const SpeechBatch b = collate_speech(train_.examples, order[size_t(batch_in_epoch_)]);
       const int64_t done = step();
       if (!plateau_ || done < t.warmup) optimizer_->set_lr(scheduled_lr(done));
@@ -373,6 +377,9 @@ TrainResult Trainer::run() {
         continue;
       }
       optimizer_->step();
+      const cuda::LaunchCounts launches_after = cuda::launch_counts();
+      interval_kernels += launches_after.kernels - launches_before.kernels;
+      interval_blas += launches_after.blas - launches_before.blas;
       r.losses.push_back(value);
       const double dt = seconds_since(t0);
       run_seconds += dt;
@@ -391,9 +398,17 @@ TrainResult Trainer::run() {
         row.lr = optimizer_->lr();
         row.ms_per_step = 1e3 * interval_seconds / double(interval_steps);
         row.frames_per_s = double(interval_frames) / interval_seconds;
-        log("epoch %lld  step %lld  loss %.4f  lr %.2e  ms/step %.0f  frames/s %.0f\n",
+        std::string launches;
+        if (device_ == Device::cuda) {
+          r.kernel_launches_per_step = double(interval_kernels) / double(interval_steps);
+          r.blas_calls_per_step = double(interval_blas) / double(interval_steps);
+          launches = detail::cat("  launches/step ", std::lround(r.kernel_launches_per_step),
+                                 " + ", std::lround(r.blas_calls_per_step), " cuBLAS");
+        }
+        interval_kernels = interval_blas = 0;
+        log("epoch %lld  step %lld  loss %.4f  lr %.2e  ms/step %.0f  frames/s %.0f%s\n",
             static_cast<long long>(epoch_), static_cast<long long>(s), row.train_loss, row.lr,
-            row.ms_per_step, row.frames_per_s);
+            row.ms_per_step, row.frames_per_s, launches.c_str());
         if (first_interval) r.first_loss = row.train_loss, first_interval = false;
         r.last_loss = row.train_loss;
         metrics.append(row);

@@ -82,6 +82,9 @@ struct TrainResult {
   Evaluation last_dev;
   int64_t steps = 0, skipped_steps = 0, impossible = 0;
   double train_seconds = 0, frames_per_second = 0;
+  // --device cuda: kernel launches and cuBLAS calls per training step (cuda::launch_counts),
+  // averaged over the last log interval; 0 on the cpu.
+  double kernel_launches_per_step = 0, blas_calls_per_step = 0;
 };
 
 class Trainer {
