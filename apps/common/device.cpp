@@ -1,6 +1,8 @@
 // The apps' --device flag (device.h).
 #include "apps/common/device.h"
 
+#include <cmath>
+
 #include "core/cuda/cuda.h"
 #include "core/error.h"
 
@@ -31,6 +33,29 @@ Tensor on_device(const Tensor& t, Device device) {
 Device device_of(const Module& model) {
   const std::vector<Variable> params = model.parameters();
   return params.empty() ? Device::cpu : params.front().data().device();
+}
+
+void LaunchMeter::begin() {
+  const cuda::LaunchCounts c = cuda::launch_counts();
+  start_kernels_ = c.kernels, start_blas_ = c.blas;
+}
+
+void LaunchMeter::end() {
+  const cuda::LaunchCounts c = cuda::launch_counts();
+  kernels_ += c.kernels - start_kernels_;
+  blas_ += c.blas - start_blas_;
+}
+
+std::string LaunchMeter::report(int64_t steps, double& kernels_per_step, double& blas_per_step) {
+  std::string line;
+  if (on_device_ && steps > 0) {
+    kernels_per_step = double(kernels_) / double(steps);
+    blas_per_step = double(blas_) / double(steps);
+    line = detail::cat("  launches/step ", std::lround(kernels_per_step), " + ",
+                       std::lround(blas_per_step), " cuBLAS");
+  }
+  kernels_ = blas_ = 0;
+  return line;
 }
 
 }  // namespace clustr

@@ -2,6 +2,7 @@
 // --tf32, which only the device's f32 products know.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "core/tensor.h"
@@ -23,5 +24,21 @@ Tensor on_device(const Tensor& t, Device device);
 
 // The device of a model's parameters (cpu for a model without any).
 Device device_of(const Module& model);
+
+// The kernel launches and cuBLAS calls of an app's training steps (cuda::launch_counts): each
+// step between begin() and end(); report() gives a log interval's averages per step and the
+// log line's suffix ("  launches/step K + B cuBLAS" on the device, "" on the cpu), and starts
+// the next interval.
+class LaunchMeter {
+ public:
+  explicit LaunchMeter(Device device) : on_device_(device == Device::cuda) {}
+  void begin();
+  void end();
+  std::string report(int64_t steps, double& kernels_per_step, double& blas_per_step);
+
+ private:
+  bool on_device_;
+  uint64_t kernels_ = 0, blas_ = 0, start_kernels_ = 0, start_blas_ = 0;
+};
 
 }  // namespace clustr

@@ -316,16 +316,13 @@ RunResult Trainer::run() {
   const double tokens_per_step = double(o.train.batch) * double(sequence_length(o.task));
   double interval_loss = 0, interval_acc = 0, interval_seconds = 0;
   int64_t interval_steps = 0;
-  const bool on_gpu = device_ == Device::cuda;
-  uint64_t interval_kernels = 0, interval_blas = 0;  // launches of the interval's steps
+  LaunchMeter launches(device_);
   while (step() < total) {
     const auto t0 = Clock::now();
     double acc = 0;
-    const cuda::LaunchCounts before = cuda::launch_counts();
+    launches.begin();
     const float loss = train_step(&acc);
-    const cuda::LaunchCounts after = cuda::launch_counts();
-    interval_kernels += after.kernels - before.kernels;
-    interval_blas += after.blas - before.blas;
+    launches.end();
     const double dt = seconds_since(t0);
     r.losses.push_back(loss);
     r.train_seconds += dt;
@@ -348,18 +345,12 @@ RunResult Trainer::run() {
       row.lr = optimizer_->lr();
       row.ms_per_step = ms;
       row.tokens_per_s = tokens_per_step * double(interval_steps) / interval_seconds;
-      std::string launches;
-      if (on_gpu) {
-        r.kernel_launches_per_step = double(interval_kernels) / double(interval_steps);
-        r.blas_calls_per_step = double(interval_blas) / double(interval_steps);
-        launches = detail::cat("  launches/step ", std::lround(r.kernel_launches_per_step),
-                               " + ", std::lround(r.blas_calls_per_step), " cuBLAS");
-      }
-      interval_kernels = interval_blas = 0;
+      const std::string per_step =
+          launches.report(interval_steps, r.kernel_launches_per_step, r.blas_calls_per_step);
       log("step %lld/%lld  loss %.4f  acc %.3f  lr %.2e  ms/step %.1f  tok/s %.0f  left %s%s\n",
           static_cast<long long>(s), static_cast<long long>(total), row.train_loss,
           row.train_acc, row.lr, ms, row.tokens_per_s,
-          format_duration(double(total - s) * ms * 1e-3).c_str(), launches.c_str());
+          format_duration(double(total - s) * ms * 1e-3).c_str(), per_step.c_str());
       interval_loss = interval_acc = interval_seconds = 0;
       interval_steps = 0;
     }

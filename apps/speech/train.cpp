@@ -13,7 +13,6 @@
 #include "apps/common/device.h"
 #include "apps/speech/metrics.h"
 #include "autograd/ops.h"
-#include "core/cuda/cuda.h"
 #include "core/error.h"
 #include "core/parallel.h"
 #include "core/safetensors.h"
@@ -337,7 +336,7 @@ TrainResult Trainer::run() {
   int64_t interval_steps = 0, interval_frames = 0, total_frames = 0;
   bool first_interval = true, stop = false;
   double run_seconds = 0;
-  uint64_t interval_kernels = 0, interval_blas = 0;  // launches of the interval's steps
+  LaunchMeter launches(device_);
   for (; epoch_ <= t.epochs && !stop; ++epoch_, batch_in_epoch_ = 0) {
     std::vector<std::vector<size_t>> order = buckets_;
     Generator order_gen(derive_key(order_key_, uint64_t(epoch_)));
@@ -345,7 +344,7 @@ TrainResult Trainer::run() {
     int64_t impossible = 0;
     for (; batch_in_epoch_ < int64_t(order.size()); ++batch_in_epoch_) {
       const auto t0 = Clock::now();
-      const cuda::LaunchCounts launches_before = cuda::launch_counts();
+      launches.begin();
       const SpeechBatch b = collate_speech(train_.examples, order[size_t(batch_in_epoch_)]);
       const int64_t done = step();
       if (!plateau_ || done < t.warmup) optimizer_->set_lr(scheduled_lr(done));
@@ -377,9 +376,7 @@ TrainResult Trainer::run() {
         continue;
       }
       optimizer_->step();
-      const cuda::LaunchCounts launches_after = cuda::launch_counts();
-      interval_kernels += launches_after.kernels - launches_before.kernels;
-      interval_blas += launches_after.blas - launches_before.blas;
+      launches.end();
       r.losses.push_back(value);
       const double dt = seconds_since(t0);
       run_seconds += dt;
@@ -398,17 +395,11 @@ TrainResult Trainer::run() {
         row.lr = optimizer_->lr();
         row.ms_per_step = 1e3 * interval_seconds / double(interval_steps);
         row.frames_per_s = double(interval_frames) / interval_seconds;
-        std::string launches;
-        if (device_ == Device::cuda) {
-          r.kernel_launches_per_step = double(interval_kernels) / double(interval_steps);
-          r.blas_calls_per_step = double(interval_blas) / double(interval_steps);
-          launches = detail::cat("  launches/step ", std::lround(r.kernel_launches_per_step),
-                                 " + ", std::lround(r.blas_calls_per_step), " cuBLAS");
-        }
-        interval_kernels = interval_blas = 0;
+        const std::string per_step =
+            launches.report(interval_steps, r.kernel_launches_per_step, r.blas_calls_per_step);
         log("epoch %lld  step %lld  loss %.4f  lr %.2e  ms/step %.0f  frames/s %.0f%s\n",
             static_cast<long long>(epoch_), static_cast<long long>(s), row.train_loss, row.lr,
-            row.ms_per_step, row.frames_per_s, launches.c_str());
+            row.ms_per_step, row.frames_per_s, per_step.c_str());
         if (first_interval) r.first_loss = row.train_loss, first_interval = false;
         r.last_loss = row.train_loss;
         metrics.append(row);
