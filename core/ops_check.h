@@ -30,6 +30,13 @@ inline void check_f32(const char* op, const char* what, const Tensor& t) {
   check_dtype(op, what, t, DType::f32);
 }
 
+// An operand of a matrix product: f32, or bf16 (which the product reads as it is stored).
+inline void check_product_operand(const char* op, const char* what, const Tensor& t) {
+  check_defined(op, what, t);
+  CLUSTR_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::bf16, op, ": expected ", what,
+               " to be f32 or bf16, got ", describe(t));
+}
+
 inline void check_same_device(const char* op, const Tensor& a, const Tensor& b) {
   CLUSTR_CHECK(a.device() == b.device(), op, ": inputs are on different devices: ", describe(a),
                " and ", describe(b), " (move one with .to())");

@@ -37,9 +37,7 @@ void check_input(const char* op, const char* what, const Tensor& t, const Tensor
 
 // An input that a product reads: f32 or bf16, on the device of `like`.
 void check_operand(const char* op, const char* what, const Tensor& t, const Tensor& like) {
-  detail::check_defined(op, what, t);
-  CLUSTR_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::bf16, op, ": expected ", what,
-               " to be f32 or bf16, got ", describe(t));
+  detail::check_product_operand(op, what, t);
   check_same_device(op, like, t);
 }
 
@@ -103,6 +101,22 @@ void run_products(const Product* ps, int count, Precision precision) {
       calls[i].epilogue.mask = p.mask->f32();
   }
   cpu::gemm_bf16_many(calls, count);
+}
+
+// The products among `first` and `second` whose flag is set, in one parallel region.
+void run_chosen(const Product& first, bool run_first, const Product& second, bool run_second,
+                Precision precision) {
+  if (run_first && run_second) {
+    const Product both[2] = {first, second};
+    return run_products(both, 2, precision);
+  }
+  if (run_first) return run_products(&first, 1, precision);
+  if (run_second) run_products(&second, 1, precision);
+}
+
+// The sums of dy's columns (R, out) -> (out): a bias gradient; a bf16 dy is summed in f32.
+Tensor column_sums(const Tensor& dy) {
+  return sum(is_bf16(dy) ? dy.astype(DType::f32) : dy, 0);
 }
 
 Shape row_shape(const Tensor& x) { return Shape(x.shape().begin(), x.shape().end() - 1); }
@@ -181,7 +195,7 @@ LinearGrads linear_backward(const Tensor& dy, const Tensor& x, const Tensor& W, 
     LinearGrads g;
     if (need_dx) g.dx = matmul(dy, W, false, false, precision);
     if (need_dW) g.dW = matmul(dy, x, true, false, precision);
-    if (need_db) g.db = sum(is_bf16(dy) ? dy.astype(DType::f32) : dy, 0);
+    if (need_db) g.db = column_sums(dy);
     return g;
   }
   LinearGrads g;
@@ -195,15 +209,8 @@ LinearGrads linear_backward(const Tensor& dy, const Tensor& x, const Tensor& W, 
   }
   const Product dx{false, false, R, in, out, dy, out, W, in, g.dx, in, {}, nullptr};  // dy W
   const Product dW{true, false, out, in, R, dy, out, x, in, g.dW, in, sums, nullptr};  // dy^T x
-  if (need_dx && need_dW) {
-    const Product both[2] = {dx, dW};
-    run_products(both, 2, precision);  // both products in one parallel region
-  } else if (need_dx) {
-    run_products(&dx, 1, precision);
-  } else if (need_dW) {
-    run_products(&dW, 1, precision);
-  }
-  if (need_db && !need_dW) g.db = sum(is_bf16(dy) ? dy.astype(DType::f32) : dy, 0);
+  run_chosen(dx, need_dx, dW, need_dW, precision);
+  if (need_db && !need_dW) g.db = column_sums(dy);
   return g;
 }
 
@@ -254,14 +261,7 @@ FeedForwardGrads feed_forward_relu_backward(const Tensor& dy, const Tensor& x, c
     mask.ldm = F;
     const Product dW2{true, false, D_out, F, R, dy, D_out, H, F, g.dW2, F, sums, nullptr};
     const Product dP{false, false, R, F, D_out, dy, D_out, W2, F, dp, F, mask, &H};
-    if (need.dW2 && need_dp) {
-      const Product both[2] = {dW2, dP};
-      run_products(both, 2, precision);  // dW2 and dP in one parallel region
-    } else if (need.dW2) {
-      run_products(&dW2, 1, precision);
-    } else if (need_dp) {
-      run_products(&dP, 1, precision);
-    }
+    run_chosen(dW2, need.dW2, dP, need_dp, precision);
     if (need.db2 && !need.dW2) g.db2 = sum(dy, 0);
   }
   if (need_dp) {

@@ -30,12 +30,6 @@ MatView view(const Tensor& x, bool trans) {
 
 const char* t_suffix(bool t) { return t ? "^T" : ""; }
 
-void check_operand(const char* what, const Tensor& t) {
-  detail::check_defined("gemm", what, t);
-  CLUSTR_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::bf16, "gemm: expected ", what,
-               " to be f32 or bf16, got ", describe(t));
-}
-
 cpu::Operand operand_of(const Tensor& t) {
   return t.dtype() == DType::bf16 ? cpu::Operand::bf16 : cpu::Operand::f32;
 }
@@ -74,8 +68,8 @@ void gemm_bf16(bool trans_a, bool trans_b, float alpha, const Tensor& A, const T
 
 void gemm(bool trans_a, bool trans_b, float alpha, const Tensor& A, const Tensor& B, float beta,
           Tensor& C, Precision precision) {
-  check_operand("A", A);
-  check_operand("B", B);
+  detail::check_product_operand("gemm", "A", A);
+  detail::check_product_operand("gemm", "B", B);
   detail::check_f32("gemm", "C", C);
   CLUSTR_CHECK((A.rank() == 2 || A.rank() == 3) && A.rank() == B.rank() && A.rank() == C.rank(),
                "gemm: expected A, B, C all of rank 2 (matrices) or all of rank 3 (batches), got A ",
