@@ -40,6 +40,18 @@ double relative_difference(double a, double b) {
   return std::fabs(a - b) / std::max(1e-12, std::max(std::fabs(a), std::fabs(b)));
 }
 
+// Counts of argmax decisions (correct predictions, edits of a greedy decode) on the device and
+// on the cpu: the same with the emulator's exact numerics. Elsewhere (a GPU, the GPU-like
+// emulation) logits that agree within kLossTolerance may still fall on either side of a near
+// tie, so one decision may go the other way: the counts then differ by at most `per_flip`.
+void check_same_decisions(double device_count, double cpu_count, double per_flip) {
+  INFO("device " << device_count << ", cpu " << cpu_count);
+  if (cuda::exact_numerics())
+    CHECK(device_count == cpu_count);
+  else
+    CHECK(std::fabs(device_count - cpu_count) <= per_flip + 1e-9);
+}
+
 using NamedValues = std::vector<std::pair<std::string, std::vector<float>>>;
 
 NamedValues host_parameters(const Module& model) {
@@ -102,6 +114,7 @@ TEST_CASE("apps: two copy-task training steps on cuda match the cpu") {
 
   std::vector<float> losses[2];
   std::vector<double> accuracies[2];
+  std::vector<int64_t> tokens[2];
   double eval_loss[2] = {0, 0};
   NamedValues params[2];
   for (int d = 0; d < 2; ++d) {
@@ -110,8 +123,10 @@ TEST_CASE("apps: two copy-task training steps on cuda match the cpu") {
     CHECK(trainer.device() == (d == 0 ? Device::cpu : Device::cuda));
     for (int s = 0; s < 2; ++s) {
       double acc = 0;
-      losses[d].push_back(trainer.train_step(&acc));
+      int64_t n = 0;
+      losses[d].push_back(trainer.train_step(&acc, &n));
       accuracies[d].push_back(acc);
+      tokens[d].push_back(n);
     }
     eval_loss[d] = trainer.evaluate_heldout().loss;
     params[d] = host_parameters(trainer.model());
@@ -119,7 +134,9 @@ TEST_CASE("apps: two copy-task training steps on cuda match the cpu") {
   for (size_t s = 0; s < 2; ++s) {
     INFO("step " << s + 1 << ": loss cuda " << losses[1][s] << ", cpu " << losses[0][s]);
     CHECK(relative_difference(losses[1][s], losses[0][s]) <= kLossTolerance);
-    CHECK(accuracies[1][s] == accuracies[0][s]);
+    REQUIRE(tokens[1][s] == tokens[0][s]);  // the same batch
+    check_same_decisions(accuracies[1][s] * double(tokens[1][s]),
+                         accuracies[0][s] * double(tokens[0][s]), 1.0);
   }
   INFO("held-out loss cuda " << eval_loss[1] << ", cpu " << eval_loss[0]);
   CHECK(relative_difference(eval_loss[1], eval_loss[0]) <= kLossTolerance);
@@ -202,7 +219,9 @@ TEST_CASE("apps: two speech training steps on cuda match the cpu") {
   CHECK(relative_difference(r[1].first_loss, r[0].first_loss) <= kLossTolerance);
   CHECK(relative_difference(r[1].last_loss, r[0].last_loss) <= kLossTolerance);
   CHECK(relative_difference(r[1].last_dev.loss, r[0].last_dev.loss) <= kLossTolerance);
-  CHECK(r[1].last_dev.greedy.edits == r[0].last_dev.greedy.edits);
+  // One greedy frame decided the other way changes the decoded tokens by at most two edits.
+  check_same_decisions(double(r[1].last_dev.greedy.edits), double(r[0].last_dev.greedy.edits),
+                       2.0);
   check_parameters_close(params[1], params[0]);
   // The launches of a step are counted on the device only.
   CHECK(r[0].kernel_launches_per_step == 0);

@@ -92,12 +92,12 @@ class Tf32On {
   Tf32On& operator=(const Tf32On&) = delete;
 };
 
-bool on_gpu() { return !cuda::emulated(); }
+bool gpu_rounding() { return !cuda::exact_numerics(); }
 
 // The accumulation error bound per unit of |alpha| sum |a b| + |beta c| (see the top).
 double accumulation_rel(int64_t K) {
   const double k = static_cast<double>(K + 2);
-  return on_gpu() ? 4.0 * k * std::ldexp(1.0, -23) : 1.001 * k * std::ldexp(1.0, -24);
+  return gpu_rounding() ? 4.0 * k * std::ldexp(1.0, -23) : 1.001 * k * std::ldexp(1.0, -24);
 }
 
 // What TF32 rounding may add on a GPU, relative to the same scale: one TF32 unit (2^-10) on each
@@ -531,7 +531,7 @@ TEST_CASE("cuda tf32: off by default; off, the float32 GEMMs compute in FP32") {
       const std::vector<float> before = run_f32(g, A, B, C0, false);
       check_result("gemm, TF32 off", g, before, reference(g, A, B, C0), accumulation_rel(g.K));
 #if !defined(__FMA__)  // where the compiler may fuse a * b + c, the roundings are its choice
-      if (cuda::emulated()) {
+      if (cuda::exact_numerics()) {
         // The emulated device's FP32 arithmetic, as before TF32 existed: float products added
         // in float in order of k, then alpha and beta; bit for bit.
         std::vector<float> plain = C0;
@@ -583,7 +583,7 @@ TEST_CASE("cuda tf32: on, the float32 GEMMs read their operands as TF32") {
         const std::vector<float> C0 = padded(random_values(g.c_size(), seed + 2), g.M, g.N,
                                              g.ldc, g.stride_c, g.batch, kSentinel);
         seed += 3;
-        const double rel = accumulation_rel(g.K) + (on_gpu() ? kTf32OperandRel : 0.0);
+        const double rel = accumulation_rel(g.K) + (gpu_rounding() ? kTf32OperandRel : 0.0);
         check_result(batched ? "gemm_strided_batched, TF32 on" : "gemm, TF32 on", g,
                      run_f32(g, A, B, C0, batched),
                      reference(g, rounded_rna(A), rounded_rna(B), C0), rel);
@@ -635,7 +635,7 @@ TEST_CASE("cuda tf32: on, the float32 GEMMs read their operands as TF32") {
                   " elements of C are as close to the FP32 product as FP32 arithmetic is");
     check_result("gemm, TF32 on, operands below a tie", g, C,
                  reference(g, rounded_rna(A), rounded_rna(B), C0),
-                 accumulation_rel(g.K) + (on_gpu() ? kTf32OperandRel : 0.0));
+                 accumulation_rel(g.K) + (gpu_rounding() ? kTf32OperandRel : 0.0));
   }
 
   // bf16 operands are exact in TF32: gemm_bf16 gives the same result with TF32 on and off.

@@ -15,6 +15,8 @@
 //   bit for bit on any device.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -208,7 +210,20 @@ TEST_CASE("cuda fused: add_layer_norm forward and backward match the cpu") {
     const clustr::LayerNormGrads gg = clustr::add_layer_norm_backward(
         dev(dy), dev(a), dev(b), dev(e.mean), dev(e.rstd), dev(gamma));
     CHECK(gg.dx.device() == Device::cuda);
-    CHECK_CLOSE(gg.dx.to_vector(), eg.dx.to_vector(), 1e-5, 1e-5);
+    // dx = rstd (dy gamma - mean(dy gamma) - xhat mean(dy gamma xhat)) cancels to 0 when D = 1:
+    // where the device fuses multiply-adds (a GPU, the GPU-like emulation) what is left is the
+    // rounding of the terms, up to a few ulps of rstd |dy gamma| (rstd is 316 for D = 1).
+    double dx_atol = 1e-5;
+    if (!clustr::cuda::exact_numerics()) {
+      const std::vector<float> rstd = e.rstd.to_vector(), dyv = dy.to_vector(),
+                               gv = gamma.to_vector();
+      double scale = 0.0;
+      for (size_t i = 0; i < dyv.size(); ++i)
+        scale = std::max(scale, double(rstd[i / size_t(D)]) *
+                                    std::fabs(double(dyv[i]) * gv[i % size_t(D)]));
+      dx_atol = std::max(dx_atol, 32.0 * FLT_EPSILON * scale);
+    }
+    CHECK_CLOSE(gg.dx.to_vector(), eg.dx.to_vector(), dx_atol, 1e-5);
     CHECK_CLOSE(gg.dgamma.to_vector(), eg.dgamma.to_vector(), 1e-6, 1e-6);
     CHECK_CLOSE(gg.dbeta.to_vector(), eg.dbeta.to_vector(), 1e-6, 1e-6);
   }

@@ -51,7 +51,7 @@ constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 // (gelu's cdf + x pdf, softmax - 1 at the target) turns a few ulps of a term into many of the
 // result.
 void check_formula(const std::vector<float>& actual, const std::vector<float>& expected) {
-  if (cuda::emulated())
+  if (cuda::exact_numerics())
     check_ulps(actual, expected, 0);
   else
     CHECK_CLOSE(actual, expected, 1e-6, 1e-5);

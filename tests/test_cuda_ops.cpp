@@ -38,7 +38,7 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
 // Transcendental formulas: exact in emulation, a few ulp on a GPU.
-int64_t transcendental_ulps() { return cuda::emulated() ? 0 : 8; }
+int64_t transcendental_ulps() { return cuda::exact_numerics() ? 0 : 8; }
 
 // Random values with the special ones planted every few elements: +-0, +-inf, NaN, a subnormal,
 // and large values that overflow exp.
@@ -98,7 +98,7 @@ TEST_CASE("cuda ops: ops with a scalar and add_ match the cpu") {
     clustr::add_(dst, src, -0.5f);
     clustr::add_(ddst, src.to(Device::cuda), -0.5f);
     // dst + alpha * src: a GPU may fuse it into one rounding.
-    if (cuda::emulated())
+    if (cuda::exact_numerics())
       check_ulps(ddst.to_vector(), dst.to_vector(), 0);
     else
       CHECK_CLOSE(ddst.to_vector(), dst.to_vector(), 1e-6, 1e-6);

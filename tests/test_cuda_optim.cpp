@@ -41,11 +41,13 @@ namespace {
 constexpr int kSteps = 12;      // R-Adam (beta2 0.999) rectifies from step 6
 constexpr int64_t kGpuUlps = 32;  // ulps of a tensor's largest magnitude, after 12 steps
 
-// actual (device) equals expected (cpu): bit for bit in emulation, within kGpuUlps ulps of the
-// largest |expected| on a GPU.
-void check_same(const std::vector<float>& actual, const std::vector<float>& expected) {
-  if (cuda::emulated()) return test::check_ulps(actual, expected, 0);
-  float scale = 0.0f;
+// actual (device) equals expected (cpu): bit for bit with the emulator's exact numerics,
+// otherwise (a GPU, which fuses multiply-adds) within kGpuUlps ulps of the largest |expected|,
+// or of `floor` when that is larger: a sum of terms that cancel is off by ulps of its terms.
+void check_same(const std::vector<float>& actual, const std::vector<float>& expected,
+                float floor = 0.0f) {
+  if (cuda::exact_numerics()) return test::check_ulps(actual, expected, 0);
+  float scale = floor;
   for (float e : expected) scale = std::max(scale, std::fabs(e));
   const double tol = kGpuUlps * double(FLT_EPSILON) * scale;
   CHECK_CLOSE(actual, expected, tol, 0.0);
@@ -84,6 +86,11 @@ void set_grads(const NamedParameters& ps, int t) {
   for (size_t i = 0; i < ps.size(); ++i) set_grad(ps[i].second, g[i]);
 }
 
+bool is_first_moment(const std::string& name) {
+  return name.find("exp_avg") != std::string::npos &&
+         name.find("exp_avg_sq") == std::string::npos;
+}
+
 // Both state dicts hold the same names, step counts and (within check_same) values; every
 // tensor of a state dict is on the cpu, whatever the parameters' device.
 void check_same_state(const Optimizer& device_opt, const Optimizer& cpu_opt) {
@@ -96,8 +103,9 @@ void check_same_state(const Optimizer& device_opt, const Optimizer& cpu_opt) {
     CHECK(got[k].second.shape() == want[k].second.shape());
     if (want[k].second.dtype() == DType::i32)
       CHECK(got[k].second.to_int_vector() == want[k].second.to_int_vector());
-    else
-      check_same(got[k].second.to_vector(), want[k].second.to_vector());
+    else  // the first moment sums (1 - beta1) g = 0.1 g of gradients in [-1, 1] that cancel
+      check_same(got[k].second.to_vector(), want[k].second.to_vector(),
+                 is_first_moment(want[k].first) ? 0.1f : 0.0f);
   }
 }
 

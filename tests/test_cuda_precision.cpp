@@ -37,7 +37,7 @@ constexpr double kU = 1.0 / 256;  // bf16's unit roundoff, 2^-8
 
 Tensor dev(const Tensor& t) { return t.defined() ? t.to(Device::cuda) : t; }
 
-double gemm_scale() { return cuda::emulated() ? 1.0 : 4.0; }
+double gemm_scale() { return cuda::exact_numerics() ? 1.0 : 4.0; }
 
 void check_product(const char* what, const Tensor& got, const Tensor& expected) {
   INFO(what);

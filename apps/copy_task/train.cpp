@@ -175,7 +175,7 @@ float Trainer::scheduled_lr(int64_t steps_done) const {
   return t.lr;
 }
 
-float Trainer::train_step(double* accuracy) {
+float Trainer::train_step(double* accuracy, int64_t* tokens) {
   const int64_t done = step();
   // After its warm-up the plateau schedule owns the lr (it lowers it at evaluations).
   if (!plateau_ || done < options_.train.warmup) optimizer_->set_lr(scheduled_lr(done));
@@ -185,6 +185,10 @@ float Trainer::train_step(double* accuracy) {
   const Variable logits = model_->forward(batch.input, batch.lengths, gen_);  // (B, N, V)
   const Variable loss = cross_entropy(logits, batch.target, Tensor(), kCopyTaskIgnoreIndex);
   if (accuracy) *accuracy = masked_accuracy(argmax(logits.data(), -1), batch.target);
+  if (tokens) {
+    *tokens = 0;
+    for (int32_t t : batch.target.to_int_vector()) *tokens += t != kCopyTaskIgnoreIndex;
+  }
   optimizer_->zero_grad();
   loss.backward();
   if (options_.train.clip > 0.0f)

@@ -81,8 +81,8 @@ class Trainer {
   void resume(const std::string& path);
 
   // One optimizer step on a fresh training batch; returns the loss and sets *accuracy to the
-  // batch's masked-token accuracy.
-  float train_step(double* accuracy = nullptr);
+  // batch's masked-token accuracy and *tokens to its number of masked positions.
+  float train_step(double* accuracy = nullptr, int64_t* tokens = nullptr);
   // Loss and accuracy over batches in evaluation mode (no dropout, no gradients).
   Evaluation evaluate(const std::vector<CopyTaskBatch>& batches) const;
   Evaluation evaluate_heldout() const { return evaluate(heldout_); }

@@ -21,6 +21,13 @@ namespace clustr::cuda {
 
 bool compiled();                 // built with the CUDA backend (a GPU build or device emulation)
 bool emulated();                 // built with device emulation (-DCLUSTR_CUDA=EMULATE)
+// True on the emulated device with its exact numerics: kernels without contracted
+// multiply-adds, cuBLAS's products added in order of k, and the forward schedule (so atomic
+// additions happen in thread order). Where a test expects the device to match the CPU bit for
+// bit, it does so only then; on a GPU, under the emulation's GPU-like numerics
+// (-DCLUSTR_EMULATION_NUMERICS=gpu) or another schedule (CLUSTR_EMULATION_SCHEDULE), it allows
+// for rounding and near-ties.
+bool exact_numerics();
 bool available();                // compiled, and a usable GPU is present
 std::string unavailable_reason();  // why available() is false ("" when it is true)
 void require(const char* what);  // throws, naming `what`, when no usable GPU is present

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -15,7 +16,9 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <numeric>
 #include <set>
+#include <string>
 #include <vector>
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -173,6 +176,8 @@ cudaError_t cudaMalloc(void** ptr, size_t bytes) {
   const size_t rounded = (bytes + 255) / 256 * 256;
   void* p = std::aligned_alloc(256, rounded);
   if (p == nullptr) return fail(cudaErrorMemoryAllocation);
+  // Fresh device memory holds whatever was there before; here NaN bytes (see emulation.h).
+  std::memset(p, 0xff, rounded);
   m.blocks[reinterpret_cast<uintptr_t>(p)] = bytes;
   m.in_use += bytes;
   *ptr = p;
@@ -210,7 +215,17 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
                  (dst_ok ? src_device : dst_device) ? "device" : "host");
     return fail(cudaErrorInvalidValue);
   }
-  std::memmove(dst, src, bytes);
+  if (kind == cudaMemcpyDeviceToDevice) {
+    const auto d = reinterpret_cast<uintptr_t>(dst), s = reinterpret_cast<uintptr_t>(src);
+    if (d < s + bytes && s < d + bytes) {
+      std::fprintf(stderr,
+                   "clustr device emulation: cudaMemcpyAsync device to device of %zu bytes "
+                   "from %p to %p: the two ranges overlap (the result is undefined on a GPU)\n",
+                   bytes, src, dst);
+      return fail(cudaErrorInvalidValue);
+    }
+  }
+  std::memcpy(dst, src, bytes);
   return cudaSuccess;
 }
 
@@ -317,6 +332,127 @@ size_t device_bytes_in_use() {
   return m.in_use;
 }
 
+void poison(void* device_ptr, size_t bytes) {
+  if (device_ptr == nullptr || bytes == 0) return;
+  if (!device_memory().contains(device_ptr, bytes))
+    throw Error(detail::cat("device emulation: poison of ", bytes, " bytes at ", device_ptr,
+                            ", which is not inside one device allocation"));
+  std::memset(device_ptr, 0xff, bytes);
+}
+
+const char* order_name(Order o) {
+  switch (o) {
+    case Order::forward: return "forward";
+    case Order::reverse: return "reverse";
+    case Order::random: return "random";
+  }
+  return "?";
+}
+
+Schedule parse_schedule(const char* text) {
+  const std::string t = text == nullptr ? "" : text;
+  if (t == "forward") return {Order::forward, 0};
+  if (t == "reverse") return {Order::reverse, 0};
+  if (t == "random") return {Order::random, 1};
+  if (t.rfind("random:", 0) == 0 && t.size() > 7 && t.size() <= 7 + 20 &&
+      t.find_first_not_of("0123456789", 7) == std::string::npos) {
+    errno = 0;
+    const unsigned long long seed = std::strtoull(t.c_str() + 7, nullptr, 10);
+    if (errno == 0) return {Order::random, seed};
+  }
+  throw Error(detail::cat("CLUSTR_EMULATION_SCHEDULE='", t, "': expected forward, reverse, "
+                          "random or random:SEED (SEED a decimal number below 2^64)"));
+}
+
+namespace {
+
+struct ScheduleState {
+  std::mutex mu;
+  bool set = false;
+  Schedule schedule;
+  std::string error;  // a CLUSTR_EMULATION_SCHEDULE that parse_schedule refused
+};
+
+ScheduleState& schedule_state() {
+  static ScheduleState* s = [] {
+    auto* st = new ScheduleState;
+    if (const char* v = std::getenv("CLUSTR_EMULATION_SCHEDULE")) {
+      try {
+        st->schedule = parse_schedule(v);
+      } catch (const Error& e) {
+        st->error = e.what();
+      }
+    }
+    return st;
+  }();
+  return *s;
+}
+
+std::atomic<uint64_t> launch_counter{0};
+
+// splitmix64: the stream of one (seed, launch, block, round) of a random schedule.
+uint64_t mix(uint64_t& x) {
+  uint64_t z = (x += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+uint64_t stream_of(const Schedule& s, uint64_t launch, uint64_t block, uint64_t round) {
+  uint64_t x = s.seed;
+  uint64_t h = mix(x) ^ launch;
+  h = mix(h) ^ block;
+  h = mix(h) ^ round;
+  return mix(h);
+}
+
+// The order of n threads of a block for one round: out[i] = the i-th to run.
+void thread_order(const Schedule& s, uint64_t launch, uint64_t block, uint64_t round,
+                  std::vector<unsigned>& out, unsigned n) {
+  out.resize(n);
+  for (unsigned i = 0; i < n; ++i) out[i] = s.order == Order::reverse ? n - 1 - i : i;
+  if (s.order != Order::random) return;
+  uint64_t x = stream_of(s, launch, block, round);
+  for (unsigned i = n; i > 1; --i) std::swap(out[i - 1], out[mix(x) % i]);  // Fisher-Yates
+}
+
+// The block that runs i-th of `blocks`: forward, reverse, or an affine bijection of [0, blocks)
+// (multiplier coprime with blocks) whose constants the launch draws.
+struct BlockOrder {
+  Order order = Order::forward;
+  uint64_t blocks = 1, mul = 1, add = 0;
+
+  BlockOrder(const Schedule& s, uint64_t launch, uint64_t n) : order(s.order), blocks(n) {
+    if (order != Order::random || n < 2) return;
+    uint64_t x = stream_of(s, launch, ~uint64_t{0}, 0);
+    add = mix(x) % n;
+    mul = mix(x) % n;
+    while (std::gcd(mul, n) != 1) mul = (mul + 1) % n;
+  }
+  uint64_t operator()(uint64_t i) const {
+    if (order == Order::reverse) return blocks - 1 - i;
+    if (order == Order::forward) return i;
+    __extension__ typedef unsigned __int128 Wide;  // mul * i may pass 2^64
+    return static_cast<uint64_t>((static_cast<Wide>(mul) * i + add) % blocks);
+  }
+};
+
+}  // namespace
+
+Schedule current_schedule() {
+  ScheduleState& st = schedule_state();
+  std::lock_guard<std::mutex> lock(st.mu);
+  if (!st.set && !st.error.empty()) throw Error(st.error);
+  return st.schedule;
+}
+
+void set_schedule(Schedule s) {
+  ScheduleState& st = schedule_state();
+  std::lock_guard<std::mutex> lock(st.mu);
+  st.schedule = s;
+  st.set = true;
+}
+
 namespace {
 
 constexpr size_t kMaxSharedBytes = 48 * 1024;  // without the opt-in attribute, on every GPU
@@ -353,24 +489,33 @@ std::vector<unsigned char> poisoned_shared(size_t bytes) {
   return std::vector<unsigned char>(bytes, 0xff);
 }
 
-// No barrier: each block's threads run one after another; blocks in parallel when OpenMP is on.
-void run_sequential(const Launch& l, uint64_t blocks) {
+// Thread number id of a block (x fastest) into s.thread.
+void set_thread(const Launch& l, unsigned id, ThreadState& s) {
+  s.thread[0] = id % l.block[0];
+  s.thread[1] = id / l.block[0] % l.block[1];
+  s.thread[2] = id / (l.block[0] * l.block[1]);
+}
+
+// No barrier: each block's threads run one after another, in the schedule's order; blocks in
+// parallel when OpenMP is on (in the schedule's order on each thread).
+void run_sequential(const Launch& l, uint64_t blocks, const Schedule& sched, uint64_t launch) {
   std::exception_ptr error;
   std::mutex error_mu;
+  const unsigned n = l.block[0] * l.block[1] * l.block[2];
+  const BlockOrder block_at(sched, launch, blocks);
 #pragma omp parallel for schedule(dynamic, 1) if (blocks > 1)
-  for (uint64_t b = 0; b < blocks; ++b) {
+  for (uint64_t i = 0; i < blocks; ++i) {
     try {
+      const uint64_t b = block_at(i);
       std::vector<unsigned char> shared = poisoned_shared(l.shared_bytes);
       ThreadState s = base_state(l, shared.data(), nullptr);
       block_coords(l, b, s.block);
-      for (unsigned z = 0; z < l.block[2]; ++z)
-        for (unsigned y = 0; y < l.block[1]; ++y)
-          for (unsigned x = 0; x < l.block[0]; ++x) {
-            s.thread[0] = x;
-            s.thread[1] = y;
-            s.thread[2] = z;
-            l.run(l.kernel, s);
-          }
+      std::vector<unsigned> order;
+      thread_order(sched, launch, b, 0, order, n);
+      for (unsigned id : order) {
+        set_thread(l, id, s);
+        l.run(l.kernel, s);
+      }
     } catch (...) {
       std::lock_guard<std::mutex> lock(error_mu);
       if (!error) error = std::current_exception();
@@ -382,10 +527,11 @@ void run_sequential(const Launch& l, uint64_t blocks) {
 // ---- barrier mode: the threads of a block as fibers ----
 //
 // A Fibers object belongs to one host thread and runs blocks one at a time. Each CUDA thread of
-// the block is a fiber (ucontext) with its own stack; run_block() resumes the fibers in thread
-// order, each running until its next t.sync() or its end, and repeats these rounds: after a
-// round every fiber is either waiting at a barrier (then all are resumed) or finished (the block
-// is done); a mix of the two is a divergent barrier.
+// the block is a fiber (ucontext) with its own stack; run_block() resumes the fibers in the
+// schedule's order, each running until its next t.sync() or its end, and repeats these rounds:
+// after a round every fiber is either waiting at a barrier (then all are resumed) or finished
+// (the block is done); a mix of the two is a divergent barrier, and so are fibers waiting at
+// different t.sync() calls.
 
 #if defined(__SANITIZE_ADDRESS__)
 #define CLUSTR_ASAN_FIBERS 1
@@ -409,16 +555,15 @@ std::vector<std::unique_ptr<char[]>>& stack_cache() {
 
 class Fibers {
  public:
-  Fibers(const Launch& l, unsigned n) : l_(l), fibers_(n), shared_(l.shared_bytes) {
+  Fibers(const Launch& l, unsigned n, const Schedule& sched, uint64_t launch)
+      : l_(l), fibers_(n), shared_(l.shared_bytes), sched_order_(sched), launch_(launch) {
     auto& cache = stack_cache();
     while (cache.size() < n) cache.emplace_back(new char[kFiberStack]);
     for (unsigned id = 0; id < n; ++id) {
       Fiber& f = fibers_[id];
       f.stack = cache[id].get();
       f.s = base_state(l, shared_.data(), this);
-      f.s.thread[0] = id % l.block[0];
-      f.s.thread[1] = id / l.block[0] % l.block[1];
-      f.s.thread[2] = id / (l.block[0] * l.block[1]);
+      set_thread(l, id, f.s);
     }
   }
 
@@ -434,28 +579,39 @@ class Fibers {
       f.ctx.uc_link = nullptr;
       makecontext(&f.ctx, &Fibers::entry, 0);
     }
-    for (;;) {
+    const unsigned n = static_cast<unsigned>(fibers_.size());
+    for (uint64_t round = 0;; ++round) {
       unsigned waiting = 0, done = 0;
-      for (unsigned i = 0; i < fibers_.size(); ++i) {
+      thread_order(sched_order_, launch_, b, round, order_, n);
+      for (unsigned i : order_) {
         switch_to(i);
         if (fibers_[i].state == kFailed) std::rethrow_exception(error_);
         (fibers_[i].state == kWaiting ? waiting : done) += 1;
       }
-      if (done == fibers_.size()) return;
-      if (waiting != fibers_.size()) {
-        unsigned c[3];
-        block_coords(l_, b, c);
+      if (done == n) return;
+      unsigned c[3];
+      block_coords(l_, b, c);
+      if (waiting != n)
         throw Error(detail::cat("kernel '", l_.name, "': in block (", c[0], ", ", c[1], ", ",
                                 c[2], ") some threads wait at t.sync() while others have "
                                 "returned; every thread of a block must reach each barrier"));
+      for (unsigned i = 1; i < n; ++i) {
+        const SyncSite &a = fibers_[0].site, &z = fibers_[i].site;
+        if (a.line != z.line || std::strcmp(a.file, z.file) != 0)
+          throw Error(detail::cat("kernel '", l_.name, "': in block (", c[0], ", ", c[1], ", ",
+                                  c[2], ") thread 0 waits at the t.sync() of ", a.file, ":",
+                                  a.line, " and thread ", i, " at the one of ", z.file, ":",
+                                  z.line, "; every thread of a block must wait at the same "
+                                  "barrier"));
       }
     }
   }
 
   // t.sync() of the running fiber: back to the scheduler until every fiber has arrived.
-  void sync() {
+  void sync(SyncSite site) {
     Fiber& f = fibers_[current_];
     f.state = kWaiting;
+    f.site = site;
 #if defined(CLUSTR_ASAN_FIBERS)
     __sanitizer_start_switch_fiber(&f.fake_stack, sched_bottom_, sched_size_);
 #endif
@@ -472,6 +628,7 @@ class Fibers {
     char* stack = nullptr;
     State state = kRunning;
     ThreadState s;
+    SyncSite site;  // of the barrier it waits at
     void* fake_stack = nullptr;
   };
 
@@ -523,13 +680,16 @@ class Fibers {
   std::exception_ptr error_;
   const void* sched_bottom_ = nullptr;
   size_t sched_size_ = 0;
+  Schedule sched_order_;
+  uint64_t launch_ = 0;
+  std::vector<unsigned> order_;
 };
 
-void block_sync(Fibers* block) { block->sync(); }
+void block_sync(Fibers* block, SyncSite site) { block->sync(site); }
 
 namespace {
 
-void run_fibers(const Launch& l, uint64_t blocks) {
+void run_fibers(const Launch& l, uint64_t blocks, const Schedule& sched, uint64_t launch) {
   const unsigned n = l.block[0] * l.block[1] * l.block[2];
   std::exception_ptr error;
   std::mutex error_mu;
@@ -542,11 +702,12 @@ void run_fibers(const Launch& l, uint64_t blocks) {
 #pragma omp parallel if (blocks > 1)
   {
     try {
-      Fibers team(l, n);
+      Fibers team(l, n, sched, launch);
+      const BlockOrder block_at(sched, launch, blocks);
 #pragma omp for schedule(dynamic, 1)
-      for (uint64_t b = 0; b < blocks; ++b) {
+      for (uint64_t i = 0; i < blocks; ++i) {
         try {
-          if (!failed) team.run_block(b);  // after a failure the remaining blocks are skipped
+          if (!failed) team.run_block(block_at(i));  // after a failure the rest are skipped
         } catch (...) {
           record();
         }
@@ -572,10 +733,12 @@ void launch(const Launch& l) {
     return;
   }
   const uint64_t blocks = uint64_t(l.grid[0]) * l.grid[1] * l.grid[2];
+  const Schedule sched = current_schedule();
+  const uint64_t id = launch_counter.fetch_add(1, std::memory_order_relaxed);
   if (l.uses_barrier)
-    run_fibers(l, blocks);
+    run_fibers(l, blocks, sched, id);
   else
-    run_sequential(l, blocks);
+    run_sequential(l, blocks, sched, id);
 }
 
 }  // namespace clustr::cuda::emulation

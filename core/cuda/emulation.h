@@ -42,6 +42,14 @@
 //      TF32 as the cvt.rna.tf32.f32 instruction does: to 10 explicit mantissa bits, to nearest
 //      with ties away from zero (NaN and infinities kept). A GPU's TF32 kernels may round
 //      another way (or drop the low bits), so tests of TF32 on a GPU allow for that.
+//      Built with -DCLUSTR_EMULATION_NUMERICS=gpu (GPU-like numerics), each product is instead
+//      fused into one of four partial sums (k mod 4, fmaf), added pairwise at the end, and beta
+//      C is fused in too: another summation order, as a GPU's GEMM has its own, so that tests
+//      take the tolerance branches they take on a GPU (cuda::exact_numerics() is false);
+//    - fresh device memory (and a block the allocator of runtime.cu hands out again) holds NaN
+//      bytes (0xff), so a kernel reading memory it never wrote computes NaN, not a plausible 0;
+//    - a device-to-device copy whose ranges overlap is refused (cudaErrorInvalidValue; its
+//      result is undefined on a GPU);
 //    - the environment variable CLUSTR_CUDA_EMULATION_DEVICES=0 makes cudaGetDeviceCount report
 //      no device, to test the "no GPU" paths.
 //
@@ -52,12 +60,19 @@
 //    - a kernel with kUsesBarrier = true runs each CUDA thread of the block as a fiber: an
 //      execution context with its own stack (POSIX ucontext), all of the block's fibers on one
 //      host thread. t.sync() is a real barrier: the fiber switches back to the block's
-//      scheduler, which resumes the fibers, in thread order, only when every one of them has
-//      arrived. A fiber switch costs well under a microsecond, where waking host threads at
-//      every barrier costs tens of microseconds each, and the emulation stays deterministic.
-//      Threads that return while others wait at a barrier are reported as an error (on a GPU
-//      that is undefined behaviour, often a hang). Under AddressSanitizer the switches are
-//      announced to it (__sanitizer_start_switch_fiber), so it follows the fibers' stacks.
+//      scheduler, which resumes the fibers only when every one of them has arrived. A fiber
+//      switch costs well under a microsecond, where waking host threads at every barrier costs
+//      tens of microseconds each, and the emulation stays deterministic. Threads that return
+//      while others wait at a barrier, and threads waiting at different t.sync() calls (the
+//      call's file and line), are reported as an error (on a GPU that is undefined behaviour,
+//      often a hang). Under AddressSanitizer the switches are announced to it
+//      (__sanitizer_start_switch_fiber), so it follows the fibers' stacks.
+//    The schedule (CLUSTR_EMULATION_SCHEDULE, or set_schedule below) orders all of this: the
+//    threads of a block without barriers, the fibers' resumption in every barrier round, and
+//    the blocks each host thread takes. In thread order ("forward", the default) a missing
+//    barrier goes unseen whenever the reader of a value has a higher index than its writer;
+//    "reverse" and "random:SEED" (a permutation drawn afresh for every launch, block and round,
+//    the same for a given seed) run readers first, which then see NaN shared memory.
 //    Launch configurations a GPU rejects (more than 1024 threads per block, block or grid sizes
 //    past CUDA's limits, more than 48 KiB of dynamic shared memory) are recorded as
 //    cudaErrorInvalidConfiguration for cudaGetLastError, as the runtime does.
@@ -188,8 +203,32 @@ namespace clustr::cuda::emulation {
 // The threads of one block in barrier mode (defined in emulation.cpp).
 class Fibers;
 
+// Where a thread called t.sync(): every thread of a block must wait at the same call.
+struct SyncSite {
+  const char* file = "";
+  unsigned line = 0;
+};
+
 // t.sync(): the calling thread waits until every thread of its block has arrived.
-void block_sync(Fibers* block);
+void block_sync(Fibers* block, SyncSite site);
+
+// The order in which the launcher runs a grid's blocks and a block's threads (see the top of
+// the file): forward (thread and block order), reverse, or a seeded pseudo-random order drawn
+// afresh for every launch, block and barrier round. A correct kernel computes the same results
+// under every schedule (up to the order of its atomic additions); a missing barrier shows up
+// under some schedule as a read of poisoned (NaN) shared memory or of a value not yet written.
+enum class Order { forward, reverse, random };
+struct Schedule {
+  Order order = Order::forward;
+  uint64_t seed = 0;  // random only
+};
+// "forward", "reverse", "random" (seed 1) or "random:SEED"; throws clustr::Error otherwise.
+Schedule parse_schedule(const char* text);
+// The schedule of the next launches: initially CLUSTR_EMULATION_SCHEDULE's (forward when it is
+// not set; a value parse_schedule refuses makes every launch throw that error).
+Schedule current_schedule();
+void set_schedule(Schedule s);  // for tests; not while kernels run on other host threads
+const char* order_name(Order o);
 
 // What the launcher hands to the kernel's trampoline for one thread.
 struct ThreadState {
@@ -222,5 +261,10 @@ float atomic_add_f32(float* p, float v);
 
 // How many bytes the emulated device holds in live cudaMalloc blocks.
 size_t device_bytes_in_use();
+
+// Fills bytes of device memory (inside one live allocation) with 0xff, as cudaMalloc does: the
+// allocator of runtime.cu poisons a block it hands out again, so that a kernel reading memory
+// it never wrote computes NaN (or -1 for integers) rather than the previous owner's values.
+void poison(void* device_ptr, size_t bytes);
 
 }  // namespace clustr::cuda::emulation

@@ -4,6 +4,7 @@
 // argument rules cuBLAS applies and every matrix checked to lie inside one device allocation.
 // Compiled only with -DCLUSTR_CUDA=EMULATE.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -124,6 +125,21 @@ void gemm_one(bool ta, bool tb, int m, int n, int k, float alpha, const void* A,
   for (int64_t j = 0; j < n; ++j) {
     for (int64_t i = 0; i < m; ++i) {
       float acc = 0.0f;
+#if defined(CLUSTR_EMULATION_GPU_NUMERICS)
+      // GPU-like numerics: fused multiply-adds into four partial sums (l mod 4), added
+      // pairwise at the end, as a GPU's kernels split the sum their own way.
+      float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      if (product)
+        for (int64_t l = 0; l < k; ++l) {
+          const float a = ta ? a_at(l + i * lda) : a_at(i + l * lda);
+          const float b = tb ? b_at(j + l * ldb) : b_at(l + j * ldb);
+          part[l & 3] = std::fma(a, b, part[l & 3]);
+        }
+      acc = (part[0] + part[1]) + (part[2] + part[3]);
+      float& c = C[i + j * ldc];
+      const float ab = product ? alpha * acc : 0.0f;
+      c = beta == 0.0f ? ab : std::fma(beta, c, ab);
+#else
       if (product)
         for (int64_t l = 0; l < k; ++l) {
           const float a = ta ? a_at(l + i * lda) : a_at(i + l * lda);
@@ -133,6 +149,7 @@ void gemm_one(bool ta, bool tb, int m, int n, int k, float alpha, const void* A,
       float& c = C[i + j * ldc];
       const float ab = product ? alpha * acc : 0.0f;
       c = beta == 0.0f ? ab : ab + beta * c;
+#endif
     }
   }
 }

@@ -103,9 +103,11 @@ struct Thread {
   T* shared() const {
     return reinterpret_cast<T*>(shared_);
   }
-  void sync() const {
+  // The defaults are the caller's file and line: the emulator checks that a block's threads
+  // all wait at the same t.sync().
+  void sync(const char* file = __builtin_FILE(), unsigned line = __builtin_LINE()) const {
     if (fibers_ == nullptr) emulation::sync_without_barrier(kernel_);
-    emulation::block_sync(fibers_);
+    emulation::block_sync(fibers_, {file, line});
   }
 };
 

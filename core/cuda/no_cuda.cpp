@@ -14,6 +14,7 @@ namespace {
 
 bool compiled() { return false; }
 bool emulated() { return false; }
+bool exact_numerics() { return false; }
 bool available() { return false; }
 std::string unavailable_reason() { return "clustr was built without the CUDA backend"; }
 void require(const char* what) { no_cuda(what); }

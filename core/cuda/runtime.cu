@@ -68,8 +68,16 @@ const Availability& availability() {
 bool compiled() { return true; }
 #if defined(CLUSTR_CUDA_EMULATION)
 bool emulated() { return true; }
+#if defined(CLUSTR_EMULATION_GPU_NUMERICS)
+bool exact_numerics() { return false; }
+#else
+bool exact_numerics() {
+  return emulation::current_schedule().order == emulation::Order::forward;
+}
+#endif
 #else
 bool emulated() { return false; }
+bool exact_numerics() { return false; }
 #endif
 bool available() { return availability().ok; }
 std::string unavailable_reason() { return availability().reason; }
@@ -335,6 +343,9 @@ void* alloc(size_t bytes) {
     p = it->second.back();  // the most recently freed block: likeliest to be in L2
     it->second.pop_back();
     a.cached -= size;
+#if defined(CLUSTR_CUDA_EMULATION)
+    emulation::poison(p, size);  // the previous owner's values: NaN now, as fresh blocks
+#endif
   } else {
     cudaError_t e = cudaMalloc(&p, size);
     if (e == cudaErrorMemoryAllocation) {

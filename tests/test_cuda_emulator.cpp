@@ -1,0 +1,275 @@
+// What the emulated device checks beyond what a kernel computes (core/cuda/emulation.h): each
+// check is shown catching a planted bug that the plain emulator let through. Emulation only:
+// on a GPU these bugs are undefined behaviour or silent, so the file is empty there. Part of
+// the test_cuda program (tests/test_cuda.cpp has its main).
+#include <doctest/doctest.h>
+
+#if defined(CLUSTR_CUDA_EMULATION)
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/cuda/cuda.h"
+#include "core/cuda/kernel.h"
+#include "core/error.h"
+#include "core/tensor.h"
+
+using clustr::Device;
+using clustr::DType;
+using clustr::Tensor;
+namespace cuda = clustr::cuda;
+namespace emu = clustr::cuda::emulation;
+using cuda::Thread;
+
+namespace {
+
+// Runs a test's launches under one schedule, then puts the previous one back.
+class ScheduleScope {
+ public:
+  explicit ScheduleScope(emu::Schedule s) : saved_(emu::current_schedule()) {
+    emu::set_schedule(s);
+  }
+  ~ScheduleScope() { emu::set_schedule(saved_); }
+  ScheduleScope(const ScheduleScope&) = delete;
+  ScheduleScope& operator=(const ScheduleScope&) = delete;
+
+ private:
+  emu::Schedule saved_;
+};
+
+const emu::Schedule kForward{emu::Order::forward, 0}, kReverse{emu::Order::reverse, 0};
+
+// Planted bug, no barrier at all: thread i publishes i + 1 in shared memory and reads its lower
+// neighbour's slot at once. Run in thread order, each neighbour has already written.
+struct NeighbourNoBarrier {
+  static constexpr bool kUsesBarrier = false;
+  float* out;
+  CLUSTR_DEVICE void operator()(const Thread& t) const {
+    float* s = t.shared<float>();
+    const unsigned i = t.thread_idx().x;
+    s[i] = static_cast<float>(i + 1);
+    out[i] = i == 0 ? s[0] : s[i - 1];
+  }
+};
+
+// Planted bug, a deleted barrier: two phases through shared memory, the second t.sync() gone.
+// The last thread sums what the others wrote in phase 2; in thread order they all have.
+struct DeletedBarrier {
+  static constexpr bool kUsesBarrier = true;
+  float* out;
+  CLUSTR_DEVICE void operator()(const Thread& t) const {
+    float* s = t.shared<float>();
+    const unsigned i = t.thread_idx().x, n = t.block_dim().x;
+    s[i] = static_cast<float>(i);
+    t.sync();
+    s[n + i] = 2.0f * s[n - 1 - i];
+    // t.sync();  <- deleted
+    if (i == n - 1) {
+      float sum = 0.0f;
+      for (unsigned j = 0; j < n; ++j) sum += s[n + j];
+      out[0] = sum;
+    }
+  }
+};
+
+// Planted bug: even threads wait at one barrier, odd threads at another (undefined on a GPU,
+// where it may hang or let threads pass each other's barrier).
+struct TwoBarriers {
+  static constexpr bool kUsesBarrier = true;
+  float* out;
+  CLUSTR_DEVICE void operator()(const Thread& t) const {
+    const unsigned i = t.thread_idx().x;
+    if (i % 2 == 0) {
+      t.sync();
+      out[i] = 1.0f;
+    } else {
+      t.sync();
+      out[i] = 2.0f;
+    }
+  }
+};
+
+// out[i] = a[i] * b[i] + c[i] in one expression: nvcc contracts it into one fused multiply-add.
+struct MulAdd {
+  static constexpr bool kUsesBarrier = false;
+  const float *a, *b, *c;
+  float* out;
+  CLUSTR_DEVICE void operator()(const Thread& t) const {
+    const unsigned i = t.thread_idx().x;
+    out[i] = a[i] * b[i] + c[i];
+  }
+};
+
+// Correct: each thread reads a slot another thread wrote before the barrier.
+struct Mirror {
+  static constexpr bool kUsesBarrier = true;
+  float* out;
+  CLUSTR_DEVICE void operator()(const Thread& t) const {
+    float* sh = t.shared<float>();
+    const unsigned i = t.thread_idx().x, m = t.block_dim().x, b = t.block_idx().x;
+    sh[i] = static_cast<float>(b * 1000 + i);
+    t.sync();
+    out[b * m + i] = sh[m - 1 - i];
+  }
+};
+
+std::vector<float> run_neighbour(unsigned n) {
+  Tensor out = Tensor::zeros({n}, DType::f32, Device::cuda);
+  cuda::launch("neighbour", {1}, {n}, n * sizeof(float), NeighbourNoBarrier{out.f32()});
+  return out.to_vector();
+}
+
+float run_deleted_barrier(unsigned n) {
+  Tensor out = Tensor::zeros({1}, DType::f32, Device::cuda);
+  cuda::launch("deleted barrier", {1}, {n}, 2 * n * sizeof(float), DeletedBarrier{out.f32()});
+  return out.item();
+}
+
+bool any_nan(const std::vector<float>& v) {
+  for (float x : v)
+    if (std::isnan(x)) return true;
+  return false;
+}
+
+uint32_t bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+}  // namespace
+
+TEST_CASE("cuda emulator: a schedule is forward, reverse or random[:SEED]; anything else is a "
+          "clear error") {
+  CHECK(emu::parse_schedule("forward").order == emu::Order::forward);
+  CHECK(emu::parse_schedule("reverse").order == emu::Order::reverse);
+  const emu::Schedule r = emu::parse_schedule("random");
+  CHECK((r.order == emu::Order::random && r.seed == 1));
+  const emu::Schedule r7 = emu::parse_schedule("random:18446744073709551615");
+  CHECK((r7.order == emu::Order::random && r7.seed == 18446744073709551615ull));
+  for (const char* bad : {"", "Forward", "random:", "random:-1", "random:1x",
+                          "random:18446744073709551616", "backwards"}) {
+    CAPTURE(bad);
+    CHECK_THROWS_WITH_AS(emu::parse_schedule(bad),
+                         doctest::Contains("expected forward, reverse, random or random:SEED"),
+                         clustr::Error);
+  }
+}
+
+TEST_CASE("cuda emulator: a missing barrier that thread order hides is caught under the reverse "
+          "and random schedules") {
+  constexpr unsigned n = 32;
+  {
+    ScheduleScope s(kForward);
+    // The planted bugs pass unnoticed in thread order: what the plain emulator did.
+    const std::vector<float> v = run_neighbour(n);
+    CHECK(!any_nan(v));
+    CHECK(v[n - 1] == static_cast<float>(n - 1));
+    CHECK(run_deleted_barrier(n) == static_cast<float>(n * (n - 1)));
+  }
+  {
+    ScheduleScope s(kReverse);
+    CHECK(!cuda::exact_numerics());  // atomic additions in another order
+    const std::vector<float> v = run_neighbour(n);
+    CHECK(any_nan(v));  // thread i ran before thread i - 1 wrote its slot
+    CHECK(std::isnan(run_deleted_barrier(n)));
+  }
+  for (uint64_t seed : {1u, 2u, 3u}) {
+    CAPTURE(seed);
+    ScheduleScope s(emu::Schedule{emu::Order::random, seed});
+    CHECK(any_nan(run_neighbour(n)));
+    CHECK(std::isnan(run_deleted_barrier(n)));
+  }
+}
+
+TEST_CASE("cuda emulator: correct kernels compute the same under every schedule") {
+  constexpr unsigned n = 45, blocks = 7;
+  std::vector<float> want;
+  for (emu::Schedule sched : {kForward, kReverse, emu::Schedule{emu::Order::random, 5}}) {
+    ScheduleScope s(sched);
+    CAPTURE(emu::order_name(sched.order));
+    Tensor out = Tensor::zeros({blocks * n}, DType::f32, Device::cuda);
+    cuda::launch("mirror", {blocks}, {n}, n * sizeof(float), Mirror{out.f32()});
+    const std::vector<float> got = out.to_vector();
+    if (want.empty()) {
+      for (unsigned b = 0; b < blocks; ++b)
+        for (unsigned i = 0; i < n; ++i) want.push_back(static_cast<float>(b * 1000 + n - 1 - i));
+    }
+    CHECK(got == want);
+  }
+}
+
+TEST_CASE("cuda emulator: threads of a block waiting at different t.sync() calls are reported") {
+  Tensor out = Tensor::zeros({8}, DType::f32, Device::cuda);
+  CHECK_THROWS_WITH_AS(cuda::launch("two barriers", {1}, {8}, 0, TwoBarriers{out.f32()}),
+                       doctest::Contains("every thread of a block must wait at the same barrier"),
+                       clustr::Error);
+  CHECK_THROWS_WITH_AS(cuda::launch("two barriers", {1}, {8}, 0, TwoBarriers{out.f32()}),
+                       doctest::Contains("test_cuda_emulator.cpp:"), clustr::Error);
+  ScheduleScope s(kForward);
+  CHECK(run_deleted_barrier(4) == 12.0f);  // the device still works
+}
+
+TEST_CASE("cuda emulator: fresh and reused device memory reads as NaN, not as zeros or the "
+          "previous owner's values") {
+  constexpr int64_t n = 1000;
+  {
+    Tensor t = Tensor::empty({n}, DType::f32, Device::cuda);
+    for (float v : t.to_vector()) REQUIRE(bits(v) == 0xffffffffu);
+  }
+  const void* first = nullptr;
+  {
+    Tensor t = Tensor::full({n}, 3.0f, Device::cuda);
+    first = t.raw();
+    CHECK(t.to_vector()[n - 1] == 3.0f);
+  }
+  Tensor again = Tensor::empty({n}, DType::f32, Device::cuda);
+  REQUIRE(again.raw() == first);  // the allocator handed the same block out again
+  for (float v : again.to_vector()) REQUIRE(bits(v) == 0xffffffffu);
+}
+
+TEST_CASE("cuda emulator: an overlapping device-to-device copy is refused") {
+  Tensor dev = Tensor::zeros({16}, DType::f32, Device::cuda);
+  float* p = dev.f32();
+  CHECK(cudaMemcpyAsync(p + 4, p, 32, cudaMemcpyDeviceToDevice) == cudaErrorInvalidValue);
+  CHECK(cudaMemcpyAsync(p, p + 7, 32, cudaMemcpyDeviceToDevice) == cudaErrorInvalidValue);
+  CHECK(cudaMemcpyAsync(p, p, 4, cudaMemcpyDeviceToDevice) == cudaErrorInvalidValue);
+  cudaGetLastError();
+  CHECK(cudaMemcpyAsync(p + 8, p, 32, cudaMemcpyDeviceToDevice) == cudaSuccess);  // adjacent
+}
+
+TEST_CASE("cuda emulator: the numerics configuration decides contraction and the GEMM's order") {
+  // a b + c with a b = 1 + 2^-11 + 2^-24 exactly: rounded first, the 2^-24 is lost (a tie,
+  // to even); fused, the sum keeps it.
+  const float a = 1.0f + std::ldexp(1.0f, -12), b = a, c = -1.0f;
+  const Tensor ta = Tensor::from_vector({a}, {1}).to(Device::cuda);
+  const Tensor tb = Tensor::from_vector({b}, {1}).to(Device::cuda);
+  const Tensor tc = Tensor::from_vector({c}, {1}).to(Device::cuda);
+  Tensor out = Tensor::zeros({1}, DType::f32, Device::cuda);
+  cuda::launch("mul add", {1}, {1}, 0, MulAdd{ta.f32(), tb.f32(), tc.f32(), out.f32()});
+  const float fused = std::fma(a, b, c);
+  volatile float product = a * b;  // rounded to float before the addition
+  const float separate = product + c;
+  REQUIRE(fused != separate);
+  // A sum whose order matters: 2^24 + 1 + 1 + ... in order of k loses every 1; in four partial
+  // sums (k mod 4) the three other sums keep theirs.
+  std::vector<float> x(16, 1.0f);
+  x[0] = 16777216.0f;  // 2^24
+  const Tensor row = Tensor::from_vector(x, {1, 16}).to(Device::cuda);
+  const Tensor ones = Tensor::full({16, 1}, 1.0f, Device::cuda);
+  const float sum = clustr::matmul(row, ones).item();
+#if defined(CLUSTR_EMULATION_GPU_NUMERICS)
+  CHECK(!cuda::exact_numerics());
+  CHECK(out.item() == fused);
+  CHECK(sum == 16777216.0f + 12.0f);  // partial sums 2^24 (+3 lost), 4, 4, 4
+#else
+  CHECK(cuda::exact_numerics());
+  CHECK(out.item() == separate);
+  CHECK(sum == 16777216.0f);
+#endif
+}
+
+#endif  // CLUSTR_CUDA_EMULATION
