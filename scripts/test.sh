@@ -6,10 +6,11 @@
 #      CUDA backend on the emulated device (-DCLUSTR_CUDA=EMULATE), so the GPU tests run on
 #      every machine, their kernels checked by the sanitizers too; with the apps, so that
 #      `--device cuda` runs of both apps and their one-step comparisons with the CPU run too;
-#   3. the GPU tests once more on an emulated device with GPU-like numerics (contracted
-#      multiply-adds, a GEMM that adds in another order: the tests' GPU tolerances run) and a
-#      random schedule of threads and blocks (CLUSTR_EMULATION_SCHEDULE: a missing barrier
-#      shows), beside the sanitizer build's exact numerics and thread order.
+#   3. the GPU tests once more under ThreadSanitizer, which reports data races between the
+#      emulated GPU threads and blocks, on an emulated device with GPU-like numerics
+#      (contracted multiply-adds, a GEMM that adds in another order: the tests' GPU tolerances
+#      run) and a random schedule of threads and blocks (CLUSTR_EMULATION_SCHEDULE), beside the
+#      sanitizer build's exact numerics and thread order.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
@@ -28,8 +29,9 @@ cmake --build build-sanitize -j "$jobs"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --test-dir build-sanitize --output-on-failure -j "$jobs"
 
-echo "== emulated device with GPU-like numerics, random schedule: the GPU tests =="
-cmake -S . -B build-gpulike -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCLUSTR_CUDA=EMULATE \
-  -DCLUSTR_EMULATION_NUMERICS=gpu -DCLUSTR_APPS=ON
-cmake --build build-gpulike -j "$jobs" --target test_cuda
-CLUSTR_EMULATION_SCHEDULE=random:1 ./build-gpulike/tests/test_cuda
+echo "== ThreadSanitizer, emulated device with GPU-like numerics, random schedule: the GPU tests =="
+cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCLUSTR_TSAN=ON -DCLUSTR_OPENMP=OFF \
+  -DCLUSTR_CUDA=EMULATE -DCLUSTR_EMULATION_NUMERICS=gpu -DCLUSTR_APPS=ON
+cmake --build build-tsan -j "$jobs" --target test_cuda
+CLUSTR_EMULATION_SCHEDULE=random:1 ctest --test-dir build-tsan -R '^cuda_' --output-on-failure \
+  -j "$jobs"

@@ -161,6 +161,9 @@ TEST_CASE("cuda emulator: a schedule is forward, reverse or random[:SEED]; anyth
 
 TEST_CASE("cuda emulator: a missing barrier that thread order hides is caught under the reverse "
           "and random schedules") {
+#if defined(__SANITIZE_THREAD__)
+  return;  // ThreadSanitizer reports these planted races in any order (cuda_emulator_race_*)
+#endif
   constexpr unsigned n = 32;
   {
     ScheduleScope s(kForward);
@@ -209,8 +212,9 @@ TEST_CASE("cuda emulator: threads of a block waiting at different t.sync() calls
                        clustr::Error);
   CHECK_THROWS_WITH_AS(cuda::launch("two barriers", {1}, {8}, 0, TwoBarriers{out.f32()}),
                        doctest::Contains("test_cuda_emulator.cpp:"), clustr::Error);
-  ScheduleScope s(kForward);
-  CHECK(run_deleted_barrier(4) == 12.0f);  // the device still works
+  Tensor m = Tensor::zeros({4}, DType::f32, Device::cuda);  // the device still works
+  cuda::launch("mirror", {1}, {4}, 4 * sizeof(float), Mirror{m.f32()});
+  CHECK(m.to_vector() == std::vector<float>{3.0f, 2.0f, 1.0f, 0.0f});
 }
 
 TEST_CASE("cuda emulator: fresh and reused device memory reads as NaN, not as zeros or the "
@@ -231,6 +235,68 @@ TEST_CASE("cuda emulator: fresh and reused device memory reads as NaN, not as ze
   for (float v : again.to_vector()) REQUIRE(bits(v) == 0xffffffffu);
 }
 
+// The planted bug ends the process (a fault, named by the emulator), so ctest runs this case
+// alone (cuda_emulator_host_read_of_device_memory in tests/CMakeLists.txt) and checks the
+// message and the signal; the program skips it otherwise.
+TEST_CASE("cuda emulator: host code reading device memory is stopped and named" *
+          doctest::skip()) {
+  const Tensor t = Tensor::full({16}, 2.0f, Device::cuda);
+  const float before = t.to_vector()[3];  // through a copy: fine
+  CHECK(before == 2.0f);
+  const volatile float* p = t.f32();
+  const float x = p[3];  // planted bug: a host read of device memory
+  FAIL("the host read device memory and got " << x);
+}
+
+// Planted races for a ThreadSanitizer build (-DCLUSTR_TSAN=ON), where ctest runs each alone
+// and expects ThreadSanitizer's report (cuda_emulator_race_* in tests/CMakeLists.txt): without
+// it they compute plausible numbers in every schedule, so the program skips them otherwise.
+struct SharedSlotRace {  // every thread writes one shared slot, unsynchronised
+  static constexpr bool kUsesBarrier = true;
+  float* out;
+  CLUSTR_DEVICE void operator()(const Thread& t) const {
+    float* s = t.shared<float>();
+    s[0] = static_cast<float>(t.thread_idx().x);
+    t.sync();
+    if (t.thread_idx().x == 0) out[0] = s[0];
+  }
+};
+struct BlocksRace {  // thread 0 of every block adds to one counter without an atomic
+  static constexpr bool kUsesBarrier = false;
+  float* out;
+  CLUSTR_DEVICE void operator()(const Thread& t) const {
+    if (t.thread_idx().x == 0) out[0] += 1.0f;
+  }
+};
+
+TEST_CASE("cuda emulator: a race in shared memory (planted)" * doctest::skip()) {
+  Tensor out = Tensor::zeros({1}, DType::f32, Device::cuda);
+  cuda::launch("shared slot race", {1}, {8}, sizeof(float), SharedSlotRace{out.f32()});
+  CHECK(out.item() >= 0.0f);
+}
+
+TEST_CASE("cuda emulator: a deleted barrier (planted)" * doctest::skip()) {
+  ScheduleScope s(kForward);  // the order that hides it from the NaN check
+  CHECK(run_deleted_barrier(8) == 56.0f);
+}
+
+TEST_CASE("cuda emulator: a race between blocks (planted)" * doctest::skip()) {
+  Tensor out = Tensor::zeros({1}, DType::f32, Device::cuda);
+  cuda::launch("blocks race", {4}, {2}, 0, BlocksRace{out.f32()});
+  CHECK(out.item() == 4.0f);  // right in emulation, whatever the order: blocks run one by one
+}
+
+TEST_CASE("cuda emulator: device memory is reachable through copies, kernels and cuBLAS only, "
+          "and a kernel's work on it is visible afterwards") {
+  Tensor t = Tensor::full({1000}, 1.5f, Device::cuda);  // a fill kernel
+  const Tensor u = clustr::add(t, t);                   // another kernel
+  const Tensor w = clustr::matmul(Tensor::full({1, 1000}, 1.0f, Device::cuda),
+                                  Tensor::full({1000, 1}, 0.5f, Device::cuda));  // cuBLAS
+  CHECK(u.to_vector()[999] == 3.0f);
+  CHECK(w.item() == 500.0f);
+  CHECK(emu::device_bytes_in_use() > 0);
+}
+
 TEST_CASE("cuda emulator: an overlapping device-to-device copy is refused") {
   Tensor dev = Tensor::zeros({16}, DType::f32, Device::cuda);
   float* p = dev.f32();
@@ -242,6 +308,7 @@ TEST_CASE("cuda emulator: an overlapping device-to-device copy is refused") {
 }
 
 TEST_CASE("cuda emulator: the numerics configuration decides contraction and the GEMM's order") {
+  ScheduleScope s(kForward);  // exact_numerics() is false under any other
   // a b + c with a b = 1 + 2^-11 + 2^-24 exactly: rounded first, the 2^-24 is lost (a tie,
   // to even); fused, the sum keeps it.
   const float a = 1.0f + std::ldexp(1.0f, -12), b = a, c = -1.0f;

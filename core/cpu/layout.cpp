@@ -132,7 +132,7 @@ void gather_rows(const float* table, int64_t D, const int32_t* index, int64_t n,
 // same element, and each element receives its sources in index order whatever the thread count.
 void scatter_add_rows(float* table, int64_t V, int64_t D, const int32_t* index, int64_t n,
                       const float* src) {
-  const bool parallel = n * D >= kParallelMin;
+  [[maybe_unused]] const bool parallel = n * D >= kParallelMin;
 #pragma omp parallel if (parallel)
   {
     int64_t t = 0, T = 1;

@@ -18,18 +18,9 @@
 #include <vector>
 
 #include "core/cpu/nn.h"
+#include "core/cpu/row_clones.h"
 #include "core/math.h"
 #include "core/philox.h"
-
-#if defined(__x86_64__) && defined(__ELF__) && defined(__has_attribute)
-#if __has_attribute(target_clones)
-#define CLUSTR_ROW_CLONES \
-  __attribute__((target_clones("avx512f", "avx2", "default"), optimize("fp-contract=off")))
-#endif
-#endif
-#ifndef CLUSTR_ROW_CLONES
-#define CLUSTR_ROW_CLONES
-#endif
 
 namespace clustr::cpu {
 
@@ -84,7 +75,7 @@ inline const float* input_row(const float* x, const float* x2, float* scratch, i
 // One row of layer norm forward: x, y (D). Two passes in double (mean, then the mean square
 // deviation from it): no cancellation even for rows like 1e4 + small noise, where E[x^2] -
 // E[x]^2 in float is noise.
-CLUSTR_ROW_CLONES
+CLUSTR_ROW_CLONES_NO_CONTRACT
 void layer_norm_row(const float* x, const float* gamma, const float* beta, float eps, float* y,
                     float* mean, float* rstd, int64_t D) {
   const double mu = row_sum(D, [&](int64_t j) { return double(x[j]); }) / double(D);
@@ -101,7 +92,7 @@ void layer_norm_row(const float* x, const float* gamma, const float* beta, float
 // One row of layer norm backward: dy, x, dx (D); dx is written, and dy * xhat and dy are added
 // to the block partials pg and pb (D). The row's constants, and why the mean is recomputed:
 // math::layer_norm_row_grad.
-CLUSTR_ROW_CLONES
+CLUSTR_ROW_CLONES_NO_CONTRACT
 void layer_norm_backward_row(const float* dy, const float* x, float mean_f, float rstd,
                              const float* gamma, float* dx, double* pg, double* pb, int64_t D) {
   const double m = mean_f;

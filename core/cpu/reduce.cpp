@@ -20,16 +20,8 @@
 #endif
 
 #include "core/cpu/kernels.h"
+#include "core/cpu/row_clones.h"
 #include "core/math.h"
-
-#if defined(__x86_64__) && defined(__ELF__) && defined(__has_attribute)
-#if __has_attribute(target_clones)
-#define CLUSTR_ROW_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#endif
-#endif
-#ifndef CLUSTR_ROW_CLONES
-#define CLUSTR_ROW_CLONES
-#endif
 
 namespace clustr::cpu {
 
@@ -122,7 +114,7 @@ void tile_sum(const float* x, int64_t len, int64_t inner, int64_t w, double* acc
 void reduce_strided(ReduceOp op, const float* x, float* y, int64_t outer, int64_t len,
                     int64_t inner) {
   const int64_t tiles = (inner + kInnerTile - 1) / kInnerTile;
-  const bool parallel = outer * len * inner >= kParallelMin;
+  [[maybe_unused]] const bool parallel = outer * len * inner >= kParallelMin;
   if (op == ReduceOp::sum || op == ReduceOp::mean) {
     // Task (o, tile, block) sums rows [block * kRowBlock, ...) of its tile into its partial.
     const int64_t blocks = std::max<int64_t>(1, (len + kRowBlock - 1) / kRowBlock);

@@ -3,6 +3,9 @@
 // Compiled only with -DCLUSTR_CUDA=EMULATE.
 #include "core/cuda/emulation.h"
 
+#include <execinfo.h>
+#include <signal.h>
+#include <sys/mman.h>
 #include <ucontext.h>
 #include <unistd.h>
 
@@ -21,10 +24,17 @@
 #include <string>
 #include <vector>
 
+#if defined(__SANITIZE_THREAD__)
+#include <sanitizer/tsan_interface.h>
+#define CLUSTR_TSAN_FIBERS 1
+#endif
 #if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
+#define CLUSTR_ASAN_ARENA 1
 #endif
 
+#include "core/cuda/emulation_state.h"
 #include "core/error.h"
 
 // ---- device memory -------------------------------------------------------------------------------
@@ -38,11 +48,30 @@ cudaError_t fail(cudaError_t e) {
   return e;
 }
 
+// The emulated device's memory: one arena of address space reserved at the first allocation
+// (the host's physical memory in size, MAP_NORESERVE: only pages written cost memory), carved
+// first fit into 256-byte aligned blocks, each followed by a 256-byte gap. The arena is
+// inaccessible (PROT_NONE) except while the device works on it (a launch, a copy, a GEMM, a
+// fill: DeviceAccess below), so host code that reads or writes device memory directly faults,
+// and the handler below names it. Under AddressSanitizer every byte outside a live block
+// (the gaps, freed blocks) is poisoned, so a kernel that runs past its block, or reads a freed
+// one, is reported there as on the heap.
+constexpr size_t kAlign = 256, kGap = 256;
+
 struct DeviceMemory {
   std::mutex mu;
   std::map<uintptr_t, size_t> blocks;  // base address -> bytes, every live cudaMalloc block
+  std::map<uintptr_t, size_t> spans;   // base address -> bytes taken in the arena (gap included)
+  std::map<uintptr_t, size_t> free;    // base address -> bytes, the free parts of the arena
   size_t in_use = 0;
   size_t capacity = 0;
+  char* base = nullptr;     // the arena, reserved at the first allocation
+  size_t reserved = 0;
+  size_t high_water = 0;    // bytes from base that were ever handed out (page-rounded)
+  // DeviceAccess: how many scopes have the arena open, and how far it is open.
+  std::mutex access_mu;
+  int open_scopes = 0;
+  size_t open_extent = 0;
 
   DeviceMemory() {
     const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
@@ -71,7 +100,136 @@ struct DeviceMemory {
     --it;
     return it->first + it->second > a;
   }
+  bool in_arena(const void* p) const {
+    const auto a = reinterpret_cast<uintptr_t>(p), b = reinterpret_cast<uintptr_t>(base);
+    return base != nullptr && a >= b && a - b < reserved;
+  }
+
+  // A block of `bytes` (> 0) from the arena, or null; caller holds mu.
+  void* take_locked(size_t bytes);
+  void give_back_locked(void* p);
 };
+
+DeviceMemory& device_memory();
+
+size_t page_size() {
+  static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  return page;
+}
+
+// Opens the arena for the device's own work (see DeviceMemory); scopes nest and may overlap
+// across host threads (the arena stays open until the last one closes).
+void open_arena(size_t from, size_t to) {
+  DeviceMemory& m = device_memory();
+  if (to > from && mprotect(m.base + from, to - from, PROT_READ | PROT_WRITE) != 0) {
+    std::perror("clustr device emulation: mprotect of the device arena");
+    std::abort();
+  }
+}
+
+// A fault inside the arena while it is closed: host code touched device memory.
+struct sigaction previous_segv;
+
+void on_segv(int sig, siginfo_t* info, void* context) {
+  DeviceMemory& m = device_memory();
+  if (info != nullptr && m.in_arena(info->si_addr)) {
+    char msg[256];
+    const int n = std::snprintf(msg, sizeof msg,
+                                "clustr device emulation: host code read or wrote device memory "
+                                "at %p outside a copy or a kernel (device memory is reachable "
+                                "only through copies: Tensor::to, cudaMemcpyAsync); where:\n",
+                                info->si_addr);
+    if (n > 0) (void)!write(STDERR_FILENO, msg, static_cast<size_t>(n));
+    void* frames[48];
+    backtrace_symbols_fd(frames, backtrace(frames, 48), STDERR_FILENO);
+    signal(SIGSEGV, SIG_DFL);
+    raise(SIGSEGV);
+    return;
+  }
+  // Not ours: whoever handled SIGSEGV before (a sanitizer), or the default action.
+  if (previous_segv.sa_flags & SA_SIGINFO) {
+    if (previous_segv.sa_sigaction != nullptr) return previous_segv.sa_sigaction(sig, info, context);
+  } else if (previous_segv.sa_handler != SIG_DFL && previous_segv.sa_handler != SIG_IGN &&
+             previous_segv.sa_handler != nullptr) {
+    return previous_segv.sa_handler(sig);
+  }
+  signal(SIGSEGV, SIG_DFL);  // returning re-runs the access, which now ends the process
+}
+
+// Reserves the arena (caller holds mu): false when the address space cannot be had.
+bool reserve_locked(DeviceMemory& m) {
+  if (m.base != nullptr) return true;
+  const size_t huge = size_t(2) << 20;
+  const size_t size = (m.capacity + huge - 1) / huge * huge;
+  void* p = mmap(nullptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) return false;
+  m.base = static_cast<char*>(p);
+  m.reserved = size;
+  m.free[reinterpret_cast<uintptr_t>(p)] = size;
+#if defined(CLUSTR_ASAN_ARENA)
+  ASAN_POISON_MEMORY_REGION(p, size);
+#endif
+  struct sigaction sa {};
+  sa.sa_sigaction = on_segv;
+  sa.sa_flags = SA_SIGINFO | SA_NODEFER;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGSEGV, &sa, &previous_segv);
+  return true;
+}
+
+void* DeviceMemory::take_locked(size_t bytes) {
+  if (!reserve_locked(*this)) return nullptr;
+  const size_t span = (bytes + kAlign - 1) / kAlign * kAlign + kGap;
+  for (auto it = free.begin(); it != free.end(); ++it) {
+    if (it->second < span) continue;
+    const uintptr_t a = it->first;
+    const size_t rest = it->second - span;
+    free.erase(it);
+    if (rest > 0) free[a + span] = rest;
+    spans[a] = span;
+    const size_t end = a + span - reinterpret_cast<uintptr_t>(base);
+    {
+      std::lock_guard<std::mutex> lock(access_mu);
+      const size_t hw = (end + page_size() - 1) / page_size() * page_size();
+      if (hw > high_water) {
+        if (open_scopes > 0) {  // open now: the new pages open too
+          open_arena(open_extent, hw);
+          open_extent = hw;
+        }
+        high_water = hw;
+      }
+    }
+#if defined(CLUSTR_ASAN_ARENA)
+    ASAN_UNPOISON_MEMORY_REGION(reinterpret_cast<void*>(a), bytes);
+#endif
+    return reinterpret_cast<void*>(a);
+  }
+  return nullptr;
+}
+
+void DeviceMemory::give_back_locked(void* p) {
+  auto s = spans.find(reinterpret_cast<uintptr_t>(p));
+  uintptr_t a = s->first;
+  size_t size = s->second;
+  spans.erase(s);
+#if defined(CLUSTR_ASAN_ARENA)
+  ASAN_POISON_MEMORY_REGION(p, size);
+#endif
+  auto next = free.lower_bound(a);  // coalesce with the free neighbours
+  if (next != free.end() && a + size == next->first) {
+    size += next->second;
+    next = free.erase(next);
+  }
+  if (next != free.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == a) {
+      a = prev->first;
+      size += prev->second;
+      free.erase(prev);
+    }
+  }
+  free[a] = size;
+}
 
 // Never destroyed: tensors freed during static destruction still find it.
 DeviceMemory& device_memory() {
@@ -126,6 +284,25 @@ bool live_event(cudaEvent_t e) { return e != nullptr && handles().has(handles().
 }  // namespace
 
 namespace clustr::cuda::emulation::state {
+DeviceAccess::DeviceAccess() {
+  DeviceMemory& m = device_memory();
+  std::lock_guard<std::mutex> lock(m.access_mu);
+  if (m.open_scopes++ == 0) {
+    open_arena(0, m.high_water);
+    m.open_extent = m.high_water;
+  }
+}
+DeviceAccess::~DeviceAccess() {
+  DeviceMemory& m = device_memory();
+  std::lock_guard<std::mutex> lock(m.access_mu);
+  if (--m.open_scopes == 0 && m.open_extent > 0) {
+    if (mprotect(m.base, m.open_extent, PROT_NONE) != 0) {
+      std::perror("clustr device emulation: mprotect of the device arena");
+      std::abort();
+    }
+    m.open_extent = 0;
+  }
+}
 bool no_devices() { return ::no_devices(); }
 bool live_stream(cudaStream_t s) { return ::live_stream(s); }
 bool in_one_allocation(const void* p, size_t bytes) { return device_memory().contains(p, bytes); }
@@ -173,11 +350,13 @@ cudaError_t cudaMalloc(void** ptr, size_t bytes) {
   DeviceMemory& m = device_memory();
   std::lock_guard<std::mutex> lock(m.mu);
   if (bytes > m.capacity - m.in_use) return fail(cudaErrorMemoryAllocation);
-  const size_t rounded = (bytes + 255) / 256 * 256;
-  void* p = std::aligned_alloc(256, rounded);
+  void* p = m.take_locked(bytes);
   if (p == nullptr) return fail(cudaErrorMemoryAllocation);
-  // Fresh device memory holds whatever was there before; here NaN bytes (see emulation.h).
-  std::memset(p, 0xff, rounded);
+  {
+    // Fresh device memory holds whatever was there before; here NaN bytes (see emulation.h).
+    clustr::cuda::emulation::state::DeviceAccess open;
+    std::memset(p, 0xff, bytes);
+  }
   m.blocks[reinterpret_cast<uintptr_t>(p)] = bytes;
   m.in_use += bytes;
   *ptr = p;
@@ -192,7 +371,7 @@ cudaError_t cudaFree(void* ptr) {
   if (it == m.blocks.end()) return fail(cudaErrorInvalidValue);
   m.in_use -= it->second;
   m.blocks.erase(it);
-  std::free(ptr);
+  m.give_back_locked(ptr);
   return cudaSuccess;
 }
 
@@ -225,6 +404,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
       return fail(cudaErrorInvalidValue);
     }
   }
+  clustr::cuda::emulation::state::DeviceAccess open;
   std::memcpy(dst, src, bytes);
   return cudaSuccess;
 }
@@ -337,6 +517,7 @@ void poison(void* device_ptr, size_t bytes) {
   if (!device_memory().contains(device_ptr, bytes))
     throw Error(detail::cat("device emulation: poison of ", bytes, " bytes at ", device_ptr,
                             ", which is not inside one device allocation"));
+  state::DeviceAccess open;
   std::memset(device_ptr, 0xff, bytes);
 }
 
@@ -537,10 +718,41 @@ void run_sequential(const Launch& l, uint64_t blocks, const Schedule& sched, uin
 #define CLUSTR_ASAN_FIBERS 1
 #endif
 
-#if defined(CLUSTR_ASAN_FIBERS)
-constexpr size_t kFiberStack = 256 * 1024;  // AddressSanitizer's redzones need more room
+#if defined(CLUSTR_ASAN_FIBERS) || defined(CLUSTR_TSAN_FIBERS)
+constexpr size_t kFiberStack = 256 * 1024;  // a sanitizer's instrumentation needs more room
 #else
 constexpr size_t kFiberStack = 64 * 1024;
+#endif
+
+// ThreadSanitizer's view of the emulated threads (a -DCLUSTR_TSAN=ON build). Every CUDA thread
+// is a fiber of its own to it (__tsan_create_fiber; switches without implied ordering), and the
+// only orderings it is told of are the GPU's: the host's work before a launch happens before
+// every thread of it, a block's threads before a t.sync() happen before its threads after it,
+// and the whole launch before the host's next work. Accesses of two threads of a block between
+// two barriers, or of two blocks of a launch, to the same byte (at least one a write, neither
+// an atomic) are then a data race that it reports with both stacks. Blocks alternate between
+// two teams of fibers, and the host orders each block only after the one before the previous
+// (whose team's shared memory it refills), so each block is unordered with its neighbours in
+// the schedule's block order: a race between blocks shows between any two neighbours.
+// The fibers' own bookkeeping (their state, the scheduler's fields) is handed back and forth
+// with the scheduler in coroutine order, which ThreadSanitizer is not told: the functions that
+// a fiber runs outside the kernel's body (entry, sync) are not instrumented (CLUSTR_NO_TSAN),
+// so that only the body's accesses are checked. (Ignore annotations would do the same at a
+// stack capture each: most of a run's time, measured.)
+#if defined(CLUSTR_TSAN_FIBERS)
+#define CLUSTR_NO_TSAN __attribute__((no_sanitize("thread")))
+// Not instrumented either: a function that switches fibers must not enter its frame on one
+// fiber's shadow stack and leave it from another's.
+CLUSTR_NO_TSAN void tsan_acquire(void* addr) { __tsan_acquire(addr); }
+CLUSTR_NO_TSAN void tsan_release(void* addr) { __tsan_release(addr); }
+CLUSTR_NO_TSAN void tsan_switch(void* fiber) {
+  __tsan_switch_to_fiber(fiber, __tsan_switch_to_fiber_no_sync);
+}
+#else
+#define CLUSTR_NO_TSAN
+void tsan_acquire(void*) {}
+void tsan_release(void*) {}
+void tsan_switch(void*) {}
 #endif
 
 // Fiber stacks, kept per host thread for the next launch (allocating them is most of the cost
@@ -555,20 +767,34 @@ std::vector<std::unique_ptr<char[]>>& stack_cache() {
 
 class Fibers {
  public:
-  Fibers(const Launch& l, unsigned n, const Schedule& sched, uint64_t launch)
+  // team: which of a host thread's teams (0 or 1) this is; each has its own fiber stacks.
+  Fibers(const Launch& l, unsigned n, const Schedule& sched, uint64_t launch, unsigned team = 0)
       : l_(l), fibers_(n), shared_(l.shared_bytes), sched_order_(sched), launch_(launch) {
     auto& cache = stack_cache();
-    while (cache.size() < n) cache.emplace_back(new char[kFiberStack]);
+    while (cache.size() < (team + 1) * size_t(n)) cache.emplace_back(new char[kFiberStack]);
     for (unsigned id = 0; id < n; ++id) {
       Fiber& f = fibers_[id];
-      f.stack = cache[id].get();
-      f.s = base_state(l, shared_.data(), this);
+      f.stack = cache[team * size_t(n) + id].get();
+      // A kernel without barriers gets no Fibers to sync on: its t.sync() stays an error.
+      f.s = base_state(l, shared_.data(), l.uses_barrier ? this : nullptr);
       set_thread(l, id, f.s);
     }
+#if defined(CLUSTR_TSAN_FIBERS)
+    // ThreadSanitizer's fibers are costly to make (a thread's state each): kept per host thread
+    // for the next launch, like the stacks (what orders launches is the host, not the fibers).
+    // Any of them may run any CUDA thread: team t takes pool[t n, (t + 1) n).
+    thread_local std::vector<void*> pool;
+    while (pool.size() < (team + 1) * size_t(n)) pool.push_back(__tsan_create_fiber(0));
+    host_fiber_ = __tsan_get_current_fiber();
+    for (unsigned id = 0; id < n; ++id) fibers_[id].tsan = pool[team * size_t(n) + id];
+#endif
   }
+  Fibers(const Fibers&) = delete;
+  Fibers& operator=(const Fibers&) = delete;
 
   // Runs block number b to its end; throws clustr::Error on a divergent barrier.
   void run_block(uint64_t b) {
+    tsan_acquire(&end_sync_);  // the team's previous block is over: its shared memory is free
     std::fill(shared_.begin(), shared_.end(), static_cast<unsigned char>(0xff));
     for (Fiber& f : fibers_) {
       block_coords(l_, b, f.s.block);
@@ -579,13 +805,45 @@ class Fibers {
       f.ctx.uc_link = nullptr;
       makecontext(&f.ctx, &Fibers::entry, 0);
     }
+    tsan_release(&start_sync_);  // all of the above happens before the block's threads
+    try {
+      run_rounds(b);
+    } catch (...) {
+      settle();
+      throw;
+    }
+  }
+
+  // t.sync() of the running fiber: back to the scheduler until every fiber has arrived.
+  CLUSTR_NO_TSAN void sync(SyncSite site) {
+    Fiber& f = fibers_[current_];
+    f.state = kWaiting;
+    f.site = site;
+    tsan_release(&barrier_sync_);
+#if defined(CLUSTR_ASAN_FIBERS)
+    __sanitizer_start_switch_fiber(&f.fake_stack, sched_bottom_, sched_size_);
+#endif
+    tsan_switch(host_fiber_);
+    swapcontext(&f.ctx, &sched_);
+#if defined(CLUSTR_ASAN_FIBERS)
+    __sanitizer_finish_switch_fiber(f.fake_stack, &sched_bottom_, &sched_size_);
+#endif
+    tsan_acquire(&barrier_sync_);  // every thread of the block has released it by now
+  }
+
+ private:
+  // The barrier rounds of block b (run_block).
+  void run_rounds(uint64_t b) {
     const unsigned n = static_cast<unsigned>(fibers_.size());
     for (uint64_t round = 0;; ++round) {
       unsigned waiting = 0, done = 0;
       thread_order(sched_order_, launch_, b, round, order_, n);
       for (unsigned i : order_) {
         switch_to(i);
-        if (fibers_[i].state == kFailed) std::rethrow_exception(error_);
+        if (fibers_[i].state == kFailed) {
+          tsan_acquire(&end_sync_);  // the failed thread set error_ before its release
+          std::rethrow_exception(error_);
+        }
         (fibers_[i].state == kWaiting ? waiting : done) += 1;
       }
       if (done == n) return;
@@ -607,21 +865,20 @@ class Fibers {
     }
   }
 
-  // t.sync() of the running fiber: back to the scheduler until every fiber has arrived.
-  void sync(SyncSite site) {
-    Fiber& f = fibers_[current_];
-    f.state = kWaiting;
-    f.site = site;
-#if defined(CLUSTR_ASAN_FIBERS)
-    __sanitizer_start_switch_fiber(&f.fake_stack, sched_bottom_, sched_size_);
-#endif
-    swapcontext(&f.ctx, &sched_);
-#if defined(CLUSTR_ASAN_FIBERS)
-    __sanitizer_finish_switch_fiber(f.fake_stack, &sched_bottom_, &sched_size_);
+  // A block that failed leaves fibers stopped inside the kernel, which never release what they
+  // did to the host: ThreadSanitizer is told that the host is past them (a switch there and
+  // back, with ordering, and no context switch), or it would see the host's next use of what
+  // they touched (the kernel's arguments on the host's stack) as a race.
+  CLUSTR_NO_TSAN void settle() {
+#if defined(CLUSTR_TSAN_FIBERS)
+    for (Fiber& f : fibers_)
+      if (f.state == kWaiting || f.state == kRunning) {
+        __tsan_switch_to_fiber(f.tsan, 0);
+        __tsan_switch_to_fiber(host_fiber_, 0);
+      }
 #endif
   }
 
- private:
   enum State { kRunning, kWaiting, kDone, kFailed };
   struct Fiber {
     ucontext_t ctx;
@@ -630,10 +887,11 @@ class Fibers {
     ThreadState s;
     SyncSite site;  // of the barrier it waits at
     void* fake_stack = nullptr;
+    void* tsan = nullptr;  // ThreadSanitizer's fiber (a CLUSTR_TSAN build)
   };
 
   // The scheduler resumes fiber i and returns when it waits at a barrier or has finished.
-  void switch_to(unsigned i) {
+  CLUSTR_NO_TSAN void switch_to(unsigned i) {
     current_ = i;
     fibers_[i].state = kRunning;
     entering() = this;
@@ -641,7 +899,9 @@ class Fibers {
     void* fake = nullptr;
     __sanitizer_start_switch_fiber(&fake, fibers_[i].stack, kFiberStack);
 #endif
-    swapcontext(&sched_, &fibers_[i].ctx);
+    Fiber& f = fibers_[i];  // read as the host, before ThreadSanitizer is told of the switch
+    tsan_switch(f.tsan);
+    swapcontext(&sched_, &f.ctx);
 #if defined(CLUSTR_ASAN_FIBERS)
     __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
 #endif
@@ -653,11 +913,12 @@ class Fibers {
     return f;
   }
 
-  static void entry() {
+  CLUSTR_NO_TSAN static void entry() {
     Fibers* self = entering();
 #if defined(CLUSTR_ASAN_FIBERS)
     __sanitizer_finish_switch_fiber(nullptr, &self->sched_bottom_, &self->sched_size_);
 #endif
+    tsan_acquire(&self->start_sync_);
     Fiber& f = self->fibers_[self->current_];
     try {
       self->l_.run(self->l_.kernel, f.s);
@@ -666,9 +927,11 @@ class Fibers {
       if (!self->error_) self->error_ = std::current_exception();
       f.state = kFailed;
     }
+    tsan_release(&self->end_sync_);
 #if defined(CLUSTR_ASAN_FIBERS)
     __sanitizer_start_switch_fiber(nullptr, self->sched_bottom_, self->sched_size_);
 #endif
+    tsan_switch(self->host_fiber_);
     setcontext(&self->sched_);  // a finished fiber is never resumed
   }
 
@@ -683,11 +946,23 @@ class Fibers {
   Schedule sched_order_;
   uint64_t launch_ = 0;
   std::vector<unsigned> order_;
+ public:
+  // ThreadSanitizer's synchronization objects (their addresses) and the host's own fiber.
+  char start_sync_ = 0, end_sync_ = 0, barrier_sync_ = 0;
+  void* host_fiber_ = nullptr;
 };
 
 void block_sync(Fibers* block, SyncSite site) { block->sync(site); }
 
 namespace {
+
+// ThreadSanitizer tells threads apart only as fibers: there, kernels without barriers run as
+// fibers too (each to its end in one go).
+#if defined(CLUSTR_TSAN_FIBERS)
+constexpr bool kEveryThreadAFiber = true;
+#else
+constexpr bool kEveryThreadAFiber = false;
+#endif
 
 void run_fibers(const Launch& l, uint64_t blocks, const Schedule& sched, uint64_t launch) {
   const unsigned n = l.block[0] * l.block[1] * l.block[2];
@@ -699,6 +974,24 @@ void run_fibers(const Launch& l, uint64_t blocks, const Schedule& sched, uint64_
     if (!error) error = std::current_exception();
     failed = true;
   };
+#if defined(CLUSTR_TSAN_FIBERS)
+  // One host thread (a ThreadSanitizer build has no OpenMP), two teams taking turns (above).
+  try {
+    Fibers teams[2] = {Fibers(l, n, sched, launch, 0), Fibers(l, n, sched, launch, 1)};
+    for (Fibers& t : teams) tsan_release(&t.end_sync_);
+    const BlockOrder block_at(sched, launch, blocks);
+    for (uint64_t i = 0; i < blocks && !failed; ++i) {
+      try {
+        teams[i % 2].run_block(block_at(i));
+      } catch (...) {
+        record();
+      }
+    }
+    for (Fibers& t : teams) tsan_acquire(&t.end_sync_);  // the launch is over for the host
+  } catch (...) {
+    record();
+  }
+#else
 #pragma omp parallel if (blocks > 1)
   {
     try {
@@ -716,6 +1009,7 @@ void run_fibers(const Launch& l, uint64_t blocks, const Schedule& sched, uint64_
       record();
     }
   }
+#endif
   if (error) std::rethrow_exception(error);
 }
 
@@ -735,7 +1029,8 @@ void launch(const Launch& l) {
   const uint64_t blocks = uint64_t(l.grid[0]) * l.grid[1] * l.grid[2];
   const Schedule sched = current_schedule();
   const uint64_t id = launch_counter.fetch_add(1, std::memory_order_relaxed);
-  if (l.uses_barrier)
+  state::DeviceAccess open;  // the kernel's threads may touch any device memory
+  if (l.uses_barrier || kEveryThreadAFiber)
     run_fibers(l, blocks, sched, id);
   else
     run_sequential(l, blocks, sched, id);

@@ -7,11 +7,19 @@
 //
 // 1. The subset of the CUDA runtime and cuBLAS APIs that core/cuda/ calls, with the same names,
 //    signatures and error codes, so that runtime.cu and blas.cu compile unchanged:
-//    - device memory is host memory from the heap (256-byte aligned, as cudaMalloc), but every
+//    - device memory is host memory, but in an arena of its own: address space reserved at the
+//      first cudaMalloc (the host's physical memory in size, pages cost memory only once
+//      written), carved into 256-byte aligned blocks with a 256-byte gap after each. The arena
+//      is inaccessible (PROT_NONE) except while the emulator itself works on it (a launch, a
+//      copy, a GEMM, a fill), so host code that reads or writes device memory directly faults;
+//      a SIGSEGV handler names the address and prints a backtrace before the process ends.
+//      Under AddressSanitizer everything in the arena outside live blocks is poisoned, so a
+//      kernel running past its block or into a freed one is reported as on the heap. Every
 //      allocation is registered, and cudaMemcpyAsync checks that each side of a copy is, or is
 //      not, device memory as its direction says (a host pointer handed to the device is an
 //      error); cudaMalloc fails with cudaErrorMemoryAllocation past the emulated device's
-//      capacity (the host's physical memory);
+//      capacity (the host's physical memory). What the arena cannot catch: a kernel given a
+//      host pointer reads host memory (kernels run on the host);
 //    - streams and events: every launch, copy and GEMM has finished when its call returns, so
 //      work is trivially ordered and synchronizing or querying returns at once. What is checked
 //      is the handles: a stream or event is live from its create call to its destroy call, and
@@ -73,6 +81,11 @@
 //    barrier goes unseen whenever the reader of a value has a higher index than its writer;
 //    "reverse" and "random:SEED" (a permutation drawn afresh for every launch, block and round,
 //    the same for a given seed) run readers first, which then see NaN shared memory.
+//    Built with ThreadSanitizer (-DCLUSTR_TSAN=ON, no OpenMP), every CUDA thread is a fiber of
+//    its own to it, kernels without barriers included, and it is told only the GPU's orderings
+//    (host work before a launch, a block's threads before and after each t.sync(), the launch
+//    before the host's next work): two threads touching the same byte between barriers, or two
+//    blocks of a launch, without an atomic, are reported as a data race whatever the schedule.
 //    Launch configurations a GPU rejects (more than 1024 threads per block, block or grid sizes
 //    past CUDA's limits, more than 48 KiB of dynamic shared memory) are recorded as
 //    cudaErrorInvalidConfiguration for cudaGetLastError, as the runtime does.

@@ -184,6 +184,7 @@ cublasStatus_t gemm_batched(const char* call, cublasHandle_t handle, Operand kin
       return CUBLAS_STATUS_EXECUTION_FAILED;
     if (!matrix_in_device(call, "C", Cb, sizeof(float), m, n, ldc))
       return CUBLAS_STATUS_EXECUTION_FAILED;
+    state::DeviceAccess open;
     one(ta, tb, m, n, k, alpha, Ab, lda, Bb, ldb, beta, Cb, ldc);
   }
   return CUBLAS_STATUS_SUCCESS;

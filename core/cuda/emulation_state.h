@@ -1,6 +1,7 @@
 // What the emulated cuBLAS (emulation_blas.cpp) asks of the emulated runtime (emulation.cpp):
-// whether devices are switched off, whether a stream is live, and whether a range of bytes lies
-// inside one live device allocation. Internal to device emulation.
+// access to the device's memory, whether devices are switched off, whether a stream is live,
+// and whether a range of bytes lies inside one live device allocation. Internal to device
+// emulation.
 #pragma once
 
 #include <cstddef>
@@ -8,6 +9,17 @@
 #include "core/cuda/emulation.h"
 
 namespace clustr::cuda::emulation::state {
+
+// While one lives, the device arena (emulation.cpp) is open to the calling code: the emulator's
+// own work on device memory (a launch, a copy, a GEMM, a fill). Outside every such scope host
+// code that touches device memory faults, and the emulator names it.
+class DeviceAccess {
+ public:
+  DeviceAccess();
+  ~DeviceAccess();
+  DeviceAccess(const DeviceAccess&) = delete;
+  DeviceAccess& operator=(const DeviceAccess&) = delete;
+};
 
 bool no_devices();  // CLUSTR_CUDA_EMULATION_DEVICES=0
 bool live_stream(cudaStream_t s);

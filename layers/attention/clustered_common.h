@@ -122,7 +122,7 @@ inline void fill(float* x, int64_t n, float value) {
 }
 
 // fill() shared by the threads when `inner`.
-inline void fill_shared(float* x, int64_t n, float value, bool inner) {
+inline void fill_shared(float* x, int64_t n, float value, [[maybe_unused]] bool inner) {
   constexpr int64_t kPiece = 16384;
 #pragma omp parallel for schedule(static) if (inner && n > kPiece)
   for (int64_t i0 = 0; i0 < n; i0 += kPiece) fill(x + i0, std::min(kPiece, n - i0), value);
@@ -185,7 +185,7 @@ inline void group(const Dims& d, const int32_t* a, Members& m) {
 // y_j = sum over the members i of cluster j of x_i (rows of width w), summed in query order
 // from 0; writes y (C, w), 0 for empty clusters.
 inline void sum_members(const Dims& d, const Members& m, const float* x, int64_t w, float* y,
-                        bool inner) {
+                        [[maybe_unused]] bool inner) {
 #pragma omp parallel for schedule(dynamic, 4) if (inner)
   for (int64_t j = 0; j < d.C; ++j) {
     float* row = y + j * w;
@@ -211,7 +211,7 @@ inline void centroids(const Dims& d, const Members& m, const float* q, float* qc
 // eq. 3: Ac = softmax(t Qc K^T) over the L valid keys of keys k (S, E); writes ac (C, S), whose
 // masked columns and the rows of empty clusters (or all rows when L = 0) are 0.
 inline void centroid_weights(const Dims& d, const Params& p, int64_t L, const float* qc,
-                             const int32_t* count, const float* k, float* ac, bool inner) {
+                             const int32_t* count, const float* k, float* ac, [[maybe_unused]] bool inner) {
   product(false, true, d.C, L, d.E, p.temperature, qc, d.E, k, d.E, ac, d.S);
 #pragma omp parallel for schedule(static) if (inner)
   for (int64_t j = 0; j < d.C; ++j) {
@@ -226,7 +226,7 @@ inline void centroid_weights(const Dims& d, const Params& p, int64_t L, const fl
 // Softmax backward of eq. 3 in place, row by row: g = w (g - sum_l w[l] g[l]) over the L valid
 // columns of g (C, S), w = Ac (C, S) (an empty cluster has w = 0 and gets 0).
 inline void softmax_backward_rows(const Dims& d, int64_t L, const float* w, float* g,
-                                  bool inner) {
+                                  [[maybe_unused]] bool inner) {
 #pragma omp parallel for schedule(static) if (inner)
   for (int64_t j = 0; j < d.C; ++j) {
     const float* wr = w + j * d.S;

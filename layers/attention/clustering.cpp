@@ -155,7 +155,7 @@ uint64_t nearer(const uint64_t* codes, int64_t i0, int64_t i1, uint64_t c, bool 
 // centroids, <= C. The d^2 weights are integers, so their sums are exact in any order; each
 // chunk of kChunk queries keeps its own sum, so the draw is found by a walk over the chunk sums
 // and then inside one chunk.
-int seed_centroids(const uint64_t* codes, int64_t V, const Sizes& s, const Draws& r, bool inner,
+int seed_centroids(const uint64_t* codes, int64_t V, const Sizes& s, const Draws& r, [[maybe_unused]] bool inner,
                    int32_t* dist, std::vector<uint64_t>& centroids) {
   const int64_t chunks = ceil_div(V, kChunk);
   std::vector<uint64_t> part(static_cast<size_t>(chunks));
@@ -221,7 +221,7 @@ int64_t nearest(const uint64_t* codes, int64_t i0, int64_t i1, const uint64_t* c
 // Assign step: nearest of the `active` centroids, ties to the lowest index. Returns how many
 // assignments changed.
 int64_t assign(const uint64_t* codes, int64_t V, const std::vector<uint64_t>& centroids,
-               int active, bool inner, int32_t* a) {
+               int active, [[maybe_unused]] bool inner, int32_t* a) {
   const int64_t chunks = ceil_div(V, kChunk);
   int64_t changed = 0;
 #pragma omp parallel for schedule(static) reduction(+ : changed) if (inner)
@@ -246,7 +246,7 @@ const ByteBits kByteBits;
 // share of the queries (a byte of a code at a time: 8 counters from a table) and the shares
 // are added in any order with the same result.
 void update(const uint64_t* codes, int64_t V, const int32_t* a, const Sizes& s, int active,
-            bool inner, std::vector<uint64_t>& centroids) {
+            [[maybe_unused]] bool inner, std::vector<uint64_t>& centroids) {
   constexpr int kRow = 65;  // 64 bit counters, then the member count
   std::vector<int64_t> ones(static_cast<size_t>(active) * kRow, 0);
 #pragma omp parallel if (inner)

@@ -34,21 +34,13 @@
 
 #include "core/cpu/gemm.h"
 #include "core/cpu/gemm_bf16.h"
+#include "core/cpu/row_clones.h"
 #include "core/math.h"
 #include "core/parallel.h"
 #include "core/philox.h"
 
 #ifdef _OPENMP
 #include <omp.h>
-#endif
-
-#if defined(__x86_64__) && defined(__ELF__) && defined(__has_attribute)
-#if __has_attribute(target_clones)
-#define CLUSTR_ROW_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#endif
-#endif
-#ifndef CLUSTR_ROW_CLONES
-#define CLUSTR_ROW_CLONES
 #endif
 
 namespace clustr::cpu {
@@ -442,7 +434,7 @@ int64_t full_attention_backward_workspace(const FullAttentionDims& d, int thread
 void full_attention_forward(const FullAttentionDims& d, const FullAttentionLayout& hl,
                             const FullAttentionParams& p, const float* Q, const float* K,
                             const float* V, float* out, float* logsumexp, float* workspace,
-                            int threads) {
+                            [[maybe_unused]] int threads) {
   const Layout lay = layout_of(d);
   const int64_t tasks = d.B * d.H * lay.qblocks;
 #pragma omp parallel num_threads(threads)
@@ -460,7 +452,7 @@ void full_attention_backward(const FullAttentionDims& d, const FullAttentionLayo
                              const FullAttentionParams& p, const float* Q, const float* K,
                              const float* V, const float* out, const float* logsumexp,
                              const float* dout, float* dQ, float* dK, float* dV, float* workspace,
-                             int threads) {
+                             [[maybe_unused]] int threads) {
   const Layout lay = layout_of(d);
   const int64_t G = full_attention_backward_chunks(d);
   const int64_t pairs = d.B * d.H;

@@ -240,7 +240,8 @@ uint64_t member_mask(const Dims& d, int64_t kw, int64_t bh, int64_t i) {
 // acr (C, S) = Ac with the T_j columns zeroed, times the clusters' dropout mask; with g (the
 // backward's dAc, or null) masked by the same words.
 void remainder_weights(const Dims& d, const Dropout& drop, int64_t L, int64_t kw, int64_t bh,
-                       const float* ac, const int32_t* tk, float* acr, float* g, bool inner) {
+                       const float* ac, const int32_t* tk, float* acr, float* g,
+                       [[maybe_unused]] bool inner) {
 #pragma omp parallel for schedule(static) if (inner)
   for (int64_t j = 0; j < d.C; ++j) {
     float* row = acr + j * d.S;
@@ -319,7 +320,7 @@ void add_slot(const int32_t* T, int64_t kk, const float* slot, int64_t w, float*
 // the threads (each element is still summed in cluster order, as add_slot after each cluster
 // would).
 void add_slots(const Dims& d, int64_t kw, const int32_t* tk, const int32_t* count,
-               const float* slot, int64_t w, float* dst, bool inner) {
+               const float* slot, int64_t w, float* dst, [[maybe_unused]] bool inner) {
   const int64_t blocks = (w + kReduceCols - 1) / kReduceCols;
 #pragma omp parallel for schedule(static) if (inner)
   for (int64_t b = 0; b < blocks; ++b) {
