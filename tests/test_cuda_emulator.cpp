@@ -75,6 +75,25 @@ struct DeletedBarrier {
   }
 };
 
+// Planted bugs in shuffles: lane 5 leaves before the warp's shuffle, or the block is not made
+// of whole warps (undefined on a GPU: a hang, or values from lanes that do not exist).
+struct ShuffleLaneMissing {
+  static constexpr bool kUsesBarrier = true;
+  float* out;
+  CLUSTR_DEVICE void operator()(const Thread& t) const {
+    const unsigned i = t.thread_idx().x;
+    if (i % 32 == 5) return;
+    out[i] = t.shfl_xor(static_cast<float>(i), 1);
+  }
+};
+struct ShufflePartialWarp {
+  static constexpr bool kUsesBarrier = true;
+  float* out;
+  CLUSTR_DEVICE void operator()(const Thread& t) const {
+    out[t.thread_idx().x] = t.shfl_xor(1.0f, 1);
+  }
+};
+
 // Planted bug: even threads wait at one barrier, odd threads at another (undefined on a GPU,
 // where it may hang or let threads pass each other's barrier).
 struct TwoBarriers {
@@ -215,6 +234,20 @@ TEST_CASE("cuda emulator: threads of a block waiting at different t.sync() calls
   Tensor m = Tensor::zeros({4}, DType::f32, Device::cuda);  // the device still works
   cuda::launch("mirror", {1}, {4}, 4 * sizeof(float), Mirror{m.f32()});
   CHECK(m.to_vector() == std::vector<float>{3.0f, 2.0f, 1.0f, 0.0f});
+}
+
+TEST_CASE("cuda emulator: a shuffle missing a lane, or in a block of part of a warp, is "
+          "reported") {
+  Tensor out = Tensor::zeros({64}, DType::f32, Device::cuda);
+  CHECK_THROWS_WITH_AS(cuda::launch("lane missing", {1}, {64}, 0, ShuffleLaneMissing{out.f32()}),
+                       doctest::Contains("lane 5 has returned; every lane of a warp must take "
+                                         "part in each shuffle"),
+                       clustr::Error);
+  CHECK_THROWS_WITH_AS(cuda::launch("partial warp", {1}, {48}, 0, ShufflePartialWarp{out.f32()}),
+                       doctest::Contains("a shuffle needs whole warps of 32 lanes"),
+                       clustr::Error);
+  cuda::launch("whole warps", {1}, {64}, 0, ShufflePartialWarp{out.f32()});  // still works
+  CHECK(out.to_vector()[63] == 1.0f);
 }
 
 TEST_CASE("cuda emulator: fresh and reused device memory reads as NaN, not as zeros or the "

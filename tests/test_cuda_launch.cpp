@@ -77,6 +77,20 @@ struct CoordKernel {
   }
 };
 
+// out[i] = the value of lane (lane ^ mask) for each mask in turn (out has blocks x threads x 5
+// entries), and sums[i] = the warp's sum through warp_reduce (exact: small integers).
+struct ShuffleKernel {
+  static constexpr bool kUsesBarrier = true;
+  float *out, *sums;
+  CLUSTR_DEVICE void operator()(const Thread& t) const {
+    const unsigned n = t.block_dim().x, i = t.thread_idx().x, g = t.block_idx().x * n + i;
+    const float v = static_cast<float>(g * 3 + 1);
+    const unsigned masks[5] = {1, 2, 7, 16, 31};
+    for (unsigned k = 0; k < 5; ++k) out[g * 5 + k] = t.shfl_xor(v, masks[k]);
+    sums[g] = cuda::warp_reduce(t, v, AddFloat{});
+  }
+};
+
 // Thread 0 returns early while the others wait at a barrier: undefined on a GPU, reported by
 // the emulator.
 struct DivergentKernel {
@@ -121,6 +135,32 @@ TEST_CASE("cuda launch: block_reduce sums over any block size") {
     for (unsigned b = 0; b < blocks; ++b)
       expected.push_back(static_cast<float>((b + 1) * threads * (threads - 1) / 2));
     CHECK(out.to_vector() == expected);
+  }
+}
+
+TEST_CASE("cuda launch: warp shuffles exchange lane values and warp_reduce sums a warp") {
+  for (unsigned threads : {32u, 64u, 256u}) {
+    CAPTURE(threads);
+    const unsigned blocks = 3, total = blocks * threads;
+    Tensor out = Tensor::zeros({total * 5}, DType::f32, Device::cuda);
+    Tensor sums = Tensor::zeros({total}, DType::f32, Device::cuda);
+    cuda::launch("shuffle", {blocks}, {threads}, 0, ShuffleKernel{out.f32(), sums.f32()});
+    const std::vector<float> o = out.to_vector(), sm = sums.to_vector();
+    const unsigned masks[] = {1, 2, 7, 16, 31};
+    for (unsigned g = 0; g < total; ++g) {
+      const unsigned lane_base = g / 32 * 32;
+      for (unsigned k = 0; k < 5; ++k) {
+        const unsigned partner = lane_base + ((g % 32) ^ masks[k]);
+        if (o[g * 5 + k] != static_cast<float>(partner * 3 + 1)) {
+          FAIL_CHECK("thread " << g << ", mask " << masks[k] << ": got " << o[g * 5 + k]
+                               << ", lane value " << partner * 3 + 1);
+          break;
+        }
+      }
+      float want = 0.0f;
+      for (unsigned j = lane_base; j < lane_base + 32; ++j) want += static_cast<float>(j * 3 + 1);
+      if (sm[g] != want) FAIL_CHECK("thread " << g << ": warp sum " << sm[g] << ", want " << want);
+    }
   }
 }
 

@@ -769,7 +769,12 @@ class Fibers {
  public:
   // team: which of a host thread's teams (0 or 1) this is; each has its own fiber stacks.
   Fibers(const Launch& l, unsigned n, const Schedule& sched, uint64_t launch, unsigned team = 0)
-      : l_(l), fibers_(n), shared_(l.shared_bytes), sched_order_(sched), launch_(launch) {
+      : l_(l),
+        fibers_(n),
+        shared_(l.shared_bytes),
+        sched_order_(sched),
+        launch_(launch),
+        lanes_(2 * size_t(n)) {
     auto& cache = stack_cache();
     while (cache.size() < (team + 1) * size_t(n)) cache.emplace_back(new char[kFiberStack]);
     for (unsigned id = 0; id < n; ++id) {
@@ -799,6 +804,7 @@ class Fibers {
     for (Fiber& f : fibers_) {
       block_coords(l_, b, f.s.block);
       f.state = kRunning;
+      f.shuffles = 0;
       getcontext(&f.ctx);
       f.ctx.uc_stack.ss_sp = f.stack;
       f.ctx.uc_stack.ss_size = kFiberStack;
@@ -835,36 +841,105 @@ class Fibers {
   // The barrier rounds of block b (run_block).
   void run_rounds(uint64_t b) {
     const unsigned n = static_cast<unsigned>(fibers_.size());
+    runnable_.assign(n, 1);
     for (uint64_t round = 0;; ++round) {
-      unsigned waiting = 0, done = 0;
       thread_order(sched_order_, launch_, b, round, order_, n);
       for (unsigned i : order_) {
+        if (!runnable_[i]) continue;
         switch_to(i);
         if (fibers_[i].state == kFailed) {
           tsan_acquire(&end_sync_);  // the failed thread set error_ before its release
           std::rethrow_exception(error_);
         }
-        (fibers_[i].state == kWaiting ? waiting : done) += 1;
       }
+      unsigned at_block = 0, at_warp = 0, done = 0;
+      for (const Fiber& f : fibers_)
+        (f.state == kWaiting ? at_block : f.state == kWarpWaiting ? at_warp : done) += 1;
       if (done == n) return;
       unsigned c[3];
       block_coords(l_, b, c);
-      if (waiting != n)
-        throw Error(detail::cat("kernel '", l_.name, "': in block (", c[0], ", ", c[1], ", ",
-                                c[2], ") some threads wait at t.sync() while others have "
-                                "returned; every thread of a block must reach each barrier"));
+      const std::string where = detail::cat("kernel '", l_.name, "': in block (", c[0], ", ",
+                                            c[1], ", ", c[2], ") ");
+      if (at_warp > 0) {
+        release_warps(where);
+        continue;
+      }
+      if (at_block != n)
+        throw Error(where + "some threads wait at t.sync() while others have returned; every "
+                            "thread of a block must reach each barrier");
       for (unsigned i = 1; i < n; ++i) {
         const SyncSite &a = fibers_[0].site, &z = fibers_[i].site;
-        if (a.line != z.line || std::strcmp(a.file, z.file) != 0)
-          throw Error(detail::cat("kernel '", l_.name, "': in block (", c[0], ", ", c[1], ", ",
-                                  c[2], ") thread 0 waits at the t.sync() of ", a.file, ":",
+        if (!same_site(a, z))
+          throw Error(detail::cat(where, "thread 0 waits at the t.sync() of ", a.file, ":",
                                   a.line, " and thread ", i, " at the one of ", z.file, ":",
                                   z.line, "; every thread of a block must wait at the same "
                                   "barrier"));
       }
+      runnable_.assign(n, 1);
     }
   }
 
+  static bool same_site(const SyncSite& a, const SyncSite& z) {
+    return a.line == z.line && std::strcmp(a.file, z.file) == 0;
+  }
+
+  // After a round in which some threads stopped at a shuffle: the warps whose 32 lanes all
+  // wait at the same shuffle run on (and only they); a warp with lanes elsewhere (at t.sync(),
+  // returned, or at another shuffle) can never complete its shuffle, which is an error.
+  void release_warps(const std::string& where) {
+    runnable_.assign(fibers_.size(), 0);
+    for (size_t w = 0; w * kWarp < fibers_.size(); ++w) {
+      const Fiber* lane = &fibers_[w * kWarp];
+      unsigned first = kWarp;  // the first lane waiting at a shuffle
+      for (unsigned i = kWarp; i-- > 0;)
+        if (lane[i].state == kWarpWaiting) first = i;
+      if (first == kWarp) continue;
+      const SyncSite& at = lane[first].site;
+      for (unsigned i = 0; i < kWarp; ++i)
+        if (lane[i].state != kWarpWaiting || !same_site(lane[i].site, at))
+          throw Error(detail::cat(where, "lane ", first, " of warp ", w,
+                                  " waits at the shuffle of ", at.file, ":", at.line,
+                                  " but lane ", i,
+                                  lane[i].state == kWarpWaiting
+                                      ? detail::cat(" at the one of ", lane[i].site.file, ":",
+                                                    lane[i].site.line)
+                                      : std::string(lane[i].state == kWaiting
+                                                        ? " waits at t.sync()"
+                                                        : " has returned"),
+                                  "; every lane of a warp must take part in each shuffle"));
+      for (unsigned i = 0; i < kWarp; ++i) runnable_[w * kWarp + i] = 1;
+    }
+  }
+
+ public:
+  // t.shfl_xor(v, m) of the running fiber: its value goes to the exchange slots, the warp
+  // waits until all 32 lanes have written theirs, then each reads its partner's. The slots
+  // alternate between two sets from one shuffle to the next, so a lane that runs ahead to its
+  // next shuffle never overwrites a value its partner has still to read (it cannot run two
+  // ahead: the next shuffle waits for the partner). A shuffle orders no memory (as on a GPU).
+  CLUSTR_NO_TSAN float shfl_xor(float v, unsigned lane_mask, SyncSite site) {
+    const unsigned id = current_;
+    Fiber& f = fibers_[id];
+    if (fibers_.size() % kWarp != 0 || lane_mask >= kWarp)
+      throw Error(detail::cat("kernel '", l_.name, "': a shuffle needs whole warps of ", kWarp,
+                              " lanes and a lane mask below ", kWarp, " (block of ",
+                              fibers_.size(), " threads, mask ", lane_mask, ")"));
+    float* slots = lanes_.data() + (f.shuffles++ % 2) * fibers_.size();
+    slots[id] = v;
+    f.state = kWarpWaiting;
+    f.site = site;
+#if defined(CLUSTR_ASAN_FIBERS)
+    __sanitizer_start_switch_fiber(&f.fake_stack, sched_bottom_, sched_size_);
+#endif
+    tsan_switch(host_fiber_);
+    swapcontext(&f.ctx, &sched_);
+#if defined(CLUSTR_ASAN_FIBERS)
+    __sanitizer_finish_switch_fiber(f.fake_stack, &sched_bottom_, &sched_size_);
+#endif
+    return slots[id ^ lane_mask];
+  }
+
+ private:
   // A block that failed leaves fibers stopped inside the kernel, which never release what they
   // did to the host: ThreadSanitizer is told that the host is past them (a switch there and
   // back, with ordering, and no context switch), or it would see the host's next use of what
@@ -872,20 +947,22 @@ class Fibers {
   CLUSTR_NO_TSAN void settle() {
 #if defined(CLUSTR_TSAN_FIBERS)
     for (Fiber& f : fibers_)
-      if (f.state == kWaiting || f.state == kRunning) {
+      if (f.state == kWaiting || f.state == kWarpWaiting || f.state == kRunning) {
         __tsan_switch_to_fiber(f.tsan, 0);
         __tsan_switch_to_fiber(host_fiber_, 0);
       }
 #endif
   }
 
-  enum State { kRunning, kWaiting, kDone, kFailed };
+  enum State { kRunning, kWaiting, kWarpWaiting, kDone, kFailed };
+  static constexpr unsigned kWarp = 32;
   struct Fiber {
     ucontext_t ctx;
     char* stack = nullptr;
     State state = kRunning;
     ThreadState s;
-    SyncSite site;  // of the barrier it waits at
+    SyncSite site;  // of the barrier (or shuffle) it waits at
+    uint64_t shuffles = 0;  // shuffles so far in this block: which slots the next one uses
     void* fake_stack = nullptr;
     void* tsan = nullptr;  // ThreadSanitizer's fiber (a CLUSTR_TSAN build)
   };
@@ -946,6 +1023,9 @@ class Fibers {
   Schedule sched_order_;
   uint64_t launch_ = 0;
   std::vector<unsigned> order_;
+  std::vector<char> runnable_;  // the fibers the next round resumes
+  std::vector<float> lanes_;    // two sets of exchange slots for shuffles
+
  public:
   // ThreadSanitizer's synchronization objects (their addresses) and the host's own fiber.
   char start_sync_ = 0, end_sync_ = 0, barrier_sync_ = 0;
@@ -953,6 +1033,9 @@ class Fibers {
 };
 
 void block_sync(Fibers* block, SyncSite site) { block->sync(site); }
+float warp_shfl_xor(Fibers* block, float v, unsigned lane_mask, SyncSite site) {
+  return block->shfl_xor(v, lane_mask, site);
+}
 
 namespace {
 

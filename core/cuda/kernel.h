@@ -20,6 +20,11 @@
 //   atomic_add(p, v)       atomicAdd on a float in global or shared memory
 //   block_reduce(t, v, scratch, op)   a reduction over the block (built on shared memory and
 //                          t.sync(), so no warp shuffles are needed)
+//   t.shfl_xor(v, m)       __shfl_xor_sync over the full warp: the float v of lane (lane ^ m)
+//                          of this thread's warp (lanes: 32 consecutive threads of the block);
+//                          every lane calls it, in a block whose size is a multiple of 32
+//   warp_reduce(t, v, op)  op over the warp's 32 values, the same in every lane (a butterfly
+//                          of shuffles); kernels using either declare kUsesBarrier = true
 // plus the host+device math of core/math.h and core/philox.h. As on a GPU, t.sync() must be
 // reached by every thread of the block; the emulator reports a block where some threads wait at
 // a barrier while others have returned.
@@ -58,6 +63,9 @@ struct Thread {
     return reinterpret_cast<T*>(clustr_dynamic_shared);
   }
   CLUSTR_DEVICE void sync() const { __syncthreads(); }
+  CLUSTR_DEVICE float shfl_xor(float v, unsigned lane_mask) const {
+    return __shfl_xor_sync(0xffffffffu, v, static_cast<int>(lane_mask));
+  }
 };
 
 CLUSTR_DEVICE float atomic_add(float* p, float v) { return atomicAdd(p, v); }
@@ -108,6 +116,13 @@ struct Thread {
   void sync(const char* file = __builtin_FILE(), unsigned line = __builtin_LINE()) const {
     if (fibers_ == nullptr) emulation::sync_without_barrier(kernel_);
     emulation::block_sync(fibers_, {file, line});
+  }
+  // The warp's lanes exchange their values at a warp barrier (the emulator checks that all 32
+  // lanes take part, at the same call).
+  float shfl_xor(float v, unsigned lane_mask, const char* file = __builtin_FILE(),
+                 unsigned line = __builtin_LINE()) const {
+    if (fibers_ == nullptr) emulation::sync_without_barrier(kernel_);
+    return emulation::warp_shfl_xor(fibers_, v, lane_mask, {file, line});
   }
 };
 
@@ -175,6 +190,14 @@ CLUSTR_DEVICE T block_reduce(const Thread& t, T v, T* scratch, Op op) {
   const T r = scratch[0];
   t.sync();  // every thread has read the result before the scratch is reused
   return r;
+}
+
+// op over the 32 values of this thread's warp, in every lane: five shuffle rounds (lane i with
+// lane i ^ 16, then ^ 8, ...), so every lane combines the same values in the same order.
+template <class Op>
+CLUSTR_DEVICE float warp_reduce(const Thread& t, float v, Op op) {
+  for (unsigned m = 16; m > 0; m /= 2) v = op(v, t.shfl_xor(v, m));
+  return v;
 }
 
 // Threads per block for a grid-stride element-wise kernel, and its block count: a fixed cap of

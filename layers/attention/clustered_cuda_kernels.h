@@ -153,11 +153,20 @@ struct BroadcastKernel {
 };
 
 // Calls f(b0, nb, L) for runs of sequences that share their key count L: all B at once without
-// lengths, else one sequence at a time (the GEMM sizes come from the host lengths).
+// lengths, else each run of consecutive sequences of one length (the GEMM sizes come from the
+// host lengths).
 template <class F>
 inline void for_each_sequence(const ClusteredDims& d, const ClusteredParams& p, F f) {
   if (!p.lengths_host) return f(int64_t{0}, d.B, d.S);
-  for (int64_t b = 0; b < d.B; ++b) f(b, int64_t{1}, static_cast<int64_t>(p.lengths_host[b]));
+  // Consecutive sequences of one length share a call: a batch of equal lengths (the copy
+  // task's) makes one call, as without lengths.
+  for (int64_t b0 = 0; b0 < d.B;) {
+    const int32_t L = p.lengths_host[b0];
+    int64_t nb = 1;
+    while (b0 + nb < d.B && p.lengths_host[b0 + nb] == L) ++nb;
+    f(b0, nb, static_cast<int64_t>(L));
+    b0 += nb;
+  }
 }
 
 // A batch of GEMMs over `batch` pairs, C_i(rows, cols) = alpha op(A_i) op(B_i) with an inner
