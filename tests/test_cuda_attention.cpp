@@ -149,6 +149,30 @@ TEST_CASE("cuda attention: key lengths (0, partial, full) with padded queries, a
   check_case(make_case(2, 3, 33, 33, 8, 5, {}, true), 13);
   check_case(make_case(3, 2, 33, 33, 8, 5, {33, 1, 20}, true), 14);
   check_case(make_case(1, 1, 1, 1, 1, 1, {0}, true), 15);
+  // Runs of equal lengths share their products and launches (full_cuda.cu): runs with padded
+  // rows, with no key at all, and a run ended by another length.
+  check_case(make_case(7, 2, 17, 17, 8, 8, {5, 5, 17, 17, 17, 0, 0}), 16);
+  check_case(make_case(4, 2, 33, 33, 8, 5, {20, 20, 20, 33}, true), 17);
+}
+
+TEST_CASE("cuda attention: the launches of a step do not grow with the batch when the lengths "
+          "are equal") {
+  clustr::cuda::LaunchCounts per_batch[2];
+  const int64_t batches[2] = {2, 8};
+  for (int i = 0; i < 2; ++i) {
+    const int64_t B = batches[i];
+    const Case c = make_case(B, 2, 40, 40, 8, 8, std::vector<int32_t>(size_t(B), 31), true);
+    const Inputs in = make_inputs(c, 18);
+    const clustr::cuda::LaunchCounts before = clustr::cuda::launch_counts();
+    run(c, in, Device::cuda);
+    const clustr::cuda::LaunchCounts after = clustr::cuda::launch_counts();
+    per_batch[i] = {after.kernels - before.kernels, after.blas - before.blas};
+  }
+  INFO("batch 2: " << per_batch[0].kernels << " + " << per_batch[0].blas << ", batch 8: "
+                   << per_batch[1].kernels << " + " << per_batch[1].blas);
+  CHECK(per_batch[1].kernels == per_batch[0].kernels);
+  CHECK(per_batch[1].blas == per_batch[0].blas);
+  CHECK(per_batch[0].blas > 0);
 }
 
 TEST_CASE("cuda attention: several query blocks, N not a multiple of the block") {
@@ -160,6 +184,7 @@ TEST_CASE("cuda attention: dropout draws the cpu's mask from the same seed") {
   check_case(make_case(2, 2, 17, 19, 4, 3, {19, 11}, false, 0.3f), 31);
   check_case(make_case(1, 2, 260, 260, 8, 8, {250}, true, 0.3f), 32);
   check_case(make_case(2, 1, 5, 130, 3, 4, {}, false, 0.3f), 33);
+  check_case(make_case(3, 2, 150, 150, 4, 4, {140, 140, 140}, true, 0.3f), 35);  // one run
   // Another seed gives another mask.
   Case c = make_case(1, 1, 9, 9, 4, 4, {}, false, 0.3f);
   const Inputs in = make_inputs(c, 34);

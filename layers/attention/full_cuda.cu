@@ -4,10 +4,13 @@
 //
 // Legend: B batch, H heads, N queries, S keys, E query/key dim, M value dim; Bq rows of a query
 // block, Sb keys the block sees.
-//   scores, dP: scratch (H, Bq, Sb) per query block, Sb <= S.
+//   scores, dP: scratch (pairs, Bq, Sb) per query block, Sb <= S; pairs = sequences x H.
 //
-// How: per sequence b and per block of Bq query rows, all H heads at once. The block's scores
-// (H, Bq, Sb) = t Q_blk K^T are one cuBLAS strided-batched GEMM over the heads; a fused kernel
+// How: per run of consecutive sequences with the same lengths (all of them when the batch has
+// no lengths, up to as many as fit kScoreFloats) and per block of Bq query rows, all heads of
+// all the run's sequences at once: the launches do not grow with the batch. The block's scores
+// (pairs, Bq, Sb) = t Q_blk K^T are one cuBLAS strided-batched GEMM over the run's (sequence,
+// head) pairs, whose rows are evenly strided in (B, H, N, E); a fused kernel
 // (one CUDA block per row) masks them, takes the row's max and sum, writes the logsumexp and
 // turns the scores into the (dropped-out) weights in place, two passes over a row that is
 // whole in scratch, so no online rescaling is needed; out_blk = P V is a second batched GEMM.
@@ -65,9 +68,15 @@ int64_t block_rows(const FullAttentionDims& d) {
   const int64_t per_row = max64(1, d.H * d.S);
   return max64(1, min64(min64(kBlockQ, max64(1, d.N)), kScoreFloats / per_row));
 }
-// Floats of one score block (H, Bq, S).
+// Sequences whose score blocks are computed together: as many as fit kScoreFloats (at least
+// 1, at most B, and pairs within a grid's 65535 rows in y).
+int64_t group_sequences(const FullAttentionDims& d) {
+  const int64_t one = max64(1, d.H * block_rows(d) * max64(1, d.S));
+  return max64(1, min64(min64(d.B, kScoreFloats / one), 65535 / max64(1, d.H)));
+}
+// Floats of one score block (pairs, Bq, S) of a full group.
 int64_t score_floats(const FullAttentionDims& d) {
-  return d.H * block_rows(d) * max64(1, d.S);
+  return group_sequences(d) * d.H * block_rows(d) * max64(1, d.S);
 }
 
 using attention_kernels::AddDouble;
@@ -87,7 +96,8 @@ CLUSTR_DEVICE int64_t seen_columns(const BlockRows& k, bool causal, int64_t r) {
   return n < 0 ? 0 : n < k.ld ? n : k.ld;
 }
 
-// Forward, one CUDA block per score row (grid rows x H): s (H, rows, ld) holds t q . k and
+// Forward, one CUDA block per score row (grid rows x pairs; pair y is sequence k.b + y / H,
+// head y % H, and bh = k.b H + y its index in (B, H)): s (pairs, rows, ld) holds t q . k and
 // becomes the weights, masked columns 0, P = exp(s - m) / l with the dropout mask applied;
 // logsumexp (b, h, i0 + r) = m + log(l). A row that sees no key gets 0 and -inf.
 struct ForwardRowsKernel {
@@ -129,7 +139,8 @@ struct ForwardRowsKernel {
   }
 };
 
-// Backward, one CUDA block per score row (grid rows x H): s and dp (H, rows, ld) hold t q . k
+// Backward, one CUDA block per score row (grid rows x pairs, as forward): s and dp (pairs,
+// rows, ld) hold t q . k
 // and dO V^T; s becomes Pd = P keep scale and dp becomes dS = P (dP keep scale - D), with
 // P = exp(s - lse) and D = dO_i . O_i (summed here, in double). Masked columns, and every column
 // of a row with lse = -inf, are 0 in both.
@@ -176,17 +187,17 @@ struct BackwardRowsKernel {
   }
 };
 
-// Rows [i0, N) of every head of sequence b see no key (padding, or no valid key at all): out
-// rows 0 and logsumexp -inf. One thread per row.
+// Rows [i0, N) of the (sequence, head) pairs [pair0, pair0 + pairs) see no key (padding, or
+// no valid key at all): out rows 0 and logsumexp -inf. One thread per row.
 struct EmptyRowsKernel {
   static constexpr bool kUsesBarrier = false;
   float* out;        // (B, H, N, M)
   float* logsumexp;  // (B, H, N)
-  int64_t b, i0, H, N, M;
+  int64_t pair0, pairs, i0, N, M;
   CLUSTR_DEVICE void operator()(const Thread& t) const {
     const int64_t per_head = N - i0;
-    for (int64_t e = global_x(t); e < H * per_head; e += grid_stride_x(t)) {
-      const int64_t row = (b * H + e / per_head) * N + i0 + e % per_head;
+    for (int64_t e = global_x(t); e < pairs * per_head; e += grid_stride_x(t)) {
+      const int64_t row = (pair0 + e / per_head) * N + i0 + e % per_head;
       for (int64_t c = 0; c < M; ++c) out[row * M + c] = 0.0f;
       logsumexp[row] = -INFINITY;
     }
@@ -203,6 +214,23 @@ Sequence sequence_of(const FullAttentionDims& d, const FullAttentionParams& p, i
   q.length = p.lengths ? p.lengths[b] : d.S;
   q.live = q.length == 0 ? 0 : (p.lengths && d.N == d.S) ? q.length : d.N;
   return q;
+}
+
+// Calls f(b0, nb, q) for each run of consecutive sequences [b0, b0 + nb) with the same rows and
+// keys q, at most group_sequences(d) of them.
+template <class F>
+void for_each_run(const FullAttentionDims& d, const FullAttentionParams& p, F f) {
+  const int64_t group = group_sequences(d);
+  for (int64_t b0 = 0; b0 < d.B;) {
+    const Sequence q = sequence_of(d, p, b0);
+    int64_t nb = 1;
+    for (; b0 + nb < d.B && nb < group; ++nb) {
+      const Sequence r = sequence_of(d, p, b0 + nb);
+      if (r.length != q.length || r.live != q.live) break;
+    }
+    f(b0, nb, q);
+    b0 += nb;
+  }
 }
 
 // The block of rows [i0, i0 + Bq) clipped to the live rows, and the keys its last row sees.
@@ -282,31 +310,32 @@ void full_attention_forward(const FullAttentionDims& d, const FullAttentionParam
   const Operand q_all = copies.operand(Q, d.B * H * N * E);
   const Operand k_all = copies.operand(K, d.B * H * S * E);
   const Operand v_all = copies.operand(V, d.B * H * S * M);
-  for (int64_t b = 0; b < d.B; ++b) {
-    const Sequence q = sequence_of(d, p, b);
+  for_each_run(d, p, [&](int64_t b0, int64_t nb, const Sequence& q) {
+    const int64_t pairs = nb * H;
     if (q.live < N)
-      launch("cuda::full_attention_forward (empty rows)", {elementwise_blocks(H * (N - q.live))},
-             {kElementwiseThreads}, 0, EmptyRowsKernel{out, logsumexp, b, q.live, H, N, M});
-    const Operand qb = q_all.at(b * H * N * E);
-    const Operand kb = k_all.at(b * H * S * E);
-    const Operand vb = v_all.at(b * H * S * M);
-    float* ob = out + b * H * N * M;
+      launch("cuda::full_attention_forward (empty rows)",
+             {elementwise_blocks(pairs * (N - q.live))}, {kElementwiseThreads}, 0,
+             EmptyRowsKernel{out, logsumexp, b0 * H, pairs, q.live, N, M});
+    const Operand qb = q_all.at(b0 * H * N * E);
+    const Operand kb = k_all.at(b0 * H * S * E);
+    const Operand vb = v_all.at(b0 * H * S * M);
+    float* ob = out + b0 * H * N * M;
     for (int64_t i0 = 0; i0 < q.live; i0 += bq) {
-      const BlockRows k = block_of(p, q, b, i0, bq);
+      const BlockRows k = block_of(p, q, b0, i0, bq);
       const int64_t rows = k.rows, ld = k.ld;
-      // scores (H, rows, Sb) = t Q_blk K^T
+      // scores (pairs, rows, Sb) = t Q_blk K^T
       product(false, true, rows, ld, E, t, qb.at(i0 * E), E, N * E, kb, E, S * E, 0.0f, s, ld,
-              rows * ld, H);
+              rows * ld, pairs);
       const unsigned threads = row_threads(ld);
       launch("cuda::full_attention_forward (rows)", {static_cast<unsigned>(rows),
-             static_cast<unsigned>(H)}, {threads}, threads * sizeof(double),
+             static_cast<unsigned>(pairs)}, {threads}, threads * sizeof(double),
              ForwardRowsKernel{s, logsumexp, k, H, N, S, p.causal, drop});
-      // out_blk (H, rows, M) = P V
-      const Operand P = copies.scratch(s, H * rows * ld, score_floats(d), 0);
+      // out_blk (pairs, rows, M) = P V
+      const Operand P = copies.scratch(s, pairs * rows * ld, score_floats(d), 0);
       product(false, false, rows, M, ld, 1.0f, P, ld, rows * ld, vb, M, S * M, 0.0f, ob + i0 * M,
-              M, N * M, H);
+              M, N * M, pairs);
     }
-  }
+  });
 }
 
 void full_attention_backward(const FullAttentionDims& d, const FullAttentionParams& p,
@@ -329,38 +358,39 @@ void full_attention_backward(const FullAttentionDims& d, const FullAttentionPara
   const Operand k_all = copies.operand(K, d.B * H * S * E);
   const Operand v_all = copies.operand(V, d.B * H * S * M);
   const Operand do_all = copies.operand(dout, d.B * H * N * M);
-  for (int64_t b = 0; b < d.B; ++b) {
-    const Sequence q = sequence_of(d, p, b);
-    const Operand qb = q_all.at(b * H * N * E);
-    const Operand kb = k_all.at(b * H * S * E);
-    const Operand vb = v_all.at(b * H * S * M);
-    const Operand dob = do_all.at(b * H * N * M);
-    float* dqb = dQ + b * H * N * E;
-    float* dkb = dK + b * H * S * E;
-    float* dvb = dV + b * H * S * M;
+  for_each_run(d, p, [&](int64_t b0, int64_t nb, const Sequence& q) {
+    const int64_t pairs = nb * H;
+    const Operand qb = q_all.at(b0 * H * N * E);
+    const Operand kb = k_all.at(b0 * H * S * E);
+    const Operand vb = v_all.at(b0 * H * S * M);
+    const Operand dob = do_all.at(b0 * H * N * M);
+    float* dqb = dQ + b0 * H * N * E;
+    float* dkb = dK + b0 * H * S * E;
+    float* dvb = dV + b0 * H * S * M;
     for (int64_t i0 = 0; i0 < q.live; i0 += bq) {
-      const BlockRows k = block_of(p, q, b, i0, bq);
+      const BlockRows k = block_of(p, q, b0, i0, bq);
       const int64_t rows = k.rows, ld = k.ld;
       const Operand qi = qb.at(i0 * E);
       const Operand doi = dob.at(i0 * M);
-      product(false, true, rows, ld, E, t, qi, E, N * E, kb, E, S * E, 0.0f, s, ld, rows * ld, H);
+      product(false, true, rows, ld, E, t, qi, E, N * E, kb, E, S * E, 0.0f, s, ld, rows * ld,
+              pairs);
       product(false, true, rows, ld, M, 1.0f, doi, M, N * M, vb, M, S * M, 0.0f, dp, ld,
-              rows * ld, H);
+              rows * ld, pairs);
       const unsigned threads = row_threads(max64(ld, M));
       launch("cuda::full_attention_backward (rows)", {static_cast<unsigned>(rows),
-             static_cast<unsigned>(H)}, {threads}, threads * sizeof(double),
+             static_cast<unsigned>(pairs)}, {threads}, threads * sizeof(double),
              BackwardRowsKernel{s, dp, logsumexp, dout, out, k, H, N, S, M, p.causal, drop});
       // dV[:Sb] += Pd^T dO_blk, dQ_blk = t dS K[:Sb], dK[:Sb] += t dS^T Q_blk
-      const Operand pd = copies.scratch(s, H * rows * ld, score_floats(d), 0);
-      const Operand ds = copies.scratch(dp, H * rows * ld, score_floats(d), 1);
+      const Operand pd = copies.scratch(s, pairs * rows * ld, score_floats(d), 0);
+      const Operand ds = copies.scratch(dp, pairs * rows * ld, score_floats(d), 1);
       product(true, false, ld, M, rows, 1.0f, pd, ld, rows * ld, doi, M, N * M, 1.0f, dvb, M,
-              S * M, H);
+              S * M, pairs);
       product(false, false, rows, E, ld, t, ds, ld, rows * ld, kb, E, S * E, 0.0f, dqb + i0 * E,
-              E, N * E, H);
+              E, N * E, pairs);
       product(true, false, ld, E, rows, t, ds, ld, rows * ld, qi, E, N * E, 1.0f, dkb, E, S * E,
-              H);
+              pairs);
     }
-  }
+  });
 }
 
 }  // namespace clustr::cuda
