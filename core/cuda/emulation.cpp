@@ -822,18 +822,8 @@ class Fibers {
 
   // t.sync() of the running fiber: back to the scheduler until every fiber has arrived.
   CLUSTR_NO_TSAN void sync(SyncSite site) {
-    Fiber& f = fibers_[current_];
-    f.state = kWaiting;
-    f.site = site;
     tsan_release(&barrier_sync_);
-#if defined(CLUSTR_ASAN_FIBERS)
-    __sanitizer_start_switch_fiber(&f.fake_stack, sched_bottom_, sched_size_);
-#endif
-    tsan_switch(host_fiber_);
-    swapcontext(&f.ctx, &sched_);
-#if defined(CLUSTR_ASAN_FIBERS)
-    __sanitizer_finish_switch_fiber(f.fake_stack, &sched_bottom_, &sched_size_);
-#endif
+    wait(fibers_[current_], kWaiting, site);
     tsan_acquire(&barrier_sync_);  // every thread of the block has released it by now
   }
 
@@ -926,20 +916,12 @@ class Fibers {
                               fibers_.size(), " threads, mask ", lane_mask, ")"));
     float* slots = lanes_.data() + (f.shuffles++ % 2) * fibers_.size();
     slots[id] = v;
-    f.state = kWarpWaiting;
-    f.site = site;
-#if defined(CLUSTR_ASAN_FIBERS)
-    __sanitizer_start_switch_fiber(&f.fake_stack, sched_bottom_, sched_size_);
-#endif
-    tsan_switch(host_fiber_);
-    swapcontext(&f.ctx, &sched_);
-#if defined(CLUSTR_ASAN_FIBERS)
-    __sanitizer_finish_switch_fiber(f.fake_stack, &sched_bottom_, &sched_size_);
-#endif
+    wait(f, kWarpWaiting, site);
     return slots[id ^ lane_mask];
   }
 
  private:
+
   // A block that failed leaves fibers stopped inside the kernel, which never release what they
   // did to the host: ThreadSanitizer is told that the host is past them (a switch there and
   // back, with ordering, and no context switch), or it would see the host's next use of what
@@ -966,6 +948,21 @@ class Fibers {
     void* fake_stack = nullptr;
     void* tsan = nullptr;  // ThreadSanitizer's fiber (a CLUSTR_TSAN build)
   };
+
+  // The running fiber f stops in `state` at `site` and switches to the scheduler, which resumes
+  // it when its barrier (or shuffle) is complete.
+  CLUSTR_NO_TSAN void wait(Fiber& f, State state, SyncSite site) {
+    f.state = state;
+    f.site = site;
+#if defined(CLUSTR_ASAN_FIBERS)
+    __sanitizer_start_switch_fiber(&f.fake_stack, sched_bottom_, sched_size_);
+#endif
+    tsan_switch(host_fiber_);
+    swapcontext(&f.ctx, &sched_);
+#if defined(CLUSTR_ASAN_FIBERS)
+    __sanitizer_finish_switch_fiber(f.fake_stack, &sched_bottom_, &sched_size_);
+#endif
+  }
 
   // The scheduler resumes fiber i and returns when it waits at a barrier or has finished.
   CLUSTR_NO_TSAN void switch_to(unsigned i) {
