@@ -3,7 +3,8 @@
 // Included only through core/cuda/check.h, in place of the toolkit's headers, by core/cuda/*
 // sources compiled with CLUSTR_CUDA_EMULATION.
 //
-// Two parts, both implemented in core/cuda/emulation.cpp:
+// Two parts: the runtime and cuBLAS subsets (emulation.cpp, emulation_blas.cpp) and the launcher
+// (emulation_launch.cpp):
 //
 // 1. The subset of the CUDA runtime and cuBLAS APIs that core/cuda/ calls, with the same names,
 //    signatures and error codes, so that runtime.cu and blas.cu compile unchanged:

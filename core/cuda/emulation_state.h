@@ -1,7 +1,7 @@
-// What the emulated cuBLAS (emulation_blas.cpp) asks of the emulated runtime (emulation.cpp):
-// access to the device's memory, whether devices are switched off, whether a stream is live,
-// and whether a range of bytes lies inside one live device allocation. Internal to device
-// emulation.
+// What the emulated cuBLAS (emulation_blas.cpp) and the launcher (emulation_launch.cpp) ask of
+// the emulated runtime (emulation.cpp): access to the device's memory, whether devices are
+// switched off, whether a stream is live, whether a range of bytes lies inside one live device
+// allocation, and recording an error for cudaGetLastError. Internal to device emulation.
 #pragma once
 
 #include <cstddef>
@@ -22,6 +22,7 @@ class DeviceAccess {
 };
 
 bool no_devices();  // CLUSTR_CUDA_EMULATION_DEVICES=0
+void record_error(cudaError_t e);  // what the host thread's next cudaGetLastError returns
 bool live_stream(cudaStream_t s);
 bool in_one_allocation(const void* p, size_t bytes);
 
