@@ -14,11 +14,19 @@ Prints tokens per second (B N / step time, median over the timed steps) and the 
 ours / torch (> 1: ours is faster); writes a CSV.
 
 --precision bf16: our app with --precision bf16, PyTorch's step under
-torch.autocast("cpu", dtype=torch.bfloat16) (the forward and the loss inside it, backward and
+torch.autocast(device, dtype=torch.bfloat16) (the forward and the loss inside it, backward and
 the optimizer outside, as the autocast recipe does).
 
-Run with Debian's python3-torch (1.13):
+--device cuda: both sides on the GPU (ours with --device cuda, PyTorch's model, batches and
+optimizer on "cuda", each timed step ended by torch.cuda.synchronize()). PyTorch 2.x's
+nn.TransformerEncoderLayer computes its attention with scaled_dot_product_attention when
+trained (the worker reports whether this PyTorch has it); --tf32 turns TF32 on for both (ours
+--tf32, PyTorch's torch.backends.cuda.matmul.allow_tf32), off by default on both.
+
+Run with Debian's python3-torch (1.13) on the CPU:
   /usr/bin/python3 apps/bench_copy_task_torch.py --binary build/apps/copy_task
+and on a GPU with the PyTorch 2.x installed there:
+  python3 apps/bench_copy_task_torch.py --binary build/apps/copy_task --device cuda
 Both processes get OPENBLAS_CORETYPE=SkylakeX and OMP_WAIT_POLICY=passive (bench_torch_common);
 PyTorch uses torch.set_num_threads(--threads).
 """
@@ -48,6 +56,13 @@ def torch_worker(args):
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
+    dev = torch.device(args.device)
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            sys.exit("bench_copy_task_torch: --device cuda, but this PyTorch sees no GPU")
+        torch.backends.cuda.matmul.allow_tf32 = args.tf32
+        torch.backends.cudnn.allow_tf32 = args.tf32
+    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     length, s = args.worker, TASK["symbols"]
     n, v = 2 * length + 2, s + 2
     d = MODEL["heads"] * MODEL["head_dim"]
@@ -71,7 +86,7 @@ def torch_worker(args):
         def forward(self, x):
             return self.out(self.encoder(self.embed(x) + self.pe))
 
-    model = CopyModel()
+    model = CopyModel().to(dev)
     opt = torch.optim.RAdam(model.parameters(), lr=TRAIN["lr"])
     b, r = TRAIN["batch"], TASK["mask_ratio"]
 
@@ -86,11 +101,12 @@ def torch_worker(args):
         mask[:, length + 2:] = (u >= r) & (u < 2 * r)
         x = seq.masked_fill(mask, s + 1)
         target = seq.masked_fill(~mask, -100)
-        return x, target
+        return x.to(dev), target.to(dev)
 
     def step():
         x, target = batch()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
+        with torch.autocast(args.device, dtype=torch.bfloat16,
+                            enabled=args.precision == "bf16"):
             logits = model(x)
             loss = nn.functional.cross_entropy(logits.reshape(-1, v), target.reshape(-1),
                                                ignore_index=-100)
@@ -101,14 +117,18 @@ def torch_worker(args):
 
     for _ in range(args.warmup):
         step()
+    sync()
     ms = []
     for _ in range(args.steps):
         t0 = time.perf_counter()
         step()
+        sync()
         ms.append((time.perf_counter() - t0) * 1e3)
     med = statistics.median(ms)
     print(json.dumps({"ms_per_step": med, "tokens_per_s": b * n / med * 1e3,
-                      "torch": torch.__version__, "threads": torch.get_num_threads()}))
+                      "torch": torch.__version__, "threads": torch.get_num_threads(),
+                      "sdpa": hasattr(nn.functional, "scaled_dot_product_attention"),
+                      "gpu": torch.cuda.get_device_name() if args.device == "cuda" else ""}))
 
 
 def run_ours(args, length, attention):
@@ -122,7 +142,10 @@ def run_ours(args, length, attention):
                "--head-dim", str(MODEL["head_dim"]), "--feedforward", str(MODEL["feedforward"]),
                "--dropout", "0", "--batch", str(TRAIN["batch"]), "--lr", str(TRAIN["lr"]),
                "--optimizer", "radam", "--clip", str(TRAIN["clip"]), "--steps", str(total),
-               "--threads", str(args.threads), "--precision", args.precision]
+               "--threads", str(args.threads), "--precision", args.precision,
+               "--device", args.device]
+        if args.tf32:
+            cmd.append("--tf32")
         cmd += args.ours_flags.split()
         subprocess.run(cmd, check=True, env=child_env(), stdout=subprocess.DEVNULL)
         with open(os.path.join(tmp, "metrics.csv")) as f:
@@ -150,14 +173,20 @@ def main():
                    "the last step, outside the timed steps)")
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
                    help="bf16: ours with --precision bf16, PyTorch under autocast (bfloat16)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                   help="cuda: both sides on the GPU")
+    p.add_argument("--tf32", action="store_true",
+                   help="with --device cuda: TF32 tensor cores for float32 products, both sides")
     p.add_argument("--csv", default="bench_copy_task_torch.csv")
     p.add_argument("--worker", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         return torch_worker(args)
+    if args.tf32 and args.device != "cuda":
+        p.error("--tf32 needs --device cuda")
 
-    print(f"copy-task training step, {MODEL}, batch {TRAIN['batch']}, {args.threads} threads, "
-          f"{args.precision}, median of {args.steps} steps after {args.warmup}, "
+    print(f"copy-task training step, {MODEL}, batch {TRAIN['batch']}, {args.device}, "
+          f"{args.threads} threads, {args.precision}{', TF32' if args.tf32 else ''}, median of {args.steps} steps after {args.warmup}, "
           f"{args.rounds} round(s)")
     print(f"{'N':>5} | {'ours full tok/s':>15} {'torch tok/s':>11} {'speedup':>7} | "
           f"{'ours improved tok/s':>19} | {'load':>5}")
@@ -166,16 +195,19 @@ def main():
         ours, theirs, improved = [], [], []
         for _ in range(args.rounds):
             ours.append(run_ours(args, length, "full"))
-            theirs.append(run_worker(__file__, ["--worker", length, "--steps", args.steps,
-                                                "--warmup", args.warmup, "--threads",
-                                                args.threads, "--precision",
-                                                args.precision])["tokens_per_s"])
+            peer = run_worker(__file__, ["--worker", length, "--steps", args.steps,
+                                         "--warmup", args.warmup, "--threads", args.threads,
+                                         "--precision", args.precision, "--device",
+                                         args.device] + (["--tf32"] if args.tf32 else []))
+            theirs.append(peer["tokens_per_s"])
             improved.append(run_ours(args, length, "improved-clustered"))
         o, t, i = (statistics.median(v) for v in (ours, theirs, improved))
         load = os.getloadavg()[0]
         n = 2 * length + 2
         print(f"{n:>5} | {o:15.0f} {t:11.0f} {o / t:7.2f} | {i:19.0f} | {load:5.2f}", flush=True)
-        rows.append({"N": n, "precision": args.precision, "ours_full_tokens_per_s": o,
+        rows.append({"N": n, "device": args.device, "precision": args.precision,
+                     "tf32": int(args.tf32), "torch": peer["torch"], "torch_sdpa": int(peer["sdpa"]),
+                     "gpu": peer["gpu"], "ours_full_tokens_per_s": o,
                      "torch_tokens_per_s": t,
                      "speedup": o / t, "ours_improved_tokens_per_s": i, "load": load})
     with open(args.csv, "w", newline="") as f:

@@ -49,13 +49,15 @@ double clip_grad_norm(const std::vector<Variable>& params, double max_norm) {
   const double coef = max_norm / (norm + 1e-6);
   if (coef < 1.0) {  // also false for a NaN norm, which is returned for the caller to see
     const float c = static_cast<float>(coef);
+    std::vector<cuda::TensorSlots> device_grads;  // scaled together, a launch per 24
     for (const Tensor* g : grads) {
       float* x = g->f32();
-      if (g->device() == Device::cuda)  // in place: each element is read, then written, once
-        ::clustr::cuda::binary_scalar(BinaryOp::mul, x, c, x, g->numel());
+      if (g->device() == Device::cuda)
+        device_grads.push_back({x, nullptr, nullptr, nullptr, g->numel()});
       else
         for (int64_t i = 0; i < g->numel(); ++i) x[i] *= c;
     }
+    if (!device_grads.empty()) cuda::scale_many(device_grads, c);
   }
   return norm;
 }

@@ -12,7 +12,8 @@
 # 5. trains the main job (the copy task to its target) with --device cuda, and, with --corpus (a
 #    speech corpus folder made by data/make_speech_corpus.py), 300 speech steps on the device;
 # 6. runs the GPU benchmarks: cuBLAS GEMM in fp32, TF32 and bf16, the three attention types from
-#    N = 512 up (the paper's Figure 4, PNGs), the copy-task step in fp32 and bf16.
+#    N = 512 up (the paper's Figure 4, PNGs), the copy-task step in fp32 and bf16, and the
+#    copy-task step beside PyTorch 2.x on the same GPU (apps/bench_copy_task_torch.py).
 # Every log, CSV and PNG goes to OUTDIR, with summary.txt: one line per step, PASS / FAIL /
 # NOT RUN and why. Each step has a time limit, and the whole check aims at 8 minutes on one H100.
 # The exit status is 0 only when every step that ran passed.
@@ -184,7 +185,20 @@ else
       --final-eval-batches 1 --precision "$precision"
   done
 fi
-not_run pytorch_peer "the side-by-side PyTorch 2.x GPU benchmark is not written yet"
+# The copy-task step beside PyTorch 2.x on the same GPU (same model, full attention; PyTorch's
+# attention is scaled_dot_product_attention), fp32 and bf16 (autocast), N = 64 and 128.
+if [ "$emulate" = 1 ]; then
+  not_run pytorch_peer "PyTorch's side needs a real GPU"
+elif ! python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' \
+    > /dev/null 2>&1; then
+  not_run pytorch_peer "python3 has no PyTorch that sees the GPU"
+else
+  for precision in fp32 bf16; do
+    step "pytorch_peer_$precision" 240 python3 apps/bench_copy_task_torch.py --device cuda \
+      --binary "$build/apps/copy_task" --precision "$precision" --steps 20 --warmup 5 \
+      --rounds 2 --csv "$out/bench_copy_task_torch_$precision.csv"
+  done
+fi
 
 note "total: $(( $(date +%s) - start ))s, $failures failed step(s); logs in $out"
 [ "$failures" -eq 0 ]

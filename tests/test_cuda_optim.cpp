@@ -275,6 +275,32 @@ TEST_CASE("cuda optim: clip_grad_norm on device gradients matches the cpu") {
   }
 }
 
+TEST_CASE("cuda optim: clip_grad_norm sums and scales many device gradients in few launches") {
+  // 30 gradients (and an empty one): a sum-of-squares launch per 24, a scaling launch per 24.
+  std::vector<Variable> cpu_ps, dev_ps;
+  for (int i = 0; i <= 30; ++i) {
+    const Shape s{i == 30 ? 0 : 1 + 37 * i};
+    Tensor g = test::random_tensor(s, 700 + uint32_t(i));
+    cpu_ps.emplace_back(Tensor::zeros(s), true);
+    dev_ps.emplace_back(Tensor::zeros(s, DType::f32, Device::cuda), true);
+    set_grad(cpu_ps.back(), g);
+    set_grad(dev_ps.back(), g);
+  }
+  for (double max_norm : {1e9, 0.5}) {
+    CAPTURE(max_norm);
+    const cuda::LaunchCounts before = cuda::launch_counts();
+    const double dev_norm = clip_grad_norm(dev_ps, max_norm);
+    const uint64_t launches = cuda::launch_counts().kernels - before.kernels;
+    const double cpu_norm = clip_grad_norm(cpu_ps, max_norm);
+    CHECK(std::fabs(dev_norm - cpu_norm) <= 1e-12 * cpu_norm);
+    CHECK(launches == (max_norm == 0.5 ? 4u : 2u));  // 2 sums (+ 2 scalings when it clips)
+    for (size_t i = 0; i < dev_ps.size(); ++i) {
+      CAPTURE(i);
+      test::check_ulps(dev_ps[i].grad().to_vector(), cpu_ps[i].grad().to_vector(), 1);
+    }
+  }
+}
+
 TEST_CASE("cuda optim: clip_grad_norm is deterministic, mixes devices and passes NaN through") {
   Variable a(test::random_tensor({100003}, 300).to(Device::cuda), true);
   Variable b(test::random_tensor({129, 3}, 301), true);  // cpu

@@ -19,6 +19,7 @@ void sgd_update_many(const std::vector<TensorSlots>&, const math::SgdScalars&) {
 void adam_update_many(const std::vector<TensorSlots>&, const math::AdamScalars&, bool) {
   no_cuda("optim::cuda::adam_update_many");
 }
+void scale_many(const std::vector<TensorSlots>&, float) { no_cuda("optim::cuda::scale_many"); }
 std::vector<double> sum_squares(const std::vector<const float*>&, const std::vector<int64_t>&) {
   no_cuda("optim::cuda::sum_squares");
 }

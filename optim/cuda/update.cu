@@ -70,39 +70,54 @@ struct AddDouble {
   CLUSTR_HD double operator()(double a, double b) const { return a + b; }
 };
 
-// x (n) -> partial (grid): partial[b] = sum of double(x)^2 over block b's grid-stride share,
+// Up to kTensorsPerLaunch float arrays for one launch of a sum of squares: array k is
+// x[k] (n[k] floats) and owns the launch's blocks [first[k], first[k + 1]).
+struct SquaresList {
+  const float* x[kTensorsPerLaunch];
+  int64_t n[kTensorsPerLaunch];
+  int64_t first[kTensorsPerLaunch + 1];
+  int count;
+};
+
+constexpr unsigned kSumThreads = 256;
+
+// Block b of the launch -> partial[b]: the sum of double(x)^2 over its array's elements
+// j = (b - first[k]) * kSumThreads + thread, striding by the array's blocks * kSumThreads,
 // combined over the block by block_reduce's fixed tree.
 struct SumSquaresKernel {
   static constexpr bool kUsesBarrier = true;
-  const float* x;
-  int64_t n;
+  SquaresList list;
   double* partial;
   CLUSTR_DEVICE void operator()(const Thread& t) const {
+    const int64_t b = t.block_idx().x;
+    int k = 0;
+    while (b >= list.first[k + 1]) ++k;
+    const int64_t n = list.n[k];
+    const int64_t stride = (list.first[k + 1] - list.first[k]) * int64_t(kSumThreads);
     double acc = 0.0;
-    for (int64_t i = global_x(t); i < n; i += grid_stride_x(t)) {
-      const double xi = x[i];
+    for (int64_t i = (b - list.first[k]) * kSumThreads + t.thread_idx().x; i < n; i += stride) {
+      const double xi = list.x[k][i];
       acc += xi * xi;
     }
     const double total = core_cuda::block_reduce(t, acc, t.shared<double>(), AddDouble{});
-    if (t.thread_idx().x == 0) partial[t.block_idx().x] = total;
+    if (t.thread_idx().x == 0) partial[b] = total;
   }
 };
 
-// The launch of a sum of squares over n elements: a power of two from 32 (one warp) to 256
-// threads, no more than the elements need (a bias of 17 needs one warp), and up to 256 blocks,
-// enough to keep a GPU's memory busy. Both are functions of n only, so the block sums, and
+// The blocks of an array of n elements in a sum of squares: one per kSumThreads elements, up
+// to 256, enough to keep a GPU's memory busy. A function of n only, so the block sums, and
 // their sum, are the same at every call.
-unsigned sum_threads(int64_t n) {
-  unsigned t = 32;
-  while (t < 256 && t < n) t *= 2;
-  return t;
-}
-unsigned sum_blocks(int64_t n) {
+int64_t sum_blocks(int64_t n) {
   constexpr int64_t kMaxBlocks = 256;
-  const int64_t threads = sum_threads(n);
-  const int64_t b = (n + threads - 1) / threads;
-  return static_cast<unsigned>(b < kMaxBlocks ? b : kMaxBlocks);
+  const int64_t b = (n + kSumThreads - 1) / kSumThreads;
+  return b < kMaxBlocks ? b : kMaxBlocks;
 }
+
+// x *= c for every element of every tensor of a list (the slots' p).
+struct ScaleOp {
+  float c;
+  CLUSTR_DEVICE void operator()(const TensorSlots& x, int64_t j) const { x.p[j] *= c; }
+};
 
 Dim3 grid_for(int64_t n) { return {core_cuda::elementwise_blocks(n)}; }
 constexpr Dim3 kBlock{core_cuda::kElementwiseThreads};
@@ -166,24 +181,48 @@ std::vector<double> sum_squares(const std::vector<const float*>& xs,
                                 const std::vector<int64_t>& ns) {
   CLUSTR_CHECK(xs.size() == ns.size(), "optim::cuda::sum_squares: ", xs.size(),
                " arrays but ", ns.size(), " lengths");
-  std::vector<size_t> first(xs.size() + 1, 0);  // array i's block sums: [first[i], first[i+1])
-  for (size_t i = 0; i < xs.size(); ++i) first[i + 1] = first[i] + sum_blocks(ns[i]);
+  std::vector<int64_t> first(xs.size() + 1, 0);  // array i's block sums: [first[i], first[i+1])
+  for (size_t i = 0; i < xs.size(); ++i) {
+    CLUSTR_CHECK(ns[i] >= 0, "optim::cuda::sum_squares: array ", i, " has length ", ns[i]);
+    first[i + 1] = first[i] + sum_blocks(ns[i]);
+  }
   std::vector<double> sums(xs.size(), 0.0);
   if (first.back() == 0) return sums;
   core_cuda::require("optim::cuda::sum_squares");
-  Scratch partial(first.back() * sizeof(double));
+  Scratch partial(size_t(first.back()) * sizeof(double));
   double* d_partial = static_cast<double*>(partial.get());
+  // One launch per kTensorsPerLaunch non-empty arrays; each block writes the partial sum of
+  // its array's slot range.
+  SquaresList list{};
+  int64_t base = 0;  // the first partial sum of the list's first array
+  auto flush = [&] {
+    if (list.count == 0) return;
+    const int64_t blocks = list.first[list.count];
+    core_cuda::launch("optim::cuda::sum_squares", {static_cast<unsigned>(blocks)},
+                      {kSumThreads}, kSumThreads * sizeof(double),
+                      SumSquaresKernel{list, d_partial + base});
+    base += blocks;
+    list = SquaresList{};
+  };
   for (size_t i = 0; i < xs.size(); ++i) {
-    const unsigned threads = sum_threads(ns[i]);
-    core_cuda::launch("optim::cuda::sum_squares", {sum_blocks(ns[i])}, {threads},
-                      threads * sizeof(double),
-                      SumSquaresKernel{xs[i], ns[i], d_partial + first[i]});
+    if (ns[i] == 0) continue;
+    list.x[list.count] = xs[i];
+    list.n[list.count] = ns[i];
+    list.first[list.count + 1] = list.first[list.count] + sum_blocks(ns[i]);
+    if (++list.count == kTensorsPerLaunch) flush();
   }
-  std::vector<double> host(first.back());
+  flush();
+  std::vector<double> host(size_t(first.back()));
   core_cuda::copy_d2h(host.data(), d_partial, host.size() * sizeof(double));
   for (size_t i = 0; i < xs.size(); ++i)
-    for (size_t b = first[i]; b < first[i + 1]; ++b) sums[i] += host[b];
+    for (int64_t b = first[i]; b < first[i + 1]; ++b) sums[i] += host[size_t(b)];
   return sums;
+}
+
+void scale_many(const std::vector<TensorSlots>& tensors, float c) {
+  if (tensors.empty()) return;
+  core_cuda::require("optim::cuda::scale_many");
+  launch_many("optim::cuda::scale_many", tensors, ScaleOp{c});
 }
 
 }  // namespace clustr::optim::cuda

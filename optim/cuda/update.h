@@ -32,10 +32,14 @@ void sgd_update_many(const std::vector<TensorSlots>& tensors, const math::SgdSca
 void adam_update_many(const std::vector<TensorSlots>& tensors, const math::AdamScalars& s,
                       bool radam);
 
+// x *= c for every element of each tensor's p (multi-tensor, like the updates; g, a, b unused).
+void scale_many(const std::vector<TensorSlots>& tensors, float c);
+
 // sums[i] = sum over j of double(xs[i][j])^2 for the arrays xs[i] of ns[i] floats (host vector
-// out, one entry per array). Each array is split into a fixed number of blocks (a function of
-// its length only) that sum in double in a fixed tree; the host adds the block sums in order,
-// so a result never depends on timing. One copy back to the host for all arrays.
+// out, one entry per array), one launch per kTensorsPerLaunch arrays. Each array is split into
+// a fixed number of blocks (a function of its length only) that sum in double in a fixed tree;
+// the host adds the block sums in order, so a result never depends on timing. One copy back to
+// the host for all arrays.
 std::vector<double> sum_squares(const std::vector<const float*>& xs,
                                 const std::vector<int64_t>& ns);
 
