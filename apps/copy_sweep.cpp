@@ -28,6 +28,8 @@
 
 #include "apps/common/plot.h"
 #include "apps/common/device.h"
+#include "apps/common/run_folder.h"
+#include "apps/common/stop_signal.h"
 #include "apps/copy_task/metrics.h"
 #include "apps/copy_task/options.h"
 #include "apps/copy_task/train.h"
@@ -169,7 +171,10 @@ int main(int argc, char** argv) try {
     validate(o);
   }
 
-  fs::create_directories(base.output.out);
+  if (app.count("--out") == 0 && !base.output.overwrite)
+    base.output.out = first_free_folder(base.output.out);
+  RunFolder sweep_folder(base.output.out, out_mode(false, base.output.overwrite),
+                         {"sweep.csv", "accuracy.png"}, stdout);
   const std::string csv = (fs::path(base.output.out) / "sweep.csv").string();
   const std::string png = (fs::path(base.output.out) / "accuracy.png").string();
   std::printf("copy_sweep: %zu runs of %lld steps into %s\n", cells.size(),
@@ -186,7 +191,10 @@ int main(int argc, char** argv) try {
     std::string name = c.attention + "-L" + std::to_string(c.length);
     if (c.clusters) name += "-C" + std::to_string(c.clusters);
     o.output.out = (fs::path(base.output.out) / name).string();
-    fs::create_directories(o.output.out);
+    std::vector<std::string> cell_files = Trainer::run_files();
+    cell_files.push_back("train.log");
+    RunFolder cell_folder(o.output.out, out_mode(false, base.output.overwrite), cell_files,
+                          nullptr);
     const std::string log_path = (fs::path(o.output.out) / "train.log").string();
     std::unique_ptr<std::FILE, int (*)(std::FILE*)> log(std::fopen(log_path.c_str(), "w"),
                                                         &std::fclose);
@@ -196,7 +204,12 @@ int main(int argc, char** argv) try {
     std::fflush(stdout);
     Trainer trainer(o, log.get());
     trainer.print_config(log.get());
-    c.result = trainer.run();
+    c.result = trainer.run(&cell_folder);
+    if (c.result.interrupted_by) {
+      std::printf("interrupted by %s: the sweep stops (its finished runs are in %s)\n",
+                  signal_name(c.result.interrupted_by), csv.c_str());
+      return 128 + c.result.interrupted_by;
+    }
     c.done = true;
     std::printf("held-out accuracy %.4f  loss %.4f  (%lld steps, %s)\n",
                 c.result.final_eval.accuracy, c.result.final_eval.loss,

@@ -12,7 +12,10 @@
 //   copy_task --precision bf16                matrix products with bf16 operands (f32 weights,
 //                                             optimizer, softmax, norms and loss)
 //
-// Output in --out: metrics.csv, loss.png, accuracy.png, checkpoint.safetensors.
+// Output in --out: metrics.csv, loss.png, accuracy.png, checkpoint.safetensors. A new run
+// refuses a folder holding files (--overwrite replaces them, --resume continues the run there);
+// without --out it takes the first free one of runs/copy_task, runs/copy_task-2, ...
+// Ctrl-C (SIGINT) or SIGTERM stops training after the current step with a checkpoint.
 // apps/copy_task/ holds the model, the training loop and the flags (shared with copy_sweep).
 #include <CLI/CLI.hpp>
 
@@ -20,6 +23,8 @@
 #include <filesystem>
 #include <string>
 
+#include "apps/common/device.h"
+#include "apps/common/run_folder.h"
 #include "apps/copy_task/options.h"
 #include "apps/copy_task/train.h"
 #include "core/error.h"
@@ -98,15 +103,26 @@ int main(int argc, char** argv) try {
     CLUSTR_CHECK(resume.empty(), "--checkpoint evaluates and --resume trains: give one of them");
     return evaluate_checkpoint(o, app, checkpoint, evaluate_with);
   }
+  const OutMode mode = out_mode(!resume.empty(), o.output.overwrite);
   if (!resume.empty() && app.count("--out") == 0) {
     const std::filesystem::path p(resume);
     o.output.out = std::filesystem::is_directory(p) ? p.string() : p.parent_path().string();
     if (o.output.out.empty()) o.output.out = ".";
+  } else if (app.count("--out") == 0 && mode == OutMode::fresh) {
+    const std::string chosen = first_free_folder(o.output.out);
+    if (chosen != o.output.out)
+      std::printf("%s holds an earlier run; this one writes to %s\n", o.output.out.c_str(),
+                  chosen.c_str());
+    o.output.out = chosen;
   }
+  validate(o);
+  resolve_device(o.device);  // an unusable GPU is refused before the folder is made
+  RunFolder folder(o.output.out, mode, Trainer::run_files(), stdout);
   Trainer trainer(o, stdout);
   trainer.print_config(stdout);
   if (!resume.empty()) trainer.resume(resume);
-  const RunResult r = trainer.run();
+  const RunResult r = trainer.run(&folder);
+  if (r.interrupted_by) return 128 + r.interrupted_by;
   if (o.train.target_accuracy > 0 && r.final_eval.accuracy < o.train.target_accuracy)
     std::printf("note: the final held-out accuracy %.4f is below --target-accuracy %.4f\n",
                 r.final_eval.accuracy, o.train.target_accuracy);

@@ -9,7 +9,10 @@
 //
 // Every command takes --device cpu|cuda (the model is built on the CPU, then moved) and
 // --precision fp32|bf16 (train: the products' precision; the others: default as trained).
-// A corpus is what data/make_speech_corpus.py writes (train.tsv, dev.tsv, test.tsv,
+// train writes into --out (default: the first free one of runs/speech, runs/speech-2, ...); a
+// new run refuses a folder holding files (--overwrite replaces them, --resume continues the
+// run there), and Ctrl-C (SIGINT) or SIGTERM stops it after the current step with
+// last.safetensors saved. A corpus is what data/make_speech_corpus.py writes (train.tsv, dev.tsv, test.tsv,
 // tokens.txt). The pieces live in apps/speech/.
 #include <CLI/CLI.hpp>
 
@@ -19,6 +22,7 @@
 #include <vector>
 
 #include "apps/common/device.h"
+#include "apps/common/run_folder.h"
 #include "apps/speech/attention_map.h"
 #include "apps/speech/dataset.h"
 #include "apps/speech/options.h"
@@ -247,6 +251,7 @@ int main(int argc, char** argv) try {
   if (*decode) return cmd_decode(f, checkpoint, *decode);
   if (*matrix) return cmd_matrix(f, checkpoints, map_path, map_layer, map_head, map_utt, *matrix);
 
+  const OutMode mode = out_mode(!resume.empty(), o.output.overwrite);
   if (!resume.empty()) {
     const auto saved = read_checkpoint_config(resume_file(resume));
     adopt_locked_settings(saved, *train, o);
@@ -258,11 +263,22 @@ int main(int argc, char** argv) try {
       o.output.out = std::filesystem::is_directory(p) ? p.string() : p.parent_path().string();
       if (o.output.out.empty()) o.output.out = ".";
     }
+  } else if (train->count("--out") == 0 && mode == OutMode::fresh) {
+    const std::string chosen = first_free_folder(o.output.out);
+    if (chosen != o.output.out)
+      std::printf("%s holds an earlier run; this one writes to %s\n", o.output.out.c_str(),
+                  chosen.c_str());
+    o.output.out = chosen;
   }
+  validate(o);
+  resolve_device(o.device);  // an unusable GPU is refused before the folder is made
+  // Before the corpus is read: a refused folder costs no time.
+  RunFolder folder(o.output.out, mode, Trainer::run_files(), stdout);
   Trainer trainer(o, stdout);
   trainer.print_config(stdout);
   if (!resume.empty()) trainer.resume(resume);
-  trainer.run();
+  const TrainResult r = trainer.run(&folder);
+  if (r.interrupted_by) return 128 + r.interrupted_by;
   return 0;
 } catch (const std::exception& e) {
   std::fflush(stdout);

@@ -12,25 +12,30 @@
 
 namespace clustr::optim {
 
-double clip_grad_norm(const std::vector<Variable>& params, double max_norm) {
-  CLUSTR_CHECK(std::isfinite(max_norm) && max_norm > 0.0,
-               "clip_grad_norm: max_norm must be a finite number > 0, got ", max_norm);
-  std::vector<const Tensor*> grads;  // every gradient, in the order of params
-  std::vector<const float*> device_x;
-  std::vector<int64_t> device_n;
+namespace {
+
+// Every gradient of params, in order (parameters without one are skipped).
+std::vector<const Tensor*> gradients(const std::vector<Variable>& params, const char* op) {
+  std::vector<const Tensor*> grads;
   for (const Variable& p : params) {
     if (!p.defined() || !p.grad().defined()) continue;
-    const Tensor& g = p.grad();
-    detail::check_f32("clip_grad_norm", "gradient", g);
-    grads.push_back(&g);
-    if (g.device() == Device::cuda) {
-      device_x.push_back(g.f32());
-      device_n.push_back(g.numel());
-    }
+    detail::check_f32(op, "gradient", p.grad());
+    grads.push_back(&p.grad());
   }
-  // Device gradients are summed on the device, all before a single copy back; then one double
-  // sum in the order of params (each device gradient adds its own sum): the norm is the same
-  // whatever the thread count, and for cpu gradients alone it is one sequential sum.
+  return grads;
+}
+
+// Device gradients are summed on the device, all before a single copy back; then one double
+// sum in the order of params (each device gradient adds its own sum): the norm is the same
+// whatever the thread count, and for cpu gradients alone it is one sequential sum.
+double norm_of(const std::vector<const Tensor*>& grads) {
+  std::vector<const float*> device_x;
+  std::vector<int64_t> device_n;
+  for (const Tensor* g : grads)
+    if (g->device() == Device::cuda) {
+      device_x.push_back(g->f32());
+      device_n.push_back(g->numel());
+    }
   const std::vector<double> device_sums =
       device_x.empty() ? std::vector<double>{} : cuda::sum_squares(device_x, device_n);
   double sum_sq = 0.0;
@@ -43,7 +48,20 @@ double clip_grad_norm(const std::vector<Variable>& params, double max_norm) {
     const float* x = g->f32();
     for (int64_t i = 0; i < g->numel(); ++i) sum_sq += double(x[i]) * double(x[i]);
   }
-  const double norm = std::sqrt(sum_sq);
+  return std::sqrt(sum_sq);
+}
+
+}  // namespace
+
+double grad_norm(const std::vector<Variable>& params) {
+  return norm_of(gradients(params, "grad_norm"));
+}
+
+double clip_grad_norm(const std::vector<Variable>& params, double max_norm) {
+  CLUSTR_CHECK(std::isfinite(max_norm) && max_norm > 0.0,
+               "clip_grad_norm: max_norm must be a finite number > 0, got ", max_norm);
+  const std::vector<const Tensor*> grads = gradients(params, "clip_grad_norm");
+  const double norm = norm_of(grads);
   // As torch.nn.utils.clip_grad_norm_: the 1e-6 keeps the factor finite for a zero norm and
   // makes the clipped norm land just below max_norm.
   const double coef = max_norm / (norm + 1e-6);

@@ -172,6 +172,8 @@ double radam_rho(double beta2, int64_t t);
 // fixed order) and scaled there; cpu and device gradients may be mixed.
 double clip_grad_norm(const std::vector<Variable>& params, double max_norm);
 double clip_grad_norm(const NamedParameters& params, double max_norm);
+// The same global norm without clipping (a run without clipping still checks it is finite).
+double grad_norm(const std::vector<Variable>& params);
 
 // ---- learning-rate schedules ------------------------------------------------------------------
 // The learning rate for the step after `steps_done` steps: set it with

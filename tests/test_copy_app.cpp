@@ -7,15 +7,20 @@
 // the command line) is run by ctest entries in tests/CMakeLists.txt.
 #include <doctest/doctest.h>
 
+#include <csignal>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <string>
 #include <vector>
 
 #include "apps/common/plot.h"
+#include "apps/common/run_folder.h"
+#include "apps/common/stop_signal.h"
 #include "apps/copy_task/options.h"
 #include "apps/copy_task/train.h"
 #include "check.h"
@@ -308,4 +313,177 @@ TEST_CASE("copy task: bf16 runs resume exactly, track the f32 run and store thei
   old.erase("precision");
   apply_checkpoint_config(old, e);
   CHECK(e.model.precision == Precision::fp32);
+}
+
+// ---- run folders, signals and non-finite steps (apps/common/run_folder.h, stop_signal.h,
+// training.h) ------------------------------------------------------------------------------
+
+TEST_CASE("run folder: a fresh run refuses files, --overwrite removes the app's, one live run") {
+  TempDir dir;
+  const std::string out = dir.file("run");
+  {
+    RunFolder a(out, OutMode::fresh, {"metrics.csv"}, nullptr);
+    // A second run in the same folder while the first holds it (flock conflicts between two
+    // open file descriptions, in one process as in two).
+    const std::string holder = "is in use by another run (process " +
+                               std::to_string(::getpid()) + ")";
+    CHECK_ERROR(RunFolder(out, OutMode::resume, {}, nullptr), "--out", out.c_str(),
+                holder.c_str());
+    std::ofstream(a.file("metrics.csv")) << "x";
+    std::ofstream(a.file("notes.txt")) << "mine";
+  }
+  CHECK_ERROR(RunFolder(out, OutMode::fresh, {"metrics.csv"}, nullptr), "--out", out.c_str(),
+              "already holds files (metrics.csv, notes.txt)", "--resume", "--overwrite");
+  { RunFolder resumed(out, OutMode::resume, {"metrics.csv"}, nullptr); }
+  CHECK(std::filesystem::exists(out + "/metrics.csv"));
+  {
+    RunFolder replaced(out, OutMode::overwrite, {"metrics.csv", "checkpoint.safetensors"},
+                       nullptr);
+    CHECK_FALSE(std::filesystem::exists(out + "/metrics.csv"));  // the app's file: removed
+    CHECK(std::filesystem::exists(out + "/notes.txt"));          // the user's: kept
+  }
+  CHECK_ERROR(out_mode(true, true), "--overwrite", "--resume", "give one of them");
+  std::ofstream(dir.file("plain")) << "x";
+  CHECK_ERROR(RunFolder(dir.file("plain"), OutMode::fresh, {}, nullptr), "exists and is not a "
+              "folder");
+}
+
+TEST_CASE("run folder: temporaries of a killed run are removed; free default folders") {
+  TempDir dir;
+  const std::string out = dir.file("run");
+  std::filesystem::create_directories(out);
+  std::ofstream(out + "/checkpoint.safetensors.tmp.4242.0") << "half";
+  std::ofstream(out + "/metrics.csv.tmp.4242") << "half";
+  std::ofstream(out + "/a.tmp.notanumber") << "kept";
+  {
+    RunFolder f(out, OutMode::resume, {}, nullptr);
+    CHECK(folder_entries(out) == std::vector<std::string>{"a.tmp.notanumber"});
+  }
+  CHECK(first_free_folder(dir.file("fresh")) == dir.file("fresh"));
+  CHECK(first_free_folder(out) == out + "-2");
+  std::filesystem::create_directories(out + "-2");  // empty: free
+  CHECK(first_free_folder(out) == out + "-2");
+  std::ofstream(out + "-2/x") << "x";
+  CHECK(first_free_folder(out) == out + "-3");
+}
+
+TEST_CASE("copy task: a new run refuses the folder of an earlier one") {
+  TempDir dir;
+  RunOptions o = tiny(AttentionType::full, dir.file("run"));
+  o.train.steps = 2;
+  Trainer(o, nullptr).run();
+  CHECK_ERROR(Trainer(o, nullptr).run(), "already holds files", "checkpoint.safetensors",
+              "metrics.csv");
+  o.output.overwrite = true;
+  const RunResult r = Trainer(o, nullptr).run();
+  CHECK(r.end_step == 2);
+}
+
+namespace {
+
+// A log stream that raises `sig` in this thread when a line it is given contains `text` (a
+// signal at a known step: the training loop reads it after that step).
+struct SignalAt {
+  std::string text;
+  int sig;
+  bool sent = false;
+};
+ssize_t signal_at_write(void* cookie, const char* buf, size_t size) {
+  auto* s = static_cast<SignalAt*>(cookie);
+  if (!s->sent && std::string(buf, size).find(s->text) != std::string::npos) {
+    s->sent = true;
+    std::raise(s->sig);
+  }
+  return static_cast<ssize_t>(size);
+}
+std::FILE* signal_at_log(SignalAt& s) {
+  cookie_io_functions_t io{nullptr, signal_at_write, nullptr, nullptr};
+  std::FILE* f = fopencookie(&s, "w", io);
+  REQUIRE(f != nullptr);
+  std::setvbuf(f, nullptr, _IOLBF, 0);
+  return f;
+}
+
+}  // namespace
+
+TEST_CASE("copy task: SIGINT stops after the step with a checkpoint that resumes bit for bit") {
+  TempDir dir;
+  RunOptions o = tiny(AttentionType::improved_clustered, dir.file("whole"));
+  o.output.log_interval = 1;
+  Trainer whole(o, nullptr);
+  const RunResult all = whole.run();
+  REQUIRE(all.losses.size() == 10);
+
+  for (int sig : {SIGINT, SIGTERM}) {
+    CAPTURE(sig);
+    const std::string out = dir.file(sig == SIGINT ? "int" : "term");
+    RunOptions cut = o;
+    cut.output.out = out;
+    SignalAt at{"step 4/10 ", sig};
+    std::FILE* log = signal_at_log(at);
+    Trainer a(cut, log);
+    const RunResult r1 = a.run();
+    std::fclose(log);
+    CHECK(r1.interrupted_by == sig);
+    CHECK(r1.end_step == 4);
+    CHECK(r1.stop_reason == std::string("interrupted by ") + (sig == SIGINT ? "SIGINT" : "SIGTERM"));
+    REQUIRE(std::filesystem::exists(out + "/checkpoint.safetensors"));
+    // The handlers are gone after run(): the test process is not stopped by them.
+    CHECK(StopOnSignal::pending() == sig);
+
+    Trainer b(cut, nullptr);
+    b.resume(out);
+    CHECK(b.step() == 4);
+    const RunResult r2 = b.run();
+    CHECK(r2.interrupted_by == 0);
+    REQUIRE(r2.losses.size() == 6);
+    for (size_t i = 0; i < 10; ++i) {
+      const float split = i < 4 ? r1.losses[i] : r2.losses[i - 4];
+      CAPTURE(i);
+      CHECK(std::memcmp(&split, &all.losses[i], sizeof(float)) == 0);
+    }
+    const auto pw = whole.model().named_parameters(), pb = b.model().named_parameters();
+    for (size_t i = 0; i < pw.size(); ++i) {
+      CAPTURE(pw[i].first);
+      CHECK(pw[i].second.data().to_vector() == pb[i].second.data().to_vector());
+    }
+  }
+}
+
+TEST_CASE("copy task: non-finite steps are skipped, then stop the run; no NaN checkpoint") {
+  TempDir dir;
+  RunOptions o = tiny(AttentionType::full, dir.file("run"));
+  o.train.steps = 3;
+  Trainer(o, nullptr).run();
+  const std::string file = dir.file("run/checkpoint.safetensors");
+  std::ifstream in(file, std::ios::binary);
+  const std::string before((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+
+  // lr 1e30 without clipping: the first step's update makes the weights overflow, every later
+  // loss is NaN; the run resumed from step 3 stops after 4 skipped steps.
+  o.train.steps = 30;
+  o.train.lr = 1e30f;
+  o.train.warmup = 0;
+  o.train.clip = 0.0f;
+  o.train.max_skipped_steps = 4;
+  Trainer t(o, nullptr);
+  t.resume(dir.file("run"));
+  const std::string kept = "the checkpoint " + file + " is left as it was";
+  CHECK_ERROR(t.run(), "training stopped: 4 steps in a row had a non-finite loss",
+              "step 5: non-finite loss", kept.c_str(), "--max-skipped-steps");
+  std::ifstream again(file, std::ios::binary);
+  const std::string after((std::istreambuf_iterator<char>(again)),
+                          std::istreambuf_iterator<char>());
+  CHECK(after == before);
+  CHECK(t.step() == 4);
+  // A weight that is not finite keeps any checkpoint from being written.
+  Tensor w = t.model().named_parameters().front().second.data();  // shares the storage
+  std::vector<float> v = w.to_vector();
+  v[1] = std::numeric_limits<float>::infinity();
+  w.copy_from(Tensor::from_vector(v, w.shape()));
+  CHECK_ERROR(t.save(file), "not writing the checkpoint", "holds a non-finite value (inf at "
+              "element 1)");
+  std::ifstream third(file, std::ios::binary);
+  CHECK(std::string((std::istreambuf_iterator<char>(third)), std::istreambuf_iterator<char>()) ==
+        before);
 }

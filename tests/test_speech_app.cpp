@@ -240,44 +240,58 @@ TEST_CASE("speech app: a short run on tone utterances lowers the loss, then eval
 }
 
 // A NaN in the output layer's bias makes every batch's loss NaN: each step must be skipped and
-// reported, and no weight, moment or step count may take the NaN in.
+// reported, no weight, moment or step count may take the NaN in, and no checkpoint is written
+// from such a model: the run stops at the epoch's end (the bias cannot be saved), or before,
+// after --max-skipped-steps skipped steps in a row.
 TEST_CASE("speech app: a non-finite loss skips the step and is reported") {
   TempDir dir;
   write_tone_corpus(dir.file("corpus"), 16, 4, /*bad=*/false);
-  RunOptions o = tiny_run(dir.file("corpus"), dir.file("run"));
-  o.train.epochs = 2;
-  o.train.max_steps = 0;
-  std::FILE* log = std::tmpfile();
-  REQUIRE(log != nullptr);
-  Trainer trainer(o, log);
-  std::vector<std::pair<std::string, Tensor>> before;
-  for (const auto& [name, p] : trainer.model().named_parameters())
-    before.emplace_back(name, p.data().clone());
-  Tensor bias;
-  for (const auto& [name, p] : trainer.model().named_parameters())
-    if (name == "output.bias") bias = p.data();
-  REQUIRE(bias.defined());
-  bias.f32()[0] = std::numeric_limits<float>::quiet_NaN();
-  const TrainResult r = trainer.run();
-
-  CHECK(r.steps == 0);
-  CHECK(trainer.step() == 0);
-  CHECK(r.skipped_steps == 2 * 2);  // 16 utterances in batches of 8, two epochs
-  for (const auto& [name, p] : trainer.model().named_parameters()) {
-    if (name == "output.bias") continue;
-    const Tensor& old = std::find_if(before.begin(), before.end(),
-                                     [&](const auto& b) { return b.first == name; })->second;
-    INFO("parameter " << name);
-    CHECK(std::memcmp(old.f32(), p.data().f32(), size_t(old.numel()) * 4) == 0);
+  for (int64_t limit : {10, 2}) {
+    CAPTURE(limit);
+    const std::string out = dir.file("run" + std::to_string(limit));
+    RunOptions o = tiny_run(dir.file("corpus"), out);
+    o.train.epochs = 2;
+    o.train.max_steps = 0;
+    o.train.max_skipped_steps = limit;
+    std::FILE* log = std::tmpfile();
+    REQUIRE(log != nullptr);
+    Trainer trainer(o, log);
+    std::vector<std::pair<std::string, Tensor>> before;
+    for (const auto& [name, p] : trainer.model().named_parameters())
+      before.emplace_back(name, p.data().clone());
+    Tensor bias;
+    for (const auto& [name, p] : trainer.model().named_parameters())
+      if (name == "output.bias") bias = p.data();
+    REQUIRE(bias.defined());
+    bias.f32()[0] = std::numeric_limits<float>::quiet_NaN();
+    // 16 utterances in batches of 8: two skipped steps, then the epoch's end.
+    if (limit == 10)
+      CHECK_ERROR(trainer.run(), "not writing the checkpoint", "best.safetensors",
+                  "output.bias holds a non-finite value (nan at element 0)");
+    else
+      CHECK_ERROR(trainer.run(), "training stopped: 2 steps in a row had a non-finite loss",
+                  "epoch 1 batch 2: non-finite loss", "no checkpoint was written",
+                  "--max-skipped-steps");
+    CHECK(trainer.step() == 0);
+    CHECK_FALSE(std::filesystem::exists(out + "/best.safetensors"));
+    CHECK_FALSE(std::filesystem::exists(out + "/last.safetensors"));
+    for (const auto& [name, p] : trainer.model().named_parameters()) {
+      if (name == "output.bias") continue;
+      const Tensor& old = std::find_if(before.begin(), before.end(),
+                                       [&](const auto& b) { return b.first == name; })->second;
+      INFO("parameter " << name);
+      CHECK(std::memcmp(old.f32(), p.data().f32(), size_t(old.numel()) * 4) == 0);
+    }
+    std::rewind(log);
+    std::string text;
+    for (int c; (c = std::fgetc(log)) != EOF;) text += char(c);
+    std::fclose(log);
+    INFO("log:\n" << text);
+    CHECK(text.find("epoch 1 batch 1: non-finite loss (") != std::string::npos);
+    CHECK(text.find("nan, 8 utterances from 'train") != std::string::npos);
+    CHECK(text.find("step skipped (2 in a row; the run stops at " + std::to_string(limit) + ")") !=
+          std::string::npos);
   }
-  std::rewind(log);
-  std::string text;
-  for (int c; (c = std::fgetc(log)) != EOF;) text += char(c);
-  std::fclose(log);
-  INFO("log:\n" << text);
-  CHECK(text.find("epoch 1 batch 1: non-finite loss (") != std::string::npos);
-  CHECK(text.find("nan); step skipped (8 utterances from 'train") != std::string::npos);
-  CHECK(text.find("4 steps skipped") != std::string::npos);
 }
 
 TEST_CASE("speech app: flag checks name the flag") {

@@ -192,6 +192,10 @@ void add_model_task_train_flags(CLI::App& app, RunOptions& o, bool grid_axes) {
       ->capture_default_str();
   app.add_option("--seed", t.seed, "seed of the model, data and held-out streams")
       ->capture_default_str();
+  app.add_option("--max-skipped-steps", t.max_skipped_steps,
+                 "steps in a row with a non-finite loss or gradient norm (each skipped) "
+                 "before the run stops")
+      ->capture_default_str();
   app.add_option("--threads", o.threads, "CPU threads (0: OpenMP's default)")
       ->capture_default_str();
   app.add_option("--device", o.device, "cpu | cuda")->capture_default_str();
@@ -201,8 +205,12 @@ void add_model_task_train_flags(CLI::App& app, RunOptions& o, bool grid_axes) {
 
 void add_output_flags(CLI::App& app, RunOptions& o) {
   OutputOptions& u = o.output;
-  app.add_option("--out", u.out, "output folder (metrics.csv, checkpoint.safetensors, PNGs)")
+  app.add_option("--out", u.out, "output folder (metrics.csv, checkpoint.safetensors, PNGs); "
+                 "a new run refuses one that holds files. Default: the first of "
+                 "runs/copy_task, runs/copy_task-2, ... that is free")
       ->capture_default_str();
+  app.add_flag("--overwrite", u.overwrite,
+               "let a new run replace the run in --out (its metrics, checkpoint and plots)");
   app.add_option("--log-interval", u.log_interval, "steps per log line")->capture_default_str();
   app.add_option("--eval-interval", u.eval_interval, "steps between held-out evaluations")
       ->capture_default_str();
@@ -272,6 +280,7 @@ void validate(const RunOptions& o) {
   CLUSTR_CHECK(t.target_accuracy >= 0.0 && t.target_accuracy <= 1.0,
                "--target-accuracy must be in [0, 1] (0: run all steps), got ", t.target_accuracy);
   CLUSTR_CHECK(t.time_limit >= 0.0, "--time-limit must be >= 0 seconds, got ", t.time_limit);
+  at_least("--max-skipped-steps", t.max_skipped_steps, 1);
   at_least("--threads", o.threads, 0);
   CLUSTR_CHECK(o.device == "cpu" || o.device == "cuda", "--device must be cpu or cuda, got '",
                o.device, "'");
@@ -325,6 +334,7 @@ std::vector<std::pair<std::string, std::string>> config_entries(const RunOptions
       {"target-accuracy", str(t.target_accuracy)},
       {"seed", std::to_string(t.seed)},
       {"time-limit", str(t.time_limit)},
+      {"max-skipped-steps", str(t.max_skipped_steps)},
       {"threads", str(o.threads)},
       {"device", o.device},
       {"tf32", str(o.tf32)},

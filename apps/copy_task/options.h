@@ -57,10 +57,14 @@ struct TrainOptions {
   double target_accuracy = 0.995;  // stop once the held-out accuracy reaches it; 0 = never
   double time_limit = 540.0;       // seconds of training before stopping; 0 = no limit
   uint64_t seed = 1;
+  int64_t max_skipped_steps = 10;  // non-finite steps in a row before the run stops
 };
 
 struct OutputOptions {
-  std::string out = "runs/copy_task";  // metrics.csv, checkpoint.safetensors, *.png
+  // metrics.csv, checkpoint.safetensors, *.png. The app's default (no --out) is the first free
+  // folder among runs/copy_task, runs/copy_task-2, ... (apps/common/run_folder.h).
+  std::string out = "runs/copy_task";
+  bool overwrite = false;  // --overwrite: a new run may replace the one in `out`
   int64_t log_interval = 50;
   int64_t eval_interval = 100;
   int64_t eval_batches = 8;         // fixed held-out batches of `batch` sequences

@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "apps/common/device.h"
+#include "apps/common/stop_signal.h"
 #include "autograd/ops.h"
 #include "core/cpu/gemm.h"
 #include "core/cpu/gemm_bf16.h"
@@ -33,14 +34,6 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// splitmix64: a stream key per purpose, derived from the run's seed.
-uint64_t derive_key(uint64_t seed, uint64_t purpose) {
-  uint64_t z = seed + purpose * 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
 constexpr const char* kCheckpointFile = "checkpoint.safetensors";
 // Resume state kept in the checkpoint's config beside the flags (not compared on resume).
 constexpr const char* kPlateauBest = "state.plateau-best";
@@ -48,29 +41,13 @@ constexpr const char* kPlateauBad = "state.plateau-bad-epochs";
 constexpr const char* kPlateauCooldown = "state.plateau-cooldown";
 constexpr const char* kTrainSeconds = "state.train-seconds";
 
-std::unique_ptr<optim::Optimizer> make_optimizer(const TrainOptions& t,
-                                                 optim::NamedParameters params) {
-  if (t.optimizer == "sgd")
-    return std::make_unique<optim::Sgd>(std::move(params),
-                                        optim::SgdOptions{t.lr, t.momentum, false, t.weight_decay});
-  optim::AdamOptions a;
-  a.lr = t.lr;
-  a.weight_decay = t.weight_decay;
-  a.decay = t.decoupled_weight_decay ? optim::WeightDecay::decoupled : optim::WeightDecay::l2;
-  if (t.optimizer == "radam") return std::make_unique<optim::RAdam>(std::move(params), a);
-  if (t.optimizer == "adamw") return std::make_unique<optim::AdamW>(std::move(params), a);
-  return std::make_unique<optim::Adam>(std::move(params), a);
+OptimizerChoice optimizer_choice(const TrainOptions& t) {
+  return {t.optimizer, t.lr, t.weight_decay, t.decoupled_weight_decay, t.momentum};
 }
 
 double parse_state(const std::map<std::string, std::string>& config, const char* key,
                    const std::string& file) {
-  auto it = config.find(key);
-  CLUSTR_CHECK(it != config.end(), "--resume: ", file, " lacks config entry '", key, "'");
-  char* end = nullptr;
-  double v = std::strtod(it->second.c_str(), &end);
-  CLUSTR_CHECK(!it->second.empty() && *end == '\0', "--resume: ", file, ": config entry '", key,
-               "' is \"", it->second, "\", not a number");
-  return v;
+  return config_number(config, key, "--resume: " + file);
 }
 
 std::string join_lines(const std::vector<std::string>& lines) {
@@ -96,13 +73,6 @@ std::string resolve_checkpoint(const std::string& path, const char* flag) {
   }
   CLUSTR_CHECK(fs::is_regular_file(path, ec), flag, ": no such checkpoint file or folder: ", path);
   return path;
-}
-
-std::map<std::string, std::string> read_checkpoint_config(const std::string& file) {
-  std::map<std::string, std::string> config;
-  for (const auto& [key, value] : load_safetensors(file).metadata)
-    if (key.rfind("config.", 0) == 0) config[key.substr(7)] = value;
-  return config;
 }
 
 std::vector<std::pair<std::string, std::string>> build_info() {
@@ -147,7 +117,7 @@ Trainer::Trainer(const RunOptions& options, std::FILE* log)
   // is made after the move (it keeps its state on the parameters' device).
   model_ = std::make_unique<CopyModel>(options_.model, vocab_size(options_.task), gen_);
   model_->to(device_);
-  optimizer_ = make_optimizer(options_.train, model_->named_parameters());
+  optimizer_ = make_optimizer(optimizer_choice(options_.train), model_->named_parameters());
   if (options_.train.lr_schedule == "plateau") {
     const TrainOptions& t = options_.train;
     plateau_ = std::make_unique<optim::ReduceLrOnPlateau>(optim::PlateauOptions{
@@ -176,6 +146,7 @@ float Trainer::scheduled_lr(int64_t steps_done) const {
 }
 
 float Trainer::train_step(double* accuracy, int64_t* tokens) {
+  last_skip_.clear();
   const int64_t done = step();
   // After its warm-up the plateau schedule owns the lr (it lowers it at evaluations).
   if (!plateau_ || done < options_.train.warmup) optimizer_->set_lr(scheduled_lr(done));
@@ -189,12 +160,21 @@ float Trainer::train_step(double* accuracy, int64_t* tokens) {
     *tokens = 0;
     for (int32_t t : batch.target.to_int_vector()) *tokens += t != kCopyTaskIgnoreIndex;
   }
+  const float value = loss.item();
   optimizer_->zero_grad();
-  loss.backward();
-  if (options_.train.clip > 0.0f)
-    optim::clip_grad_norm(optimizer_->parameters(), double(options_.train.clip));
-  optimizer_->step();
-  return loss.item();
+  if (std::isfinite(value)) {
+    loss.backward();
+    const double norm = clip_or_measure(optimizer_->parameters(), options_.train.clip);
+    if (std::isfinite(norm)) {
+      optimizer_->step();
+      return value;
+    }
+    optimizer_->zero_grad();
+    last_skip_ = detail::cat("step ", done + 1, ": non-finite gradient norm (", norm, ")");
+  } else {
+    last_skip_ = detail::cat("step ", done + 1, ": non-finite loss (", value, ")");
+  }
+  return value;
 }
 
 Evaluation Trainer::evaluate(const std::vector<CopyTaskBatch>& batches) const {
@@ -249,6 +229,7 @@ void Trainer::save(const std::string& path) const {
   state.config[kTrainSeconds] = secs;
   state.extras = optimizer_->state_dict();
   state.rng = GeneratorState::of(gen_);
+  check_finite_state(*model_, state.extras, path);
   save_checkpoint(path, *model_, state);
 }
 
@@ -267,6 +248,9 @@ void Trainer::resume(const std::string& path) {
         d.c_str());
 
   const LoadedCheckpoint c = load_checkpoint(file, *model_);
+  CLUSTR_CHECK(c.step <= options_.train.steps, "--resume: ", file, " is at step ", c.step,
+               ", past --steps ", options_.train.steps, "; give --steps above ", c.step,
+               " to train on (or --checkpoint ", path, " to evaluate it)");
   optimizer_->load_state_dict(c.extras);
   CLUSTR_CHECK(optimizer_->step_count() == c.step, "--resume: ", file, " is at step ", c.step,
                " but its optimizer state at step ", optimizer_->step_count());
@@ -299,11 +283,26 @@ void Trainer::print_config(std::FILE* out) const {
   std::fflush(out);
 }
 
-RunResult Trainer::run() {
+const std::vector<std::string>& Trainer::run_files() {
+  static const std::vector<std::string> files = {"metrics.csv", kCheckpointFile, "loss.png",
+                                                 "accuracy.png"};
+  return files;
+}
+
+RunResult Trainer::run(RunFolder* folder) {
   const auto t_begin = Clock::now();
   const RunOptions& o = options_;
   const OutputOptions& u = o.output;
-  fs::create_directories(u.out);
+  std::unique_ptr<RunFolder> own_folder;
+  if (!folder) {
+    own_folder = std::make_unique<RunFolder>(u.out, out_mode(resumed_, u.overwrite), run_files(),
+                                             log_);
+    folder = own_folder.get();
+  }
+  CLUSTR_CHECK(fs::equivalent(folder->path(), u.out), "copy_task: the run's folder ",
+               folder->path(), " is not --out ", u.out);
+  const StopOnSignal stop_signal;  // Ctrl-C: finish the step, save, return
+  NonFiniteSteps non_finite(o.train.max_skipped_steps);
   const std::string checkpoint = (fs::path(u.out) / kCheckpointFile).string();
   MetricsLog metrics;
   const std::string csv = (fs::path(u.out) / "metrics.csv").string();
@@ -327,6 +326,19 @@ RunResult Trainer::run() {
     launches.begin();
     const float loss = train_step(&acc);
     launches.end();
+    if (!last_skip_.empty()) {
+      ++r.skipped_steps;
+      non_finite.skipped(last_skip_, log_,
+                         u.write_checkpoints && fs::exists(checkpoint)
+                             ? "the checkpoint " + checkpoint + " is left as it was"
+                             : std::string("no checkpoint was written"));
+      if (const int sig = StopOnSignal::pending()) {
+        r.interrupted_by = sig;
+        break;
+      }
+      continue;
+    }
+    non_finite.stepped();
     const double dt = seconds_since(t0);
     r.losses.push_back(loss);
     r.train_seconds += dt;
@@ -392,10 +404,25 @@ RunResult Trainer::run() {
       save(checkpoint);
     }
     if (stop) break;
+    if (const int sig = StopOnSignal::pending()) {
+      r.interrupted_by = sig;
+      break;
+    }
   }
   r.end_step = step();
+  r.skipped_steps = non_finite.total();
   if (u.write_checkpoints) save(checkpoint);
   if (u.write_plots && !metrics.rows().empty()) metrics.plot(u.out);
+  if (r.interrupted_by) {
+    r.stop_reason = detail::cat("interrupted by ", signal_name(r.interrupted_by));
+    r.total_seconds = seconds_since(t_begin);
+    log("%s at step %lld: %s; continue with --resume %s\n", r.stop_reason.c_str(),
+        static_cast<long long>(r.end_step),
+        u.write_checkpoints ? ("checkpoint saved: " + checkpoint).c_str()
+                            : "no checkpoint (this run writes none)",
+        u.out.c_str());
+    return r;
+  }
 
   r.final_eval = evaluate(final_batches(u.final_eval_batches));
   r.total_seconds = seconds_since(t_begin);

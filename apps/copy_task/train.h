@@ -26,6 +26,8 @@
 #include <string>
 #include <vector>
 
+#include "apps/common/run_folder.h"
+#include "apps/common/training.h"
 #include "apps/copy_task/metrics.h"
 #include "apps/copy_task/model.h"
 #include "apps/copy_task/options.h"
@@ -48,7 +50,10 @@ struct RunResult {
   std::optional<Evaluation> last_eval;  // the last periodic held-out evaluation
   Evaluation final_eval;                // the larger held-out set, after training
   bool reached_target = false;
-  std::string stop_reason;  // "steps", "target accuracy", "time limit"
+  std::string stop_reason;  // "steps", "target accuracy", "time limit", "interrupted by SIGINT"
+  int interrupted_by = 0;   // SIGINT or SIGTERM when a signal stopped the run (then no final
+                            // evaluation), else 0
+  int64_t skipped_steps = 0;  // steps skipped for a non-finite loss or gradient norm
   double train_seconds = 0;  // training steps only, this call
   double total_seconds = 0;  // this call, evaluations and checkpoints included
   // --device cuda: kernel launches and cuBLAS calls per training step (cuda::launch_counts),
@@ -63,9 +68,6 @@ CopyTaskBatch to_device(const CopyTaskBatch& batch, Device device);
 // clear error when neither exists.
 std::string resolve_checkpoint(const std::string& file_or_folder, const char* flag);
 
-// The run config saved in a checkpoint file (its "config.<key>" metadata, prefix removed).
-std::map<std::string, std::string> read_checkpoint_config(const std::string& file);
-
 class Trainer {
  public:
   // Builds the model (initialised from the training stream, on the CPU, then moved to
@@ -77,25 +79,35 @@ class Trainer {
 
   // Continues from a checkpoint (a file, or a folder with checkpoint.safetensors). Refuses,
   // naming each differing flag, when the model, task or optimizer kind differ from the
-  // saved run; other differences (lr, batch, ...) are noted in the log and take effect.
+  // saved run, or when the checkpoint is past --steps; other differences (lr, batch, ...) are
+  // noted in the log and take effect.
   void resume(const std::string& path);
 
   // One optimizer step on a fresh training batch; returns the loss and sets *accuracy to the
-  // batch's masked-token accuracy and *tokens to its number of masked positions.
+  // batch's masked-token accuracy and *tokens to its number of masked positions. A non-finite
+  // loss or gradient norm skips the update (the step count stays): last_skip() then says why.
   float train_step(double* accuracy = nullptr, int64_t* tokens = nullptr);
+  const std::string& last_skip() const { return last_skip_; }
   // Loss and accuracy over batches in evaluation mode (no dropout, no gradients).
   Evaluation evaluate(const std::vector<CopyTaskBatch>& batches) const;
   Evaluation evaluate_heldout() const { return evaluate(heldout_); }
   // n batches of the final held-out stream (the same ones for the same seed and n).
   std::vector<CopyTaskBatch> final_batches(int64_t n) const;
 
-  // Writes a checkpoint (atomically) with everything resume() needs.
+  // Writes a checkpoint (atomically) with everything resume() needs; refuses (throws, leaving
+  // the file as it was) when a weight or the optimizer state is not finite.
   void save(const std::string& path) const;
 
   // Trains from the current step to options.train.steps (or the target accuracy, or the time
   // limit), logging, writing metrics.csv, plots and checkpoints into options.output.out; then
-  // evaluates the final held-out set and writes the final checkpoint.
-  RunResult run();
+  // evaluates the final held-out set and writes the final checkpoint. The output folder is
+  // `folder` (already opened by the caller), or opened here from options.output (a new run,
+  // --overwrite, or the resumed run's folder). SIGINT or SIGTERM stops it after the current
+  // step with a checkpoint (RunResult::interrupted_by).
+  RunResult run(RunFolder* folder = nullptr);
+
+  // The files a run writes into its folder (what --overwrite removes first).
+  static const std::vector<std::string>& run_files();
 
   // The settings table and build information (for the start of a run).
   void print_config(std::FILE* out) const;
@@ -120,6 +132,7 @@ class Trainer {
   std::unique_ptr<optim::ReduceLrOnPlateau> plateau_;  // plateau schedule only
   std::vector<CopyTaskBatch> heldout_;
   bool resumed_ = false;
+  std::string last_skip_;      // why the last train_step() made no update ("" if it did)
   double elapsed_before_ = 0;  // training seconds of the runs before a resume
   double run_seconds_ = 0;     // training seconds of run() so far
 };

@@ -196,12 +196,20 @@ void add_train_flags(CLI::App& app, RunOptions& o) {
       ->capture_default_str();
   app.add_option("--min-lr", t.min_lr, "the plateau schedule's floor")->capture_default_str();
   app.add_option("--seed", t.seed, "seed of every random draw")->capture_default_str();
+  app.add_option("--max-skipped-steps", t.max_skipped_steps,
+                 "steps in a row with a non-finite loss or gradient norm (each skipped) "
+                 "before the run stops")
+      ->capture_default_str();
   app.add_option("--threads", o.threads, "OpenMP threads (0: the default)")->capture_default_str();
   app.add_option("--device", o.device, "cpu | cuda")->capture_default_str();
   app.add_flag("--tf32", o.tf32,
                "with --device cuda: TF32 tensor cores for the f32 products (off: full f32)");
   // Output.
-  app.add_option("--out", u.out, "output folder")->capture_default_str();
+  app.add_option("--out", u.out, "output folder; a new run refuses one that holds files. "
+                 "Default: the first of runs/speech, runs/speech-2, ... that is free")
+      ->capture_default_str();
+  app.add_flag("--overwrite", u.overwrite,
+               "let a new run replace the run in --out (its metrics, checkpoints and plots)");
   app.add_option("--log-interval", u.log_interval, "steps between progress lines")
       ->capture_default_str();
   app.add_option("--examples", u.examples, "decoded dev utterances shown after each epoch")
@@ -239,6 +247,7 @@ void validate(const RunOptions& o) {
                "--optimizer must be radam, adam or adamw, got '", t.optimizer, "'");
   CLUSTR_CHECK(t.weight_decay >= 0.0f, "--weight-decay must be >= 0, got ", t.weight_decay);
   CLUSTR_CHECK(t.clip >= 0.0f, "--clip must be >= 0, got ", t.clip);
+  check_min<int64_t>(t.max_skipped_steps, 1, "--max-skipped-steps");
   CLUSTR_CHECK(t.lr_schedule == "constant" || t.lr_schedule == "warmup" ||
                    t.lr_schedule == "plateau",
                "--lr-schedule must be constant, warmup or plateau, got '", t.lr_schedule, "'");
@@ -299,6 +308,7 @@ std::vector<std::pair<std::string, std::string>> config_entries(const RunOptions
           {"plateau-patience", str(t.plateau_patience)},
           {"min-lr", str(t.min_lr)},
           {"seed", str(t.seed)},
+          {"max-skipped-steps", str(t.max_skipped_steps)},
           {"threads", str(o.threads)},
           {"device", o.device},
           {"tf32", str(o.tf32)},

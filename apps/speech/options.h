@@ -63,10 +63,14 @@ struct TrainOptions {
   int64_t plateau_patience = 1;  // epochs without a lower dev loss before lowering the lr
   double min_lr = 1e-6;
   uint64_t seed = 1;
+  int64_t max_skipped_steps = 10;  // non-finite steps in a row before the run stops
 };
 
 struct OutputOptions {
-  std::string out = "runs/speech";  // metrics.csv, loss.png, per.png, best/last.safetensors
+  // metrics.csv, loss.png, per.png, best/last.safetensors. The app's default (no --out) is the
+  // first free folder among runs/speech, runs/speech-2, ... (apps/common/run_folder.h).
+  std::string out = "runs/speech";
+  bool overwrite = false;           // --overwrite: a new run may replace the one in `out`
   int64_t log_interval = 20;        // steps between progress lines
   int64_t examples = 2;             // decoded dev utterances printed after each epoch
   bool write_plots = true;

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "apps/common/device.h"
+#include "apps/common/stop_signal.h"
 #include "apps/speech/metrics.h"
 #include "autograd/ops.h"
 #include "core/error.h"
@@ -28,14 +29,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-// splitmix64: a stream key per purpose, derived from the run's seed.
-uint64_t derive_key(uint64_t seed, uint64_t purpose) {
-  uint64_t z = seed + purpose * 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
 }
 
 constexpr const char* kBest = "best.safetensors";
@@ -59,24 +52,7 @@ std::string num(double v) {
 
 double parse_state(const std::map<std::string, std::string>& c, const char* key,
                    const std::string& file) {
-  auto it = c.find(key);
-  CLUSTR_CHECK(it != c.end(), file, " lacks config entry '", key, "'");
-  char* end = nullptr;
-  const double v = std::strtod(it->second.c_str(), &end);
-  CLUSTR_CHECK(!it->second.empty() && *end == '\0', file, ": config entry '", key, "' is \"",
-               it->second, "\", not a number");
-  return v;
-}
-
-std::unique_ptr<optim::Optimizer> make_optimizer(const TrainOptions& t,
-                                                 optim::NamedParameters params) {
-  optim::AdamOptions a;
-  a.lr = t.lr;
-  a.weight_decay = t.weight_decay;
-  a.decay = t.decoupled_weight_decay ? optim::WeightDecay::decoupled : optim::WeightDecay::l2;
-  if (t.optimizer == "radam") return std::make_unique<optim::RAdam>(std::move(params), a);
-  if (t.optimizer == "adamw") return std::make_unique<optim::AdamW>(std::move(params), a);
-  return std::make_unique<optim::Adam>(std::move(params), a);
+  return config_number(c, key, file);
 }
 
 std::string manifest_dir(const std::string& manifest) {
@@ -158,13 +134,6 @@ std::string resolve_checkpoint(const std::string& path, const char* flag) {
   return path;
 }
 
-std::map<std::string, std::string> read_checkpoint_config(const std::string& file) {
-  std::map<std::string, std::string> config;
-  for (const auto& [key, value] : load_safetensors(file).metadata)
-    if (key.rfind("config.", 0) == 0) config[key.substr(7)] = value;
-  return config;
-}
-
 LoadedModel load_trained_model(const std::string& path, const char* flag, Device device) {
   LoadedModel m;
   m.file = resolve_checkpoint(path, flag);
@@ -215,7 +184,10 @@ Trainer::Trainer(const RunOptions& options, std::FILE* log)
   // is made after the move (it keeps its state on the parameters' device).
   model_ = std::make_unique<SpeechModel>(options_.model, F, tokens_.size(), gen_);
   model_->to(device_);
-  optimizer_ = make_optimizer(options_.train, model_->named_parameters());
+  optimizer_ = make_optimizer({options_.train.optimizer, options_.train.lr,
+                               options_.train.weight_decay,
+                               options_.train.decoupled_weight_decay, 0.0f},
+                              model_->named_parameters());
   if (options_.train.lr_schedule == "plateau") {
     const TrainOptions& t = options_.train;
     plateau_ = std::make_unique<optim::ReduceLrOnPlateau>(
@@ -261,6 +233,7 @@ void Trainer::save(const std::string& path, bool with_state) const {
     s.extras = optimizer_->state_dict();
     s.rng = GeneratorState::of(gen_);
   }
+  check_finite_state(*model_, s.extras, path);
   save_checkpoint(path, *model_, s);
 }
 
@@ -285,6 +258,9 @@ void Trainer::resume(const std::string& path) {
   const LoadedCheckpoint c = load_checkpoint(file, *model_);
   CLUSTR_CHECK(!c.extras.empty() && c.rng, "--resume: ", file,
                " has no optimizer or generator state (resume from last.safetensors)");
+  CLUSTR_CHECK(options_.train.max_steps == 0 || c.step <= options_.train.max_steps, "--resume: ",
+               file, " is at step ", c.step, ", past --max-steps ", options_.train.max_steps,
+               "; give --max-steps above ", c.step, " (or 0: no limit) to train on");
   optimizer_->load_state_dict(c.extras);
   c.restore_generator(gen_);
   epoch_ = int64_t(parse_state(c.config, kEpoch, file));
@@ -320,15 +296,29 @@ void Trainer::print_config(std::FILE* out) const {
   std::fflush(out);
 }
 
-TrainResult Trainer::run() {
+const std::vector<std::string>& Trainer::run_files() {
+  static const std::vector<std::string> files = {"metrics.csv", kBest, kLast, "loss.png",
+                                                 "per.png"};
+  return files;
+}
+
+TrainResult Trainer::run(RunFolder* folder) {
   const RunOptions& o = options_;
   const TrainOptions& t = o.train;
-  fs::create_directories(o.output.out);
+  std::unique_ptr<RunFolder> own_folder;
+  if (!folder) {
+    own_folder = std::make_unique<RunFolder>(o.output.out, out_mode(resumed_, o.output.overwrite),
+                                             run_files(), log_);
+    folder = own_folder.get();
+  }
+  CLUSTR_CHECK(fs::equivalent(folder->path(), o.output.out), "speech: the run's folder ",
+               folder->path(), " is not --out ", o.output.out);
+  const StopOnSignal stop_signal;  // Ctrl-C: finish the step, save last.safetensors, return
+  NonFiniteSteps non_finite(t.max_skipped_steps);
   const std::string last = (fs::path(o.output.out) / kLast).string();
   const std::string best = (fs::path(o.output.out) / kBest).string();
   MetricsLog metrics;
   metrics.start((fs::path(o.output.out) / "metrics.csv").string(), resumed_ ? step() : -1);
-  const double clip = t.clip > 0 ? double(t.clip) : std::numeric_limits<double>::infinity();
 
   TrainResult r;
   const int64_t start_step = step();
@@ -361,20 +351,28 @@ TrainResult Trainer::run() {
       if (!skip) {
         optimizer_->zero_grad();
         loss.loss.backward();
-        norm = optim::clip_grad_norm(optimizer_->parameters(), clip);
+        norm = clip_or_measure(optimizer_->parameters(), t.clip);
         skip = !std::isfinite(norm);
       }
       if (skip) {
         optimizer_->zero_grad();
-        ++r.skipped_steps;
         const SpeechExample& e0 = train_.examples[b.indices.front()];
-        log("epoch %lld batch %lld: non-finite %s (%g); step skipped (%zu utterances from "
-            "'%s')\n",
-            static_cast<long long>(epoch_), static_cast<long long>(batch_in_epoch_ + 1),
-            std::isfinite(value) ? "gradient norm" : "loss", std::isfinite(value) ? norm : value,
-            b.indices.size(), e0.id.c_str());
+        non_finite.skipped(
+            detail::cat("epoch ", epoch_, " batch ", batch_in_epoch_ + 1, ": non-finite ",
+                        std::isfinite(value) ? "gradient norm" : "loss", " (",
+                        std::isfinite(value) ? norm : double(value), ", ", b.indices.size(),
+                        " utterances from '", e0.id, "')"),
+            log_,
+            fs::exists(last) ? "the checkpoints in " + o.output.out + " are left as they were"
+                             : std::string("no checkpoint was written"));
+        r.skipped_steps = non_finite.total();
+        if ((r.interrupted_by = StopOnSignal::pending())) {
+          ++batch_in_epoch_;  // this batch is done with, as in a run that goes on
+          break;
+        }
         continue;
       }
+      non_finite.stepped();
       optimizer_->step();
       launches.end();
       r.losses.push_back(value);
@@ -387,7 +385,8 @@ TrainResult Trainer::run() {
       const int64_t s = step();
       const bool time_up = t.time_limit > 0 && elapsed_before_ + run_seconds >= t.time_limit;
       const bool steps_up = t.max_steps > 0 && s >= t.max_steps;
-      stop = time_up || steps_up;
+      r.interrupted_by = StopOnSignal::pending();
+      stop = time_up || steps_up || r.interrupted_by;
       if (s % o.output.log_interval == 0 || stop) {
         MetricsRow row;
         row.step = s, row.epoch = epoch_;
@@ -407,13 +406,31 @@ TrainResult Trainer::run() {
         interval_steps = interval_frames = 0;
       }
       if (stop) {
-        log("%s reached at step %lld: training stops\n", time_up ? "time limit" : "--max-steps",
-            static_cast<long long>(s));
+        if (!r.interrupted_by)
+          log("%s reached at step %lld: training stops\n",
+              time_up ? "time limit" : "--max-steps", static_cast<long long>(s));
         ++batch_in_epoch_;
         break;
       }
     }
     r.impossible += impossible;
+    if (r.interrupted_by) {
+      // No dev evaluation: save where the next step begins and return at once.
+      const bool epoch_done = batch_in_epoch_ >= int64_t(order.size());
+      const int64_t saved_epoch = epoch_, saved_batch = batch_in_epoch_;
+      if (epoch_done) ++epoch_, batch_in_epoch_ = 0;
+      const double before = elapsed_before_;
+      elapsed_before_ += run_seconds;
+      save(last, true);
+      elapsed_before_ = before;
+      epoch_ = saved_epoch, batch_in_epoch_ = saved_batch;
+      if (o.output.write_plots && !metrics.rows().empty()) metrics.plot(o.output.out);
+      log("interrupted by %s at step %lld: checkpoint saved: %s; continue with --resume %s\n",
+          signal_name(r.interrupted_by), static_cast<long long>(step()), last.c_str(),
+          o.output.out.c_str());
+      stop = true;
+      break;
+    }
     // The dev set after each epoch (and where training stops).
     const Evaluation e = evaluate_set(*model_, dev_, t.max_frames, 1, eval_key_);
     r.last_dev = e;

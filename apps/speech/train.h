@@ -27,6 +27,8 @@
 #include <vector>
 
 #include "apps/speech/dataset.h"
+#include "apps/common/run_folder.h"
+#include "apps/common/training.h"
 #include "apps/speech/model.h"
 #include "apps/speech/options.h"
 #include "data/fbank.h"
@@ -55,7 +57,6 @@ Evaluation evaluate_set(SpeechModel& model, const SpeechSet& set, int64_t max_fr
 
 // A checkpoint path: a file, or a folder holding best.safetensors (or last.safetensors).
 std::string resolve_checkpoint(const std::string& file_or_folder, const char* flag);
-std::map<std::string, std::string> read_checkpoint_config(const std::string& file);
 // The checkpoint `train --resume` continues from: the file, or a folder's last.safetensors.
 std::string resume_file(const std::string& file_or_folder);
 
@@ -81,6 +82,7 @@ struct TrainResult {
   double best_per = 0;
   Evaluation last_dev;
   int64_t steps = 0, skipped_steps = 0, impossible = 0;
+  int interrupted_by = 0;  // SIGINT or SIGTERM when a signal stopped the run, else 0
   double train_seconds = 0, frames_per_second = 0;
   // --device cuda: kernel launches and cuBLAS calls per training step (cuda::launch_counts),
   // averaged over the last log interval; 0 on the cpu.
@@ -97,9 +99,17 @@ class Trainer {
   Trainer& operator=(const Trainer&) = delete;
 
   // Continues from last.safetensors (a file or the folder holding it); refuses, naming each
-  // differing flag, when the model shape or optimizer kind differ.
+  // differing flag, when the model shape or optimizer kind differ, or when the checkpoint is
+  // past --max-steps.
   void resume(const std::string& path);
-  TrainResult run();
+  // Trains to --epochs (or --max-steps, or the time limit), evaluating the dev set after each
+  // epoch and writing metrics.csv, plots, best.safetensors and last.safetensors into the
+  // output folder: `folder` (opened by the caller), or opened here from options.output (a
+  // new run, --overwrite, or the resumed run's folder). SIGINT or SIGTERM stops it after the
+  // current step with last.safetensors saved (TrainResult::interrupted_by).
+  TrainResult run(RunFolder* folder = nullptr);
+  // The files a run writes into its folder (what --overwrite removes first).
+  static const std::vector<std::string>& run_files();
   void print_config(std::FILE* out) const;
 
   SpeechModel& model() { return *model_; }

@@ -1,0 +1,89 @@
+// What the apps' training loops share (training.h).
+#include "apps/common/training.h"
+
+#include <cmath>
+#include <cstdlib>
+
+#include "core/error.h"
+#include "core/safetensors.h"
+
+namespace clustr {
+
+uint64_t derive_key(uint64_t seed, uint64_t purpose) {
+  uint64_t z = seed + purpose * 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+std::unique_ptr<optim::Optimizer> make_optimizer(const OptimizerChoice& c,
+                                                 optim::NamedParameters params) {
+  if (c.kind == "sgd")
+    return std::make_unique<optim::Sgd>(std::move(params),
+                                        optim::SgdOptions{c.lr, c.momentum, false, c.weight_decay});
+  optim::AdamOptions a;
+  a.lr = c.lr;
+  a.weight_decay = c.weight_decay;
+  a.decay = c.decoupled_weight_decay ? optim::WeightDecay::decoupled : optim::WeightDecay::l2;
+  if (c.kind == "radam") return std::make_unique<optim::RAdam>(std::move(params), a);
+  if (c.kind == "adamw") return std::make_unique<optim::AdamW>(std::move(params), a);
+  CLUSTR_CHECK(c.kind == "adam", "--optimizer must be radam, adam, adamw or sgd, got '", c.kind,
+               "'");
+  return std::make_unique<optim::Adam>(std::move(params), a);
+}
+
+std::map<std::string, std::string> read_checkpoint_config(const std::string& file) {
+  std::map<std::string, std::string> config;
+  for (const auto& [key, value] : load_safetensors(file).metadata)
+    if (key.rfind("config.", 0) == 0) config[key.substr(7)] = value;
+  return config;
+}
+
+double config_number(const std::map<std::string, std::string>& config, const char* key,
+                     const std::string& file) {
+  auto it = config.find(key);
+  CLUSTR_CHECK(it != config.end(), file, " lacks config entry '", key, "'");
+  char* end = nullptr;
+  const double v = std::strtod(it->second.c_str(), &end);
+  CLUSTR_CHECK(!it->second.empty() && *end == '\0', file, ": config entry '", key, "' is \"",
+               it->second, "\", not a number");
+  return v;
+}
+
+double clip_or_measure(const optim::NamedParameters& params, float clip) {
+  std::vector<Variable> plain;
+  for (const auto& np : params) plain.push_back(np.second);
+  return clip > 0.0f ? optim::clip_grad_norm(plain, double(clip)) : optim::grad_norm(plain);
+}
+
+void NonFiniteSteps::skipped(const std::string& what, std::FILE* log,
+                             const std::string& last_checkpoint) {
+  ++total_;
+  ++in_a_row_;
+  if (log) {
+    std::fprintf(log, "%s; step skipped (%lld in a row; the run stops at %lld)\n", what.c_str(),
+                 static_cast<long long>(in_a_row_), static_cast<long long>(limit_));
+    std::fflush(log);
+  }
+  CLUSTR_CHECK(in_a_row_ < limit_, "training stopped: ", in_a_row_, " steps in a row had a ",
+               "non-finite loss or gradient norm (the last: ", what, "); ", last_checkpoint,
+               ". Lower --lr, clip the gradients (--clip), or allow more skipped steps with "
+               "--max-skipped-steps");
+}
+
+void check_finite_state(const Module& model,
+                        const std::vector<std::pair<std::string, Tensor>>& extras,
+                        const std::string& path) {
+  auto check = [&](const std::string& name, const Tensor& t) {
+    if (t.dtype() != DType::f32) return;
+    const std::vector<float> v = t.to_vector();
+    for (size_t i = 0; i < v.size(); ++i)
+      CLUSTR_CHECK(std::isfinite(v[i]), "not writing the checkpoint ", path, ": ", name,
+                   " holds a non-finite value (", v[i], " at element ", i, "); the file is "
+                   "left as it was");
+  };
+  for (const auto& [name, p] : model.named_parameters()) check(name, p.data());
+  for (const auto& [name, t] : extras) check(name, t);
+}
+
+}  // namespace clustr

@@ -1,0 +1,68 @@
+// What the apps' training loops share: the random stream keys, the optimizer factory, a
+// checkpoint's run config, the gradient norm (clipped or only measured), the policy for steps
+// whose loss or gradient norm is not finite, and the check that keeps a checkpoint from ever
+// holding non-finite weights or optimizer state.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "layers/module.h"
+#include "optim/optimizer.h"
+
+namespace clustr {
+
+// splitmix64: a stream key per purpose (training, held-out, evaluation, ...) from a run's seed.
+uint64_t derive_key(uint64_t seed, uint64_t purpose);
+
+// The optimizer flags of a training run (--optimizer, --lr, --weight-decay,
+// --decoupled-weight-decay, --momentum).
+struct OptimizerChoice {
+  std::string kind = "adam";  // radam | adam | adamw | sgd
+  float lr = 1e-3f;
+  float weight_decay = 0.0f;
+  bool decoupled_weight_decay = false;  // AdamW-style decay for adam/radam (adamw always is)
+  float momentum = 0.0f;                // sgd only
+};
+std::unique_ptr<optim::Optimizer> make_optimizer(const OptimizerChoice& c,
+                                                 optim::NamedParameters params);
+
+// The run config saved in a checkpoint file (its "config.<key>" metadata, prefix removed).
+std::map<std::string, std::string> read_checkpoint_config(const std::string& file);
+// The number a checkpoint's config holds under `key`; throws naming the file and the key.
+double config_number(const std::map<std::string, std::string>& config, const char* key,
+                     const std::string& file);
+
+// After backward: the global gradient norm, with the gradients clipped to `clip` when it is
+// > 0 (clip 0: no clipping, the norm only measured, so that a non-finite gradient is seen).
+double clip_or_measure(const optim::NamedParameters& params, float clip);
+
+// Steps whose loss or gradient norm is not finite are skipped (no update; the caller zeroes
+// the gradients) and reported; after `limit` of them in a row the run stops with an error,
+// leaving its last checkpoint as it was.
+class NonFiniteSteps {
+ public:
+  explicit NonFiniteSteps(int64_t limit) : limit_(limit) {}
+  // Reports one skipped step: `what` says which value and where (the log line's text). Throws
+  // clustr::Error once `limit` steps in a row were skipped; `last_checkpoint` names what is kept.
+  void skipped(const std::string& what, std::FILE* log, const std::string& last_checkpoint);
+  void stepped() { in_a_row_ = 0; }
+  int64_t total() const { return total_; }
+
+ private:
+  int64_t limit_, in_a_row_ = 0, total_ = 0;
+};
+
+// Throws clustr::Error naming the first tensor with a NaN or an infinity among the model's
+// parameters and the float extras (the optimizer state): a checkpoint is written only from a
+// finite state. `path` is the checkpoint that was about to be written.
+void check_finite_state(const Module& model,
+                        const std::vector<std::pair<std::string, Tensor>>& extras,
+                        const std::string& path);
+
+}  // namespace clustr
