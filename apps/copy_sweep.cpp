@@ -28,6 +28,7 @@
 
 #include "apps/common/plot.h"
 #include "apps/common/device.h"
+#include "apps/common/flags.h"
 #include "apps/common/run_folder.h"
 #include "apps/common/stop_signal.h"
 #include "apps/copy_task/metrics.h"
@@ -147,6 +148,7 @@ int main(int argc, char** argv) try {
   app.add_option("--attentions", grid.attentions,
                  "attention types (full runs once per length)")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  check_integer_flags(app);
   CLUSTR_CHECK(!grid.lengths.empty() && !grid.attentions.empty(),
                "copy_sweep: --lengths and --attentions must not be empty");
 

@@ -21,9 +21,11 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <string>
 
 #include "apps/common/device.h"
+#include "apps/common/flags.h"
 #include "apps/common/run_folder.h"
 #include "apps/copy_task/options.h"
 #include "apps/copy_task/train.h"
@@ -43,7 +45,14 @@ int evaluate_checkpoint(RunOptions o, const CLI::App& app, const std::string& pa
   const std::string file = resolve_checkpoint(path, "--checkpoint");
   const AttentionConfig given = o.model.attention;
   const Precision given_precision = o.model.precision;
+  const std::map<std::string, std::string> given_config = to_config(o);
   apply_checkpoint_config(read_checkpoint_config(file), o);
+  // The model and task flags come from the checkpoint: say so for those given otherwise.
+  const std::map<std::string, std::string> used = to_config(o);
+  for (const auto& [key, value] : given_config)
+    if (key != "precision" && app.count("--" + key) && used.at(key) != value)
+      std::printf("note: --%s %s is not used: %s was trained with --%s %s\n", key.c_str(),
+                  value.c_str(), file.c_str(), key.c_str(), used.at(key).c_str());
   const Precision trained_precision = o.model.precision;
   // The weights are f32 either way: a model trained in one precision evaluates in the other.
   if (app.count("--precision")) o.model.precision = given_precision;
@@ -97,6 +106,7 @@ int main(int argc, char** argv) try {
                  "with --checkpoint: also evaluate with this attention type (full, clustered, "
                  "improved-clustered)");
   CLI11_PARSE(app, argc, argv);
+  check_integer_flags(app);
 
   if (!evaluate_with.empty() || !checkpoint.empty()) {
     CLUSTR_CHECK(!checkpoint.empty(), "--evaluate-with needs --checkpoint (the trained model)");
@@ -104,6 +114,7 @@ int main(int argc, char** argv) try {
     return evaluate_checkpoint(o, app, checkpoint, evaluate_with);
   }
   const OutMode mode = out_mode(!resume.empty(), o.output.overwrite);
+  validate(o);
   if (!resume.empty() && app.count("--out") == 0) {
     const std::filesystem::path p(resume);
     o.output.out = std::filesystem::is_directory(p) ? p.string() : p.parent_path().string();

@@ -22,7 +22,9 @@
 #include <vector>
 
 #include "apps/common/device.h"
+#include "apps/common/flags.h"
 #include "apps/common/run_folder.h"
+#include "apps/common/training.h"
 #include "apps/speech/attention_map.h"
 #include "apps/speech/dataset.h"
 #include "apps/speech/options.h"
@@ -48,12 +50,14 @@ struct EvalFlags {
   AttentionConfig attention;  // the overriding attention (only the flags given count)
   Precision precision = Precision::fp32;  // the overriding precision (when given)
   bool tf32 = false;
+  bool non_strict = false;  // --non-strict: load a checkpoint that lacks parameters
 };
 
 void add_eval_flags(CLI::App& app, EvalFlags& f) {
   app.add_option("--manifest", f.manifest, "manifest to evaluate (e.g. <corpus>/test.tsv)")
       ->required();
-  app.add_option("--tokens", f.tokens, "tokens file (default tokens.txt beside the manifest)");
+  app.add_option("--tokens", f.tokens, "tokens file; it must be the model's token table, which the checkpoint holds (default: "
+                 "tokens.txt beside the manifest, else the checkpoint's table)");
   app.add_option("--cache", f.cache, "feature cache (default fbank-cache beside the manifest)");
   app.add_option("--beam", f.beam, "prefix beam search width (1: greedy only)")
       ->capture_default_str();
@@ -70,6 +74,10 @@ void add_eval_flags(CLI::App& app, EvalFlags& f) {
       "weights are f32 either way)");
   app.add_flag("--tf32", f.tf32,
                "with --device cuda: TF32 tensor cores for the f32 products (off: full f32)");
+  app.add_flag("--non-strict", f.non_strict,
+               "load a checkpoint that lacks some of the model's parameters (they keep their "
+               "initial values) or holds other tensors (ignored), listing them; without it "
+               "either is an error");
 }
 
 // The model's precision: the checkpoint's, or --precision when given.
@@ -78,10 +86,12 @@ void override_precision(LoadedModel& m, const EvalFlags& f, const CLI::App& app)
 }
 
 void check_eval_flags(EvalFlags& f) {
-  CLUSTR_CHECK(f.beam >= 1, "--beam must be >= 1, got ", f.beam);
+  // Prefix beam search costs grow with the width times the alphabet per frame; 256 is far
+  // past where wider beams stop helping (a width of 100000 took minutes per utterance).
+  CLUSTR_CHECK(f.beam >= 1 && f.beam <= 256, "--beam must be in [1, 256], got ", f.beam);
   CLUSTR_CHECK(f.max_utts >= 0, "--max-utterances must be >= 0, got ", f.max_utts);
   CLUSTR_CHECK(f.max_frames >= 1, "--max-frames must be >= 1, got ", f.max_frames);
-  CLUSTR_CHECK(f.threads >= 0, "--threads must be >= 0, got ", f.threads);
+  check_threads(f.threads);
   if (f.threads > 0) set_num_threads(f.threads);
   f.on = resolve_device(f.device);
   apply_tf32(f.tf32, f.on);
@@ -102,16 +112,16 @@ AttentionConfig override_attention(const AttentionConfig& trained, const Attenti
 }
 
 SpeechSet load_set(const EvalFlags& f, const LoadedModel& m, TokenTable& tokens) {
-  tokens = read_tokens(f.tokens.empty() ? default_tokens(f.manifest) : f.tokens);
-  CLUSTR_CHECK(tokens.size() == m.model->classes(), "the tokens file has ", tokens.size(),
-               " tokens but ", m.file, " was trained with ", m.model->classes(), " classes");
+  tokens = model_tokens(m.tokens, m.model->classes(),
+                        f.tokens.empty() ? default_tokens(f.manifest) : f.tokens,
+                        !f.tokens.empty(), m.file);
   FeatureCache cache(f.cache.empty() ? default_cache(f.manifest) : f.cache);
   return load_speech_set(f.manifest, tokens, cache, m.options.stacking, f.max_utts, stdout);
 }
 
 int cmd_evaluate(EvalFlags& f, const std::string& checkpoint, const CLI::App& app) {
   check_eval_flags(f);
-  LoadedModel m = load_trained_model(checkpoint, "--checkpoint", f.on);
+  LoadedModel m = load_trained_model(checkpoint, "--checkpoint", f.on, !f.non_strict, stdout);
   override_precision(m, f, app);
   const AttentionConfig a = override_attention(m.options.attention, f.attention, app);
   TokenTable tokens;
@@ -136,7 +146,7 @@ int cmd_evaluate(EvalFlags& f, const std::string& checkpoint, const CLI::App& ap
 
 int cmd_decode(EvalFlags& f, const std::string& checkpoint, const CLI::App& app) {
   check_eval_flags(f);
-  LoadedModel m = load_trained_model(checkpoint, "--checkpoint", f.on);
+  LoadedModel m = load_trained_model(checkpoint, "--checkpoint", f.on, !f.non_strict, stdout);
   override_precision(m, f, app);
   m.model->set_attention(override_attention(m.options.attention, f.attention, app));
   TokenTable tokens;
@@ -161,7 +171,7 @@ int cmd_matrix(EvalFlags& f, const std::vector<std::string>& checkpoints,
   std::vector<std::string> rows;
   TokenTable tokens;
   for (const std::string& c : checkpoints) {
-    LoadedModel m = load_trained_model(c, "--checkpoints", f.on);
+    LoadedModel m = load_trained_model(c, "--checkpoints", f.on, !f.non_strict, stdout);
     override_precision(m, f, app);
     const SpeechSet set = load_set(f, m, tokens);
     CLUSTR_CHECK(!set.examples.empty(), f.manifest, ": no usable utterances");
@@ -246,6 +256,7 @@ int main(int argc, char** argv) try {
                      "utterances")->capture_default_str();
 
   CLI11_PARSE(app, argc, argv);
+  check_integer_flags(app);
 
   if (*evaluate) return cmd_evaluate(f, checkpoint, *evaluate);
   if (*decode) return cmd_decode(f, checkpoint, *decode);

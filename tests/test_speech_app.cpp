@@ -28,6 +28,7 @@
 #include "tone_corpus.h"
 #include "data/speech_batch.h"
 #include "data/wav.h"
+#include "core/safetensors.h"
 
 using namespace clustr;
 using namespace clustr::speech;
@@ -377,4 +378,57 @@ TEST_CASE("speech app: a short bf16 run tracks the f32 run's losses and evaluate
   const Evaluation in_f32 = evaluate_set(*m.model, dev, 4000, 1, 1);
   INFO("dev loss bf16 ", in_bf16.loss, ", f32 ", in_f32.loss);
   CHECK(std::fabs(in_f32.loss - in_bf16.loss) <= 0.002 * in_bf16.loss);
+}
+
+// A checkpoint that lacks a parameter is refused unless --non-strict (which lists it); the
+// checkpoint stores its token table, and a tokens file in another order is refused (the
+// model's outputs would be read as other phones), while no tokens file at all uses the
+// checkpoint's own table.
+TEST_CASE("speech app: checkpoints load strictly and carry their token table") {
+  TempDir dir;
+  write_tone_corpus(dir.file("corpus"), 16, 4, /*bad=*/false);
+  RunOptions o = tiny_run(dir.file("corpus"), dir.file("run"));
+  o.train.max_steps = 2;
+  Trainer(o, nullptr).run();
+  const std::string best = dir.file("run/best.safetensors");
+  LoadedModel m = load_trained_model(best, "--checkpoint");
+  const TokenTable file_tokens = read_tokens(dir.file("corpus/tokens.txt"));
+  CHECK(m.tokens == file_tokens.tokens);
+
+  // One parameter removed from the file.
+  SafetensorsFile f = load_safetensors(best);
+  std::vector<std::pair<std::string, Tensor>> kept;
+  for (const auto& [name, t] : f.tensors)
+    if (name != "output.bias") kept.emplace_back(name, t);
+  const std::string cut = dir.file("cut.safetensors");
+  save_safetensors(cut, kept, f.metadata);
+  CHECK_ERROR(load_trained_model(cut, "--checkpoint"), "output.bias");
+  LoadedModel loose = load_trained_model(cut, "--checkpoint", Device::cpu, /*strict=*/false);
+  CHECK(loose.missing == std::vector<std::string>{"output.bias"});
+
+  // The token table: the same file passes, a reordered one is refused, none uses the table.
+  const std::string ckpt = m.file;
+  CHECK(model_tokens(m.tokens, m.model->classes(), dir.file("corpus/tokens.txt"), true, ckpt)
+            .tokens == file_tokens.tokens);
+  std::vector<std::string> swapped = file_tokens.tokens;
+  std::swap(swapped[1], swapped[2]);
+  {
+    std::ofstream out(dir.file("swapped.txt"));
+    for (const std::string& t : swapped) out << t << "\n";
+  }
+  const std::string differs = "token 1 is '" + swapped[1] + "' there and '" +
+                              file_tokens.tokens[1] + "' in the checkpoint";
+  CHECK_ERROR(model_tokens(m.tokens, m.model->classes(), dir.file("swapped.txt"), true, ckpt),
+              "is not the token table", differs.c_str());
+  CHECK(model_tokens(m.tokens, m.model->classes(), dir.file("none.txt"), false, ckpt).tokens ==
+        file_tokens.tokens);
+  // An old checkpoint (no table): only the count is checked.
+  CHECK_ERROR(model_tokens({}, m.model->classes() + 1, dir.file("corpus/tokens.txt"), false, ckpt),
+              "has ", "tokens but");
+  // Resuming training with a reordered tokens file is refused too.
+  RunOptions again = o;
+  again.data.tokens = dir.file("swapped.txt");
+  again.train.max_steps = 4;
+  Trainer t(again, nullptr);
+  CHECK_ERROR(t.resume(dir.file("run")), "is not the token table", differs.c_str());
 }

@@ -9,6 +9,11 @@
 
 namespace clustr {
 
+void check_threads(int threads, const char* flag) {
+  CLUSTR_CHECK(threads >= 0 && threads <= kMaxThreads, flag, " must be in [0, ", kMaxThreads,
+               "] (0: OpenMP's default), got ", threads);
+}
+
 uint64_t derive_key(uint64_t seed, uint64_t purpose) {
   uint64_t z = seed + purpose * 0x9E3779B97F4A7C15ull;
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;

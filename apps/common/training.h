@@ -17,6 +17,12 @@
 
 namespace clustr {
 
+// The most OpenMP threads a --threads flag may ask for (far above any machine these apps run on;
+// beyond it the runtime fails with "libgomp: Out of memory", naming no flag).
+constexpr int kMaxThreads = 256;
+// Throws naming `flag` unless 0 <= threads <= kMaxThreads (0: OpenMP's default).
+void check_threads(int threads, const char* flag = "--threads");
+
 // splitmix64: a stream key per purpose (training, held-out, evaluation, ...) from a run's seed.
 uint64_t derive_key(uint64_t seed, uint64_t purpose);
 

@@ -9,11 +9,14 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "apps/common/training.h"
 #include "core/error.h"
 
 namespace clustr::copy {
 
 namespace {
+
+constexpr double kMaxHeldOutTokens = 1e8;
 
 std::string str(double v, int digits) {
   char buf[40];
@@ -281,7 +284,7 @@ void validate(const RunOptions& o) {
                "--target-accuracy must be in [0, 1] (0: run all steps), got ", t.target_accuracy);
   CLUSTR_CHECK(t.time_limit >= 0.0, "--time-limit must be >= 0 seconds, got ", t.time_limit);
   at_least("--max-skipped-steps", t.max_skipped_steps, 1);
-  at_least("--threads", o.threads, 0);
+  check_threads(o.threads);
   CLUSTR_CHECK(o.device == "cpu" || o.device == "cuda", "--device must be cpu or cuda, got '",
                o.device, "'");
   CLUSTR_CHECK(!o.tf32 || o.device == "cuda", "--tf32 applies to the GPU's f32 products; this "
@@ -292,6 +295,16 @@ void validate(const RunOptions& o) {
   at_least("--eval-interval", u.eval_interval, 1);
   at_least("--eval-batches", u.eval_batches, 1);
   at_least("--final-eval-batches", u.final_eval_batches, 1);
+  // The held-out sets are drawn at once and kept: bounded by what they hold, in tokens (8
+  // bytes each, input and target), so that a typo cannot take the machine's memory.
+  const double n = 2.0 * double(o.task.length) + 2.0;
+  for (const auto& [flag, batches] : {std::pair<const char*, int64_t>{"--eval-batches",
+                                                                      u.eval_batches},
+                                      {"--final-eval-batches", u.final_eval_batches}})
+    CLUSTR_CHECK(double(batches) * double(t.batch) * n <= kMaxHeldOutTokens, flag, " ", batches,
+                 " x --batch ", t.batch, " x N ", int64_t(n), " is more than ",
+                 int64_t(kMaxHeldOutTokens), " held-out tokens (", int64_t(kMaxHeldOutTokens) * 8 /
+                 (1 << 20), " MiB); give fewer batches");
   at_least("--checkpoint-interval", u.checkpoint_interval, 0);
 }
 

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "apps/common/training.h"
 #include "core/error.h"
 
 namespace clustr::speech {
@@ -260,7 +261,7 @@ void validate(const RunOptions& o) {
   check_min<int64_t>(o.data.max_dev, 0, "--max-dev");
   check_min<int64_t>(o.output.log_interval, 1, "--log-interval");
   check_min<int64_t>(o.output.examples, 0, "--examples");
-  check_min(o.threads, 0, "--threads");
+  check_threads(o.threads);
   CLUSTR_CHECK(o.device == "cpu" || o.device == "cuda", "--device must be cpu or cuda, got '",
                o.device, "'");
   CLUSTR_CHECK(!o.tf32 || o.device == "cuda", "--tf32 applies to the GPU's f32 products; this "

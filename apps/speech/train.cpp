@@ -43,6 +43,39 @@ constexpr const char* kPlateauCooldown = "state.plateau-cooldown";
 constexpr const char* kTrainSeconds = "state.train-seconds";
 constexpr const char* kClasses = "classes";
 constexpr const char* kFeatures = "features";
+// The token table, tokens joined by single spaces (a token holds no whitespace).
+constexpr const char* kTokenTable = "token-table";
+
+std::string join_tokens(const std::vector<std::string>& tokens) {
+  std::string s;
+  for (const std::string& t : tokens) s += (s.empty() ? "" : " ") + t;
+  return s;
+}
+
+std::vector<std::string> split_tokens(const std::string& s) {
+  std::vector<std::string> out;
+  size_t i = 0;
+  while (i < s.size()) {
+    const size_t j = std::min(s.find(' ', i), s.size());
+    out.push_back(s.substr(i, j - i));
+    i = j + 1;
+  }
+  return out;
+}
+
+// Throws unless `file` (read from `path`) is `trained`, token for token.
+void check_same_tokens(const std::vector<std::string>& trained, const TokenTable& file,
+                       const std::string& path, const std::string& checkpoint) {
+  const size_t n = std::min(trained.size(), file.tokens.size());
+  for (size_t i = 0; i < n; ++i)
+    CLUSTR_CHECK(trained[i] == file.tokens[i], "the tokens file ", path, " is not the token "
+                 "table ", checkpoint, " was trained with: token ", i, " is '", file.tokens[i],
+                 "' there and '", trained[i], "' in the checkpoint (the model's outputs would "
+                 "be read as other phones); give the tokens file of its training corpus");
+  CLUSTR_CHECK(trained.size() == file.tokens.size(), "the tokens file ", path, " has ",
+               file.tokens.size(), " tokens but ", checkpoint, " was trained with ",
+               trained.size());
+}
 
 std::string num(double v) {
   char buf[40];
@@ -61,6 +94,27 @@ std::string manifest_dir(const std::string& manifest) {
 }
 
 }  // namespace
+
+TokenTable model_tokens(const std::vector<std::string>& trained, int64_t classes,
+                        const std::string& path, bool given, const std::string& checkpoint) {
+  std::error_code ec;
+  if (!given && !trained.empty() && !fs::exists(path, ec)) {
+    TokenTable t;  // no tokens file: the checkpoint's own table
+    for (const std::string& tok : trained) {
+      t.index.emplace(tok, t.size());
+      t.tokens.push_back(tok);
+    }
+    return t;
+  }
+  TokenTable t = read_tokens(path);
+  if (!trained.empty()) {
+    check_same_tokens(trained, t, path, checkpoint);
+  } else {
+    CLUSTR_CHECK(t.size() == classes, "the tokens file ", path, " has ", t.size(),
+                 " tokens but ", checkpoint, " was trained with ", classes, " classes");
+  }
+  return t;
+}
 
 std::string default_tokens(const std::string& manifest) {
   return (fs::path(manifest_dir(manifest)) / "tokens.txt").string();
@@ -134,7 +188,8 @@ std::string resolve_checkpoint(const std::string& path, const char* flag) {
   return path;
 }
 
-LoadedModel load_trained_model(const std::string& path, const char* flag, Device device) {
+LoadedModel load_trained_model(const std::string& path, const char* flag, Device device,
+                               bool strict, std::FILE* log) {
   LoadedModel m;
   m.file = resolve_checkpoint(path, flag);
   m.config = read_checkpoint_config(m.file);
@@ -143,9 +198,23 @@ LoadedModel load_trained_model(const std::string& path, const char* flag, Device
   const auto features = int64_t(parse_state(m.config, kFeatures, m.file));
   Generator gen(0);
   m.model = std::make_unique<SpeechModel>(m.options, features, classes, gen);
+  if (m.config.count(kTokenTable)) {
+    m.tokens = split_tokens(m.config.at(kTokenTable));
+    CLUSTR_CHECK(int64_t(m.tokens.size()) == classes, m.file, ": its token table has ",
+                 m.tokens.size(), " tokens but its model ", classes, " classes");
+  }
   CheckpointLoadOptions lo;
-  lo.strict = false;  // best.safetensors carries no optimizer state; last.safetensors does
-  m.step = load_checkpoint(m.file, *m.model, lo).step;
+  lo.strict = strict;  // the optimizer state of last.safetensors is allowed either way
+  const LoadedCheckpoint c = load_checkpoint(m.file, *m.model, lo);
+  m.step = c.step;
+  m.missing = c.missing;
+  m.unexpected = c.unexpected;
+  if (log && !strict && (!m.missing.empty() || !m.unexpected.empty())) {
+    std::string list;
+    for (const std::string& n : m.missing) list += "\n  missing (left at its initial value): " + n;
+    for (const std::string& n : m.unexpected) list += "\n  unexpected (ignored): " + n;
+    std::fprintf(log, "note: --non-strict load of %s:%s\n", m.file.c_str(), list.c_str());
+  }
   m.model->to(device);
   m.model->eval();
   return m;
@@ -220,6 +289,7 @@ void Trainer::save(const std::string& path, bool with_state) const {
   s.config = to_config(options_);
   s.config[kClasses] = std::to_string(model_->classes());
   s.config[kFeatures] = std::to_string(model_->features());
+  s.config[kTokenTable] = join_tokens(tokens_.tokens);
   s.config[kEpoch] = std::to_string(epoch_);
   s.config[kBatch] = std::to_string(batch_in_epoch_);
   s.config[kBestPer] = num(best_per_);
@@ -255,6 +325,8 @@ void Trainer::resume(const std::string& path) {
                  for (const std::string& l : diff) s += "\n  " + l;
                  return s;
                }());
+  if (saved.count(kTokenTable))
+    check_same_tokens(split_tokens(saved.at(kTokenTable)), tokens_, options_.data.tokens, file);
   const LoadedCheckpoint c = load_checkpoint(file, *model_);
   CLUSTR_CHECK(!c.extras.empty() && c.rng, "--resume: ", file,
                " has no optimizer or generator state (resume from last.safetensors)");

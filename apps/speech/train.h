@@ -67,10 +67,28 @@ struct LoadedModel {
   std::map<std::string, std::string> config;
   int64_t step = 0;
   std::string file;
+  // The token table the model was trained with (stored in the checkpoint; empty for a
+  // checkpoint from before the table was stored, which holds only the class count).
+  std::vector<std::string> tokens;
+  // Not strict only: the parameters the file lacked (left at their initial values) and the
+  // tensors of the file that are not the model's (ignored).
+  std::vector<std::string> missing, unexpected;
 };
-// The model is built on the CPU, loaded, then moved to `device`.
+// The model is built on the CPU, loaded, then moved to `device`. strict (the default): the
+// file must hold every parameter of the model and nothing but parameters and the optimizer
+// state, else the error lists what is missing or unexpected; not strict (--non-strict): those
+// are listed in the result and on `log` (nullptr: silent), and the load goes on.
 LoadedModel load_trained_model(const std::string& file_or_folder, const char* flag,
-                               Device device = Device::cpu);
+                               Device device = Device::cpu, bool strict = true,
+                               std::FILE* log = nullptr);
+
+// The token table to read and score a manifest with, for a model trained with `trained` (a
+// checkpoint's table; empty: unknown, then `classes` is the count it had). The tokens file at
+// `path` (given with --tokens, or beside the manifest) must hold exactly that table, in that
+// order; when no file is given and none lies beside the manifest, the checkpoint's table is
+// used. Throws naming the first token that differs.
+TokenTable model_tokens(const std::vector<std::string>& trained, int64_t classes,
+                        const std::string& path, bool given, const std::string& checkpoint);
 
 // Splits a manifest path's folder; the tokens file defaults to tokens.txt there.
 std::string default_tokens(const std::string& manifest);
