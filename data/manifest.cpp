@@ -1,6 +1,8 @@
 // Manifest and token table reading (formats: see data/manifest.h).
 #include "data/manifest.h"
 
+#include <cerrno>
+#include <cstring>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -9,6 +11,7 @@
 #include <unordered_set>
 
 #include "core/error.h"
+#include "data/file_reason.h"
 
 namespace clustr {
 namespace fs = std::filesystem;
@@ -17,12 +20,15 @@ namespace {
 
 // Lines of a text file without their "\n" or "\r\n"; throws when the file cannot be read.
 std::vector<std::string> read_lines(const std::string& what, const std::string& path) {
+  const std::string reason = unreadable_reason(path);
+  CLUSTR_CHECK(reason.empty(), what, ": cannot open ", path, ": ", reason);
   std::ifstream in(path, std::ios::binary);
-  CLUSTR_CHECK(in.good() && !fs::is_directory(path), what, ": cannot open ", path);
+  CLUSTR_CHECK(in.good(), what, ": cannot open ", path, ": ", std::strerror(errno));
   std::vector<std::string> lines;
   std::string line;
   while (std::getline(in, line)) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (lines.empty()) line = without_bom(line);  // a UTF-8 byte-order mark opens the file
     lines.push_back(std::move(line));
   }
   CLUSTR_CHECK(!in.bad(), what, ": read error in ", path);
@@ -144,9 +150,8 @@ Manifest read_manifest(const std::string& path, const TokenTable& tokens,
           u.labels.push_back(k);
         }
         if (bad.empty() && options.check_files) {
-          std::error_code ec;
-          if (!fs::is_regular_file(u.wav_path, ec))
-            bad = detail::cat("wav file ", u.wav_path, " does not exist");
+          const std::string reason = unreadable_reason(u.wav_path);
+          if (!reason.empty()) bad = detail::cat("wav file ", u.wav_path, " ", reason);
         }
       }
     }

@@ -1,11 +1,13 @@
 // WAV reading: see data/wav.h for the layout and what is supported.
 #include "data/wav.h"
 
+#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <fstream>
 
 #include "core/error.h"
+#include "data/file_reason.h"
 
 namespace clustr {
 namespace {
@@ -141,8 +143,10 @@ std::vector<float> parse_wav(const std::string& name, const std::vector<uint8_t>
 }
 
 std::vector<float> read_wav(const std::string& path, int expected_rate, WavInfo* info) {
+  const std::string reason = unreadable_reason(path);
+  if (!reason.empty()) fail(path, "cannot open the file: it ", reason);
   std::ifstream in(path, std::ios::binary | std::ios::ate);
-  if (!in) fail(path, "cannot open the file");
+  if (!in) fail(path, "cannot open the file: ", std::strerror(errno));
   const std::streamoff size = in.tellg();
   if (size < 0) fail(path, "cannot read the file");
   std::vector<uint8_t> bytes(static_cast<size_t>(size));

@@ -1,6 +1,8 @@
 // The speech front end: WAV reading (odd layouts and broken files), the real FFT, Kaldi
 // filterbanks against torchaudio fixtures (tests/fixtures/make_audio_fixtures.py), per-utterance
 // normalisation, the feature cache, and manifest / token reading.
+#include <sys/stat.h>
+
 #include <cfloat>
 #include <chrono>
 #include <cmath>
@@ -251,7 +253,13 @@ TEST_CASE("wav: broken files give errors that name the file and the problem") {
   CHECK(test::contains_all(wav_error(dir, riff({chunk("fmt ", fmt_payload(3, 1, 16000, 32)),
                                                 chunk("data", float_payload({0.5f, NAN}))})),
                            {"sample 1 is not a finite number"}));
-  CHECK_ERROR(read_wav(dir.file("missing.wav"), 16000), "missing.wav", "cannot open");
+  CHECK_ERROR(read_wav(dir.file("missing.wav"), 16000), "missing.wav", "cannot open",
+              "does not exist");
+  // Special files are named as what they are, never read (a FIFO would block).
+  std::filesystem::create_directories(dir.file("folder.wav"));
+  CHECK_ERROR(read_wav(dir.file("folder.wav"), 16000), "folder.wav", "is a folder, not a file");
+  REQUIRE(::mkfifo(dir.file("pipe.wav").c_str(), 0600) == 0);
+  CHECK_ERROR(read_wav(dir.file("pipe.wav"), 16000), "pipe.wav", "is a FIFO (named pipe)");
   CHECK_ERROR(read_wav(kAudio + "chirp.wav", 8000), "chirp.wav", "16000 Hz, expected 8000 Hz");
 }
 
@@ -551,6 +559,7 @@ TEST_CASE("manifest: bad lines name the file and line and fail or are skipped an
       {"a\twav/a.wav\t-1\tAA", "duration '-1'"},
       {"a\twav/a.wav\t1.0s\tAA", "duration '1.0s'"},
       {"a\twav/zz.wav\t1.0\tAA", "zz.wav does not exist"},
+      {"a\twav\t1.0\tAA", "wav is a folder, not a file"},
       {"a\t\t1.0\tAA", "empty wav path"},
   };
   for (const Case& c : cases) {
@@ -593,6 +602,22 @@ TEST_CASE("manifest: configuration errors always throw") {
   write_text(d.dir.file("t5.txt"), "");
   CHECK_ERROR(read_tokens(d.dir.file("t5.txt")), "t5.txt", "at least one");
   CHECK_ERROR(read_manifest(d.dir.file("tokens.txt"), TokenTable{}, skip), "token table");
+  CHECK_ERROR(read_tokens(d.dir.file("wav")), "cannot open", "is a folder, not a file");
+}
+
+TEST_CASE("manifest: a UTF-8 byte-order mark opening a tokens file or a manifest is accepted") {
+  ManifestDir d;
+  const std::string bom = "\xEF\xBB\xBF";
+  write_text(d.dir.file("bom_tokens.txt"), bom + "<blank>\nAA\nK\n");
+  const TokenTable t = read_tokens(d.dir.file("bom_tokens.txt"));
+  CHECK(t.tokens == std::vector<std::string>{"<blank>", "AA", "K"});
+  write_text(d.dir.file("bom.tsv"), bom + "b\twav/b.wav\t1.0\tK\nc\twav/c.wav\t1.0\tAA K\n");
+  const Manifest m = read_manifest(d.dir.file("bom.tsv"), t);
+  REQUIRE(m.utterances.size() == 2);
+  CHECK(m.utterances[0].id == "b");
+  // Only at the very start: a mark inside a line is an ordinary (bad) character.
+  write_text(d.dir.file("mid.txt"), "<blank>\n" + bom + "AA\n");
+  CHECK(read_tokens(d.dir.file("mid.txt")).tokens[1] == bom + "AA");
 }
 
 // ---- the corpus generator, end to end -----------------------------------------------------------

@@ -487,3 +487,33 @@ TEST_CASE("copy task: non-finite steps are skipped, then stop the run; no NaN ch
   CHECK(std::string((std::istreambuf_iterator<char>(third)), std::istreambuf_iterator<char>()) ==
         before);
 }
+
+TEST_CASE("copy task: a metrics row cut short by a kill is dropped on resume, with a note") {
+  TempDir dir;
+  RunOptions o = tiny(AttentionType::full, dir.file("run"));
+  o.train.steps = 6;
+  Trainer(o, nullptr).run();
+  {
+    std::ofstream csv(dir.file("run/metrics.csv"), std::ios::app);
+    csv << "8,0.51";  // the next row, cut (no newline)
+  }
+  o.train.steps = 10;
+  std::FILE* log = std::tmpfile();
+  REQUIRE(log != nullptr);
+  Trainer t(o, log);
+  t.resume(dir.file("run"));
+  t.run();
+  std::rewind(log);
+  std::string text;
+  for (int c; (c = std::fgetc(log)) != EOF;) text += char(c);
+  std::fclose(log);
+  CHECK(text.find("dropped the last line of " + dir.file("run/metrics.csv") +
+                  ", which was cut short: \"8,0.51\"") != std::string::npos);
+  CHECK(csv_steps(dir.file("run/metrics.csv")) == std::vector<int64_t>{2, 4, 6, 8, 10});
+  // A malformed row that is not the last is still an error (the file is not ours to guess).
+  std::ofstream(dir.file("run/metrics.csv"), std::ios::app) << "x,1\n12,1,1,1,1,1,1,1\n";
+  o.train.steps = 14;
+  Trainer u(o, nullptr);
+  u.resume(dir.file("run"));
+  CHECK_ERROR(u.run(), "metrics.csv:7: expected 8 comma-separated cells, got 2");
+}

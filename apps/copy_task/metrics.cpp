@@ -11,6 +11,7 @@
 #include <limits>
 #include <sstream>
 
+#include "apps/common/metrics_file.h"
 #include "apps/common/plot.h"
 #include "core/error.h"
 
@@ -74,52 +75,26 @@ void MetricsLog::start(const std::string& path) {
   rewrite();
 }
 
-void MetricsLog::resume(const std::string& path, int64_t step) {
+void MetricsLog::resume(const std::string& path, int64_t step, std::FILE* log) {
   path_ = path;
   rows_.clear();
-  std::ifstream in(path);
-  if (in) {
-    std::string line;
-    int line_no = 0;
-    while (std::getline(in, line)) {
-      ++line_no;
-      if (line_no == 1) {
-        CLUSTR_CHECK(line == kHeader, path, ":1: not a copy_task metrics file (header \"", line,
-                     "\")");
-        continue;
-      }
-      if (line.empty()) continue;
-      MetricsRow r = parse_row(line, path, line_no);
-      if (r.step <= step) rows_.push_back(r);
-    }
+  int line_no = 1;
+  for (const std::string& line : read_metrics_rows(path, kHeader, log)) {
+    MetricsRow r = parse_row(line, path, ++line_no);
+    if (r.step <= step) rows_.push_back(r);
   }
   rewrite();
 }
 
 void MetricsLog::rewrite() const {
-  const std::string tmp = path_ + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    CLUSTR_CHECK(out.good(), "metrics: cannot write ", tmp, ": ", std::strerror(errno));
-    out << kHeader << '\n';
-    for (const MetricsRow& r : rows_) out << format_row(r) << '\n';
-    out.flush();
-    CLUSTR_CHECK(out.good(), "metrics: cannot write ", tmp);
-  }
-  if (std::rename(tmp.c_str(), path_.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    throw Error(detail::cat("metrics: cannot rename ", tmp, " to ", path_, ": ",
-                            std::strerror(errno)));
-  }
+  std::vector<std::string> lines;
+  for (const MetricsRow& r : rows_) lines.push_back(format_row(r));
+  write_metrics_file(path_, kHeader, lines);
 }
 
 void MetricsLog::append(const MetricsRow& row) {
   rows_.push_back(row);
-  std::ofstream out(path_, std::ios::app);
-  CLUSTR_CHECK(out.good(), "metrics: cannot append to ", path_, ": ", std::strerror(errno));
-  out << format_row(row) << '\n';
-  out.flush();
-  CLUSTR_CHECK(out.good(), "metrics: cannot append to ", path_);
+  append_metrics_row(path_, format_row(row));
 }
 
 void MetricsLog::plot(const std::string& folder) const {

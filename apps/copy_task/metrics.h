@@ -7,6 +7,7 @@
 // fixed held-out batches.
 #pragma once
 
+#include <cstdio>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -27,7 +28,8 @@ class MetricsLog {
   // Keeps the rows of an existing metrics.csv up to `step` (a resumed run continues it; rows
   // after the checkpoint's step, written before an interruption, are dropped), rewrites it
   // atomically and appends from there. A missing file starts a fresh one.
-  void resume(const std::string& path, int64_t step);
+  // A last row cut short (no newline) is dropped with a note on `log`.
+  void resume(const std::string& path, int64_t step, std::FILE* log = nullptr);
   // Appends one row to the file (flushed) and to rows().
   void append(const MetricsRow& row);
   const std::vector<MetricsRow>& rows() const { return rows_; }

@@ -307,7 +307,7 @@ RunResult Trainer::run(RunFolder* folder) {
   MetricsLog metrics;
   const std::string csv = (fs::path(u.out) / "metrics.csv").string();
   if (resumed_)
-    metrics.resume(csv, step());
+    metrics.resume(csv, step(), log_);
   else
     metrics.start(csv);
 

@@ -9,6 +9,7 @@
 #include <limits>
 #include <sstream>
 
+#include "apps/common/metrics_file.h"
 #include "apps/common/plot.h"
 #include "core/error.h"
 
@@ -43,19 +44,20 @@ MetricsRow::MetricsRow() {
       std::numeric_limits<double>::quiet_NaN();
 }
 
-void MetricsLog::start(const std::string& path, int64_t resume_step) {
+void MetricsLog::start(const std::string& path, int64_t resume_step, std::FILE* log) {
   path_ = path;
   rows_.clear();
-  std::ifstream in(path);
-  if (resume_step >= 0 && in) {
-    std::string line;
-    std::getline(in, line);  // header
-    while (std::getline(in, line)) {
+  if (resume_step >= 0) {
+    int line_no = 1;
+    for (const std::string& line : read_metrics_rows(path, kHeader, log)) {
+      ++line_no;
       std::vector<std::string> f;
       std::stringstream ss(line);
       std::string c;
       while (std::getline(ss, c, ',')) f.push_back(c);
-      while (f.size() < 9) f.emplace_back();
+      if (!line.empty() && line.back() == ',') f.emplace_back();
+      CLUSTR_CHECK(f.size() == 9, path, ":", line_no, ": expected 9 comma-separated cells, got ",
+                   f.size());
       MetricsRow r;
       r.step = std::strtoll(f[0].c_str(), nullptr, 10);
       r.epoch = std::strtoll(f[1].c_str(), nullptr, 10);
@@ -65,26 +67,14 @@ void MetricsLog::start(const std::string& path, int64_t resume_step) {
       if (r.step <= resume_step) rows_.push_back(r);
     }
   }
-  write_all();
-}
-
-void MetricsLog::write_all() const {
-  const std::string tmp = path_ + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    CLUSTR_CHECK(bool(out), "metrics: cannot write ", tmp);
-    out << kHeader << "\n";
-    for (const MetricsRow& r : rows_) out << format_row(r) << "\n";
-    CLUSTR_CHECK(bool(out), "metrics: write to ", tmp, " failed");
-  }
-  std::filesystem::rename(tmp, path_);
+  std::vector<std::string> lines;
+  for (const MetricsRow& r : rows_) lines.push_back(format_row(r));
+  write_metrics_file(path_, kHeader, lines);
 }
 
 void MetricsLog::append(const MetricsRow& row) {
   rows_.push_back(row);
-  std::ofstream out(path_, std::ios::app);
-  CLUSTR_CHECK(bool(out), "metrics: cannot append to ", path_);
-  out << format_row(row) << "\n";
+  append_metrics_row(path_, format_row(row));
 }
 
 void MetricsLog::plot(const std::string& folder) const {

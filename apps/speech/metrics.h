@@ -7,6 +7,7 @@
 // input frames (before stacking); impossible counts the epoch's unalignable utterances.
 #pragma once
 
+#include <cstdio>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -23,14 +24,14 @@ class MetricsLog {
  public:
   // Starts metrics.csv at `path`; `resume_step` >= 0 keeps the rows of an existing file up to
   // that step (a resumed run continues it), < 0 starts afresh.
-  void start(const std::string& path, int64_t resume_step);
+  // A last row cut short (no newline) is dropped with a note on `log`.
+  void start(const std::string& path, int64_t resume_step, std::FILE* log = nullptr);
   void append(const MetricsRow& row);
   const std::vector<MetricsRow>& rows() const { return rows_; }
   // loss.png and per.png in `folder` (nothing for a plot without values).
   void plot(const std::string& folder) const;
 
  private:
-  void write_all() const;
   std::string path_;
   std::vector<MetricsRow> rows_;
 };

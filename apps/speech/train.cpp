@@ -11,6 +11,7 @@
 #include <string>
 
 #include "apps/common/device.h"
+#include "apps/common/metrics_file.h"
 #include "apps/common/stop_signal.h"
 #include "apps/speech/metrics.h"
 #include "autograd/ops.h"
@@ -32,6 +33,7 @@ double seconds_since(Clock::time_point t0) {
 }
 
 constexpr const char* kBest = "best.safetensors";
+constexpr const char* kSkippedFile = "skipped.txt";  // every utterance left out, and why
 constexpr const char* kLast = "last.safetensors";
 // Run state kept in the checkpoint's config beside the flags.
 constexpr const char* kEpoch = "state.epoch";
@@ -369,8 +371,8 @@ void Trainer::print_config(std::FILE* out) const {
 }
 
 const std::vector<std::string>& Trainer::run_files() {
-  static const std::vector<std::string> files = {"metrics.csv", kBest, kLast, "loss.png",
-                                                 "per.png"};
+  static const std::vector<std::string> files = {"metrics.csv", kBest,     kLast,
+                                                 "loss.png",    "per.png", kSkippedFile};
   return files;
 }
 
@@ -386,11 +388,20 @@ TrainResult Trainer::run(RunFolder* folder) {
   CLUSTR_CHECK(fs::equivalent(folder->path(), o.output.out), "speech: the run's folder ",
                folder->path(), " is not --out ", o.output.out);
   const StopOnSignal stop_signal;  // Ctrl-C: finish the step, save last.safetensors, return
+  // The log shows the first few utterances left out; the run folder gets them all.
+  if (!train_.problems.empty() || !dev_.problems.empty()) {
+    const std::string path = folder->file(kSkippedFile);
+    std::vector<std::string> lines = train_.problems;
+    lines.insert(lines.end(), dev_.problems.begin(), dev_.problems.end());
+    write_lines_atomically(path, lines);
+    log("%zu utterances left out (bad manifest lines, unreadable audio, too short): all "
+        "listed in %s\n", lines.size(), path.c_str());
+  }
   NonFiniteSteps non_finite(t.max_skipped_steps);
   const std::string last = (fs::path(o.output.out) / kLast).string();
   const std::string best = (fs::path(o.output.out) / kBest).string();
   MetricsLog metrics;
-  metrics.start((fs::path(o.output.out) / "metrics.csv").string(), resumed_ ? step() : -1);
+  metrics.start((fs::path(o.output.out) / "metrics.csv").string(), resumed_ ? step() : -1, log_);
 
   TrainResult r;
   const int64_t start_step = step();
