@@ -20,7 +20,6 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
-#include <filesystem>
 #include <map>
 #include <string>
 
@@ -115,18 +114,7 @@ int main(int argc, char** argv) try {
   }
   const OutMode mode = out_mode(!resume.empty(), o.output.overwrite);
   validate(o);
-  if (!resume.empty() && app.count("--out") == 0) {
-    const std::filesystem::path p(resume);
-    o.output.out = std::filesystem::is_directory(p) ? p.string() : p.parent_path().string();
-    if (o.output.out.empty()) o.output.out = ".";
-  } else if (app.count("--out") == 0 && mode == OutMode::fresh) {
-    const std::string chosen = first_free_folder(o.output.out);
-    if (chosen != o.output.out)
-      std::printf("%s holds an earlier run; this one writes to %s\n", o.output.out.c_str(),
-                  chosen.c_str());
-    o.output.out = chosen;
-  }
-  validate(o);
+  o.output.out = choose_out_folder(o.output.out, app.count("--out") > 0, resume, mode, stdout);
   resolve_device(o.device);  // an unusable GPU is refused before the folder is made
   RunFolder folder(o.output.out, mode, Trainer::run_files(), stdout);
   Trainer trainer(o, stdout);

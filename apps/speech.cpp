@@ -17,7 +17,6 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
-#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -269,19 +268,9 @@ int main(int argc, char** argv) try {
     // The precision may change on resume (the weights are f32), but is kept unless given.
     if (train->count("--precision") == 0 && saved.count("precision"))
       o.model.precision = parse_precision(saved.at("precision"));
-    if (train->count("--out") == 0) {
-      const std::filesystem::path p(resume);
-      o.output.out = std::filesystem::is_directory(p) ? p.string() : p.parent_path().string();
-      if (o.output.out.empty()) o.output.out = ".";
-    }
-  } else if (train->count("--out") == 0 && mode == OutMode::fresh) {
-    const std::string chosen = first_free_folder(o.output.out);
-    if (chosen != o.output.out)
-      std::printf("%s holds an earlier run; this one writes to %s\n", o.output.out.c_str(),
-                  chosen.c_str());
-    o.output.out = chosen;
   }
   validate(o);
+  o.output.out = choose_out_folder(o.output.out, train->count("--out") > 0, resume, mode, stdout);
   resolve_device(o.device);  // an unusable GPU is refused before the folder is made
   // Before the corpus is read: a refused folder costs no time.
   RunFolder folder(o.output.out, mode, Trainer::run_files(), stdout);

@@ -76,6 +76,23 @@ std::string first_free_folder(const std::string& base) {
   }
 }
 
+std::string choose_out_folder(const std::string& out, bool out_given, const std::string& resume,
+                              OutMode mode, std::FILE* log) {
+  if (out_given) return out;
+  if (!resume.empty()) {
+    const fs::path p(resume);
+    std::error_code ec;
+    const std::string folder = fs::is_directory(p, ec) ? p.string() : p.parent_path().string();
+    return folder.empty() ? std::string(".") : folder;
+  }
+  if (mode != OutMode::fresh) return out;
+  const std::string chosen = first_free_folder(out);
+  if (chosen != out && log)
+    std::fprintf(log, "%s holds an earlier run; this one writes to %s\n", out.c_str(),
+                 chosen.c_str());
+  return chosen;
+}
+
 OutMode out_mode(bool resume, bool overwrite) {
   CLUSTR_CHECK(!(resume && overwrite), "--overwrite starts a new run in place of the one in the "
                "output folder, and --resume continues a run: give one of them");

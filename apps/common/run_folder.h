@@ -55,6 +55,13 @@ std::string first_free_folder(const std::string& base);
 // The names in `folder` that a new run would collide with: every entry but the lock file.
 std::vector<std::string> folder_entries(const std::string& folder);
 
+// The output folder of a training command: `out` when given on the command line (out_given);
+// else, when resuming, the folder of the --resume path (the folder itself, or a file's
+// folder); else, for a new run, first_free_folder(out), with a line on `log` when that is not
+// `out` itself.
+std::string choose_out_folder(const std::string& out, bool out_given, const std::string& resume,
+                              OutMode mode, std::FILE* log);
+
 // The mode of a training command from its flags; refuses --overwrite with --resume (one
 // continues a run, the other replaces it).
 OutMode out_mode(bool resume, bool overwrite);
