@@ -181,7 +181,7 @@ int main(int argc, char** argv) try {
   const std::string png = (fs::path(base.output.out) / "accuracy.png").string();
   std::printf("copy_sweep: %zu runs of %lld steps into %s\n", cells.size(),
               static_cast<long long>(base.train.steps), base.output.out.c_str());
-  for (const auto& [key, value] : build_info())
+  for (const auto& [key, value] : build_info(base.device))
     std::printf("  %-20s %s\n", key.c_str(), value.c_str());
   std::fflush(stdout);
   for (size_t i = 0; i < cells.size(); ++i) {

@@ -75,7 +75,7 @@ std::string resolve_checkpoint(const std::string& path, const char* flag) {
   return path;
 }
 
-std::vector<std::pair<std::string, std::string>> build_info() {
+std::vector<std::pair<std::string, std::string>> build_info(const std::string& device) {
 #if defined(__clang__)
   const std::string compiler = std::string("clang ") + __clang_version__;
 #elif defined(__GNUC__)
@@ -89,7 +89,9 @@ std::vector<std::pair<std::string, std::string>> build_info() {
   const std::string openmp = "off";
 #endif
   std::string cuda_state = cuda::compiled() ? "compiled" : "off";
-  if (cuda::compiled())
+  if (cuda::compiled() && device != "cuda")
+    cuda_state += ", not used (--device " + device + ")";
+  else if (cuda::compiled())
     cuda_state += !cuda::available() ? ", no GPU: " + cuda::unavailable_reason()
                   : cuda::emulated()  ? std::string(", emulated device")
                                       : std::string(", GPU present");
@@ -278,7 +280,7 @@ void Trainer::print_config(std::FILE* out) const {
                static_cast<long long>(options_.model.dim()), static_cast<long long>(N),
                vocab_size(options_.task));
   std::fprintf(out, "build\n");
-  for (const auto& [key, value] : build_info())
+  for (const auto& [key, value] : build_info(options_.device))
     std::fprintf(out, "  %-26s %s\n", key.c_str(), value.c_str());
   std::fflush(out);
 }

@@ -42,6 +42,7 @@
 // the sum is accumulated in FP32, so the result differs from the exact sum of the bf16 products
 // by FP32 accumulation error only. The TF32 setting does not change them (a bf16 value is
 // exact in TF32).
+#include <atomic>
 #include <climits>
 #include <cstdint>
 #include <mutex>
@@ -52,9 +53,102 @@
 #include "core/error.h"
 #include "core/gemm_args.h"
 
+#if !defined(CLUSTR_CUDA_EMULATION)
+#include <dlfcn.h>
+
+#include <string>
+#include <type_traits>
+#endif
+
 namespace clustr::cuda {
 
 namespace {
+
+// The cuBLAS entry points this file calls, in one table. On a GPU build the table is filled from
+// libcublas opened with dlopen at the first product on the device, not linked: cuBLAS and
+// cuBLASLt map more than 400 MB of address space when loaded, which a process that never uses
+// the GPU (a CPU run under a memory limit, say) must not pay. In device emulation the table
+// points at the emulated functions. (cublas_v2.h spells some names as macros, cublasSgemm for
+// cublasSgemm_v2; decltype and the symbol names below go through the same macros.)
+// (cublasGemmEx and cublasGemmStridedBatchedEx also have C++ overloads taking the compute
+// type as a cudaDataType: these are the C functions.)
+using GemmExFn = cublasStatus_t (*)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int,
+                                    int, int, const void*, const void*, cudaDataType, int,
+                                    const void*, cudaDataType, int, const void*, void*,
+                                    cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);
+using GemmStridedBatchedExFn = cublasStatus_t (*)(
+    cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void*,
+    const void*, cudaDataType, int, long long, const void*, cudaDataType, int, long long,
+    const void*, void*, cudaDataType, int, long long, int, cublasComputeType_t,
+    cublasGemmAlgo_t);
+struct CublasApi {
+  decltype(&cublasCreate) create;
+  decltype(&cublasDestroy) destroy;
+  decltype(&cublasSetStream) set_stream;
+  decltype(&cublasSetMathMode) set_math_mode;
+  decltype(&cublasSgemm) sgemm;
+  decltype(&cublasSgemmStridedBatched) sgemm_strided_batched;
+  GemmExFn gemm_ex;
+  GemmStridedBatchedExFn gemm_strided_batched_ex;
+  const char* (*status_string)(cublasStatus_t);
+};
+
+std::atomic<const CublasApi*> loaded_api{nullptr};
+
+#if defined(CLUSTR_CUDA_EMULATION)
+const char* emulated_status_string(cublasStatus_t) { return "emulated cuBLAS"; }
+
+const CublasApi& cublas() {
+  static const CublasApi api{&cublasCreate,     &cublasDestroy,
+                             &cublasSetStream,  &cublasSetMathMode,
+                             &cublasSgemm,      &cublasSgemmStridedBatched,
+                             static_cast<GemmExFn>(&cublasGemmEx),
+                             static_cast<GemmStridedBatchedExFn>(&cublasGemmStridedBatchedEx),
+                             &emulated_status_string};
+  loaded_api.store(&api);
+  return api;
+}
+#else
+#define CLUSTR_SYMBOL_NAME_(x) #x
+#define CLUSTR_SYMBOL_NAME(x) CLUSTR_SYMBOL_NAME_(x)
+
+// Opens libcublas (the toolkit's file that CMake found, then its soname on the loader's path)
+// and resolves every entry point; throws naming what failed. Called once, under a static's
+// initialisation (a failure leaves it to be tried again).
+CublasApi load_cublas() {
+  void* lib = nullptr;
+  std::string tried;
+  for (const char* name : {CLUSTR_CUBLAS_LIBRARY, CLUSTR_CUBLAS_SONAME}) {
+    lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+    if (lib) break;
+    const char* why = dlerror();
+    tried += detail::cat("\n  ", name, ": ", why ? why : "not found");
+  }
+  CLUSTR_CHECK(lib, "cuBLAS: cannot load the library (it is loaded for the first product on "
+               "the GPU):", tried);
+  CublasApi api{};
+  auto resolve = [&](auto& fn, const char* symbol) {
+    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, symbol));
+    CLUSTR_CHECK(fn, "cuBLAS: the library has no ", symbol, " (a toolkit older than this build's?)");
+  };
+  resolve(api.create, CLUSTR_SYMBOL_NAME(cublasCreate));
+  resolve(api.destroy, CLUSTR_SYMBOL_NAME(cublasDestroy));
+  resolve(api.set_stream, CLUSTR_SYMBOL_NAME(cublasSetStream));
+  resolve(api.set_math_mode, CLUSTR_SYMBOL_NAME(cublasSetMathMode));
+  resolve(api.sgemm, CLUSTR_SYMBOL_NAME(cublasSgemm));
+  resolve(api.sgemm_strided_batched, CLUSTR_SYMBOL_NAME(cublasSgemmStridedBatched));
+  resolve(api.gemm_ex, CLUSTR_SYMBOL_NAME(cublasGemmEx));
+  resolve(api.gemm_strided_batched_ex, CLUSTR_SYMBOL_NAME(cublasGemmStridedBatchedEx));
+  resolve(api.status_string, "cublasGetStatusString");
+  return api;
+}
+
+const CublasApi& cublas() {
+  static const CublasApi api = load_cublas();
+  loaded_api.store(&api);
+  return api;
+}
+#endif
 
 // Guards the handle's stream and math mode: held by every call from cublasSetStream until the
 // call is queued (Bound), and by set_tf32 while it changes the math mode and the flag below.
@@ -78,10 +172,10 @@ cublasHandle_t handle_locked() {
   static cublasHandle_t h = nullptr;
   if (h == nullptr) {
     cublasHandle_t made = nullptr;
-    CLUSTR_CUBLAS_CHECK(cublasCreate(&made));
-    const cublasStatus_t s = cublasSetMathMode(made, math_mode(tf32_on));
+    CLUSTR_CUBLAS_CHECK(cublas().create(&made));
+    const cublasStatus_t s = cublas().set_math_mode(made, math_mode(tf32_on));
     if (s != CUBLAS_STATUS_SUCCESS) {
-      cublasDestroy(made);
+      cublas().destroy(made);
       checks::throw_cublas_error(s, "cublasSetMathMode(handle, mode)", __FILE__, __LINE__);
     }
     h = made;
@@ -97,7 +191,7 @@ cublasHandle_t handle_locked() {
 class Bound {
  public:
   Bound() : lock_(blas_mutex()), h_(handle_locked()) {
-    CLUSTR_CUBLAS_CHECK(cublasSetStream(h_, current_stream()));
+    CLUSTR_CUBLAS_CHECK(cublas().set_stream(h_, current_stream()));
   }
   cublasHandle_t get() const { return h_; }
 
@@ -192,7 +286,7 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
   // Swapped operands: see the comment at the top of the file.
   const Bound h;
   counting::blas_call();
-  CLUSTR_CUBLAS_CHECK(cublasSgemm(h.get(), op_of(trans_b), op_of(trans_a), static_cast<int>(N),
+  CLUSTR_CUBLAS_CHECK(cublas().sgemm(h.get(), op_of(trans_b), op_of(trans_a), static_cast<int>(N),
                                   static_cast<int>(M), static_cast<int>(K), &alpha, B,
                                   static_cast<int>(ldb), A, static_cast<int>(lda), &beta, C,
                                   static_cast<int>(ldc)));
@@ -207,7 +301,7 @@ void gemm_strided_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int6
     return;
   const Bound h;
   counting::blas_call();
-  CLUSTR_CUBLAS_CHECK(cublasSgemmStridedBatched(
+  CLUSTR_CUBLAS_CHECK(cublas().sgemm_strided_batched(
       h.get(), op_of(trans_b), op_of(trans_a), static_cast<int>(N), static_cast<int>(M),
       static_cast<int>(K), &alpha, B, static_cast<int>(ldb), static_cast<long long>(stride_b), A,
       static_cast<int>(lda), static_cast<long long>(stride_a), &beta, C, static_cast<int>(ldc),
@@ -224,7 +318,7 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
     return;
   const Bound h;
   counting::blas_call();
-  CLUSTR_CUBLAS_CHECK(cublasGemmEx(h.get(), op_of(trans_b), op_of(trans_a), static_cast<int>(N),
+  CLUSTR_CUBLAS_CHECK(cublas().gemm_ex(h.get(), op_of(trans_b), op_of(trans_a), static_cast<int>(N),
                                    static_cast<int>(M), static_cast<int>(K), &alpha, B,
                                    CUDA_R_16BF, static_cast<int>(ldb), A, CUDA_R_16BF,
                                    static_cast<int>(lda), &beta, C, CUDA_R_32F,
@@ -241,7 +335,7 @@ void gemm_bf16_strided_batched(bool trans_a, bool trans_b, int64_t M, int64_t N,
     return;
   const Bound h;
   counting::blas_call();
-  CLUSTR_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+  CLUSTR_CUBLAS_CHECK(cublas().gemm_strided_batched_ex(
       h.get(), op_of(trans_b), op_of(trans_a), static_cast<int>(N), static_cast<int>(M),
       static_cast<int>(K), &alpha, B, CUDA_R_16BF, static_cast<int>(ldb),
       static_cast<long long>(stride_b), A, CUDA_R_16BF, static_cast<int>(lda),
@@ -257,7 +351,7 @@ void set_tf32(bool on) {
   require("cuda::set_tf32");
   std::lock_guard<std::mutex> lock(blas_mutex());
   const cublasHandle_t h = handle_locked();  // made with the current setting
-  CLUSTR_CUBLAS_CHECK(cublasSetMathMode(h, math_mode(on)));
+  CLUSTR_CUBLAS_CHECK(cublas().set_math_mode(h, math_mode(on)));
   tf32_on = on;
 }
 
@@ -265,5 +359,12 @@ bool tf32() {
   std::lock_guard<std::mutex> lock(blas_mutex());
   return tf32_on;
 }
+
+namespace checks {
+const char* cublas_status_string(cublasStatus_t s) {
+  const CublasApi* api = loaded_api.load();
+  return api ? api->status_string(s) : "cuBLAS not loaded";
+}
+}  // namespace checks
 
 }  // namespace clustr::cuda

@@ -43,14 +43,9 @@ inline const char* cublas_status_name(cublasStatus_t s) {
   return "unknown cuBLAS status";
 }
 
-inline const char* cublas_status_string(cublasStatus_t s) {
-#if defined(CUBLAS_VER_MAJOR) && CUBLAS_VER_MAJOR >= 12
-  return cublasGetStatusString(s);
-#else
-  (void)s;
-  return "see the cuBLAS documentation";
-#endif
-}
+// cuBLAS's description of a status (cublasGetStatusString, through the library that
+// core/cuda/blas.cu loads on first use; a fixed text before it is loaded).
+const char* cublas_status_string(cublasStatus_t s);
 
 // The runtime also keeps a failed call's error as this thread's last error; it is reported
 // here, so it is cleared, or the next launch check would report it again under the kernel's
