@@ -30,6 +30,7 @@
 #include "apps/common/device.h"
 #include "apps/common/flags.h"
 #include "apps/common/run_folder.h"
+#include "apps/common/training.h"
 #include "apps/common/stop_signal.h"
 #include "apps/copy_task/metrics.h"
 #include "apps/copy_task/options.h"
@@ -149,6 +150,11 @@ int main(int argc, char** argv) try {
                  "attention types (full runs once per length)")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   check_integer_flags(app);
+  note_memory_flags(detail::cat("--batch ", base.train.batch, ", --lengths, --layers ",
+                                base.model.layers, ", --heads ", base.model.heads,
+                                " x --head-dim ", base.model.head_dim, ", --feedforward ",
+                                base.model.feedforward, " and --final-eval-batches ",
+                                base.output.final_eval_batches));
   CLUSTR_CHECK(!grid.lengths.empty() && !grid.attentions.empty(),
                "copy_sweep: --lengths and --attentions must not be empty");
 
@@ -225,6 +231,6 @@ int main(int argc, char** argv) try {
   return 0;
 } catch (const std::exception& e) {
   std::fflush(stdout);
-  std::fprintf(stderr, "copy_sweep: error: %s\n", e.what());
+  std::fprintf(stderr, "copy_sweep: error: %s\n", error_text(e).c_str());
   return 1;
 }

@@ -26,6 +26,7 @@
 #include "apps/common/device.h"
 #include "apps/common/flags.h"
 #include "apps/common/run_folder.h"
+#include "apps/common/training.h"
 #include "apps/copy_task/options.h"
 #include "apps/copy_task/train.h"
 #include "core/error.h"
@@ -106,6 +107,11 @@ int main(int argc, char** argv) try {
                  "improved-clustered)");
   CLI11_PARSE(app, argc, argv);
   check_integer_flags(app);
+  note_memory_flags(detail::cat(
+      "--batch ", o.train.batch, ", --length ", o.task.length, ", --layers ", o.model.layers,
+      ", --heads ", o.model.heads, " x --head-dim ", o.model.head_dim, ", --feedforward ",
+      o.model.feedforward, ", --eval-batches ", o.output.eval_batches, " and --final-eval-batches ",
+      o.output.final_eval_batches));
 
   if (!evaluate_with.empty() || !checkpoint.empty()) {
     CLUSTR_CHECK(!checkpoint.empty(), "--evaluate-with needs --checkpoint (the trained model)");
@@ -128,6 +134,6 @@ int main(int argc, char** argv) try {
   return 0;
 } catch (const std::exception& e) {
   std::fflush(stdout);
-  std::fprintf(stderr, "copy_task: error: %s\n", e.what());
+  std::fprintf(stderr, "copy_task: error: %s\n", error_text(e).c_str());
   return 1;
 }

@@ -256,6 +256,14 @@ int main(int argc, char** argv) try {
 
   CLI11_PARSE(app, argc, argv);
   check_integer_flags(app);
+  if (*train)
+    note_memory_flags(detail::cat("--batch ", o.train.batch, ", --max-frames ",
+                                  o.train.max_frames, ", --stacking ", o.model.stacking,
+                                  ", --layers ", o.model.layers, ", --heads ", o.model.heads,
+                                  " x --head-dim ", o.model.head_dim, " and --feedforward ",
+                                  o.model.feedforward));
+  else
+    note_memory_flags(detail::cat("--max-frames ", f.max_frames, " and --beam ", f.beam));
 
   if (*evaluate) return cmd_evaluate(f, checkpoint, *evaluate);
   if (*decode) return cmd_decode(f, checkpoint, *decode);
@@ -282,6 +290,6 @@ int main(int argc, char** argv) try {
   return 0;
 } catch (const std::exception& e) {
   std::fflush(stdout);
-  std::fprintf(stderr, "speech: error: %s\n", e.what());
+  std::fprintf(stderr, "speech: error: %s\n", error_text(e).c_str());
   return 1;
 }

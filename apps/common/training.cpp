@@ -2,12 +2,36 @@
 #include "apps/common/training.h"
 
 #include <cmath>
+#include <new>
 #include <cstdlib>
 
 #include "core/error.h"
 #include "core/safetensors.h"
 
 namespace clustr {
+
+namespace {
+std::string& memory_flags() {
+  static std::string flags;
+  return flags;
+}
+}  // namespace
+
+void note_memory_flags(const std::string& flags) { memory_flags() = flags; }
+
+std::string error_text(const std::exception& e) {
+  const std::string what = e.what();
+  const bool oom = dynamic_cast<const std::bad_alloc*>(&e) != nullptr ||
+                   what.find("out of host memory") != std::string::npos ||
+                   what.find("out of memory") != std::string::npos;
+  if (!oom) return what;
+  std::string text = dynamic_cast<const std::bad_alloc*>(&e) ? "out of host memory (" + what + ")"
+                                                             : what;
+  if (!memory_flags().empty())
+    text += "\n  this run's memory grows with " + memory_flags() +
+            ": lower them, or give the process more memory";
+  return text;
+}
 
 void check_threads(int threads, const char* flag) {
   CLUSTR_CHECK(threads >= 0 && threads <= kMaxThreads, flag, " must be in [0, ", kMaxThreads,

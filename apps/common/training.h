@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <exception>
 #include <map>
 #include <memory>
 #include <string>
@@ -22,6 +23,13 @@ namespace clustr {
 constexpr int kMaxThreads = 256;
 // Throws naming `flag` unless 0 <= threads <= kMaxThreads (0: OpenMP's default).
 void check_threads(int threads, const char* flag = "--threads");
+
+// What a run's memory grows with, as its flags and values ("--batch 32, --length 63, ..."),
+// noted once the flags are parsed, for the hint an out-of-memory error carries (error_text).
+void note_memory_flags(const std::string& flags);
+// The text after "<app>: error: " for an exception: its message, and for an allocation that
+// failed (std::bad_alloc, or a tensor's "out of ... memory") the noted flags to lower.
+std::string error_text(const std::exception& e);
 
 // splitmix64: a stream key per purpose (training, held-out, evaluation, ...) from a run's seed.
 uint64_t derive_key(uint64_t seed, uint64_t purpose);
