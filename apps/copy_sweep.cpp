@@ -17,8 +17,10 @@
 // rewritten after every run, so an interrupted sweep keeps what it finished.
 #include <CLI/CLI.hpp>
 
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -26,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/common/metrics_file.h"
 #include "apps/common/plot.h"
 #include "apps/common/device.h"
 #include "apps/common/flags.h"
@@ -85,25 +88,19 @@ std::string label_of(const Cell& c) {
 }
 
 void write_csv(const std::string& path, const std::vector<Cell>& cells) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    CLUSTR_CHECK(out.good(), "copy_sweep: cannot write ", tmp);
-    out << "attention,length,N,clusters,steps,heldout_accuracy,heldout_loss,train_seconds,"
-           "total_seconds\n";
-    for (const Cell& c : cells) {
-      if (!c.done) continue;
-      char buf[256];
-      std::snprintf(buf, sizeof buf, "%s,%d,%d,%s,%lld,%.6f,%.6f,%.1f,%.1f\n",
+  std::vector<std::string> lines{"attention,length,N,clusters,steps,heldout_accuracy,"
+                                 "heldout_loss,train_seconds,total_seconds"};
+  for (const Cell& c : cells) {
+    if (!c.done) continue;
+    char buf[256];
+    std::snprintf(buf, sizeof buf, "%s,%d,%d,%s,%lld,%.6f,%.6f,%.1f,%.1f",
                     c.attention.c_str(), c.length, 2 * c.length + 2,
                     c.clusters ? std::to_string(c.clusters).c_str() : "",
                     static_cast<long long>(c.result.end_step), c.result.final_eval.accuracy,
                     c.result.final_eval.loss, c.result.train_seconds, c.result.total_seconds);
-      out << buf;
-    }
-    CLUSTR_CHECK(out.good(), "copy_sweep: cannot write ", tmp);
+    lines.push_back(buf);
   }
-  fs::rename(tmp, path);
+  write_lines_atomically(path, lines);
 }
 
 void write_heatmap(const std::string& path, const std::vector<Cell>& cells, const Grid& g,
@@ -206,7 +203,7 @@ int main(int argc, char** argv) try {
     const std::string log_path = (fs::path(o.output.out) / "train.log").string();
     std::unique_ptr<std::FILE, int (*)(std::FILE*)> log(std::fopen(log_path.c_str(), "w"),
                                                         &std::fclose);
-    CLUSTR_CHECK(log, "copy_sweep: cannot write ", log_path);
+    CLUSTR_CHECK(log, "copy_sweep: cannot write ", log_path, ": ", std::strerror(errno));
     std::printf("[%zu/%zu] %-42s N=%-5d ", i + 1, cells.size(),
                 o.model.attention.describe().c_str(), 2 * c.length + 2);
     std::fflush(stdout);

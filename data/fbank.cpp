@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cfloat>
 #include <cmath>
 #include <cstring>
@@ -337,9 +338,11 @@ void write_entry(const std::string& path, const std::string& key, const Tensor& 
     out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
     out.close();
     if (!out) {
+      const int err = errno;
       std::error_code ec;
       fs::remove(tmp, ec);
-      throw Error(detail::cat("FeatureCache: cannot write the cache entry ", tmp));
+      throw Error(detail::cat("FeatureCache: cannot write the cache entry ", tmp, ": ",
+                              std::strerror(err)));
     }
   }
   std::error_code ec;

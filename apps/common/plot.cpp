@@ -128,7 +128,7 @@ bool usable(double v, bool log) { return std::isfinite(v) && (!log || v > 0); }
 void write_png(const std::string& path, const Canvas& c, int width, int height) {
   std::string tmp = path + ".tmp." + std::to_string(::getpid());
   CLUSTR_CHECK(stbi_write_png(tmp.c_str(), width, height, 3, c.data(), width * 3) != 0,
-               "plot: cannot write ", tmp);
+               "plot: cannot write ", tmp, ": ", std::strerror(errno));
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     std::remove(tmp.c_str());
     throw Error(detail::cat("plot: cannot rename ", tmp, " to ", path, ": ",
