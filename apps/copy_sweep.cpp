@@ -138,8 +138,7 @@ int main(int argc, char** argv) try {
   sweep_preset(find_preset(argc, argv), base, grid);
   CLI::App app{"clustr masked copy task sweep (the paper's Figure 5): held-out accuracy per "
                "sequence length x clusters for clustered, improved-clustered and full attention"};
-  add_model_task_train_flags(app, base, /*grid_axes=*/false);
-  add_output_flags(app, base);
+  add_flags(app, base, /*grid_axes=*/false);
   app.add_option("--lengths", grid.lengths, "symbols per copy L (N = 2L + 2)")
       ->capture_default_str();
   app.add_option("--clusters", grid.clusters, "cluster counts C")->capture_default_str();

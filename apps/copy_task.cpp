@@ -25,7 +25,7 @@
 
 #include "apps/common/device.h"
 #include "apps/common/flags.h"
-#include "apps/common/run_folder.h"
+#include "apps/common/train_command.h"
 #include "apps/common/training.h"
 #include "apps/copy_task/options.h"
 #include "apps/copy_task/train.h"
@@ -94,8 +94,7 @@ int main(int argc, char** argv) try {
   RunOptions o = preset_options(find_preset(argc, argv));
   CLI::App app{"clustr masked copy task (Vyas et al. 2020, supp. C.2): train a transformer "
                "encoder with full, clustered or improved-clustered attention"};
-  add_model_task_train_flags(app, o);
-  add_output_flags(app, o);
+  add_flags(app, o);
   std::string resume, checkpoint, evaluate_with;
   app.add_option("--resume", resume,
                  "continue from a checkpoint file, or a folder holding checkpoint.safetensors "
@@ -118,15 +117,7 @@ int main(int argc, char** argv) try {
     CLUSTR_CHECK(resume.empty(), "--checkpoint evaluates and --resume trains: give one of them");
     return evaluate_checkpoint(o, app, checkpoint, evaluate_with);
   }
-  const OutMode mode = out_mode(!resume.empty(), o.output.overwrite);
-  validate(o);
-  o.output.out = choose_out_folder(o.output.out, app.count("--out") > 0, resume, mode, stdout);
-  resolve_device(o.device);  // an unusable GPU is refused before the folder is made
-  RunFolder folder(o.output.out, mode, Trainer::run_files(), stdout);
-  Trainer trainer(o, stdout);
-  trainer.print_config(stdout);
-  if (!resume.empty()) trainer.resume(resume);
-  const RunResult r = trainer.run(&folder);
+  const RunResult r = train_command<Trainer>(o, resume, app.count("--out") > 0);
   if (r.interrupted_by) return 128 + r.interrupted_by;
   if (o.train.target_accuracy > 0 && r.final_eval.accuracy < o.train.target_accuracy)
     std::printf("note: the final held-out accuracy %.4f is below --target-accuracy %.4f\n",

@@ -22,7 +22,7 @@
 
 #include "apps/common/device.h"
 #include "apps/common/flags.h"
-#include "apps/common/run_folder.h"
+#include "apps/common/train_command.h"
 #include "apps/common/training.h"
 #include "apps/speech/attention_map.h"
 #include "apps/speech/dataset.h"
@@ -269,7 +269,7 @@ int main(int argc, char** argv) try {
   if (*decode) return cmd_decode(f, checkpoint, *decode);
   if (*matrix) return cmd_matrix(f, checkpoints, map_path, map_layer, map_head, map_utt, *matrix);
 
-  const OutMode mode = out_mode(!resume.empty(), o.output.overwrite);
+  out_mode(!resume.empty(), o.output.overwrite);  // --overwrite with --resume: refused at once
   if (!resume.empty()) {
     const auto saved = read_checkpoint_config(resume_file(resume));
     adopt_locked_settings(saved, *train, o);
@@ -277,15 +277,7 @@ int main(int argc, char** argv) try {
     if (train->count("--precision") == 0 && saved.count("precision"))
       o.model.precision = parse_precision(saved.at("precision"));
   }
-  validate(o);
-  o.output.out = choose_out_folder(o.output.out, train->count("--out") > 0, resume, mode, stdout);
-  resolve_device(o.device);  // an unusable GPU is refused before the folder is made
-  // Before the corpus is read: a refused folder costs no time.
-  RunFolder folder(o.output.out, mode, Trainer::run_files(), stdout);
-  Trainer trainer(o, stdout);
-  trainer.print_config(stdout);
-  if (!resume.empty()) trainer.resume(resume);
-  const TrainResult r = trainer.run(&folder);
+  const TrainResult r = train_command<Trainer>(o, resume, train->count("--out") > 0);
   if (r.interrupted_by) return 128 + r.interrupted_by;
   return 0;
 } catch (const std::exception& e) {

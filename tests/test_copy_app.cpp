@@ -5,10 +5,11 @@
 //
 // The app executable itself (a smoke run whose loss must fall, bad flags, resume mismatch on
 // the command line) is run by ctest entries in tests/CMakeLists.txt.
+#include <CLI/CLI.hpp>
 #include <doctest/doctest.h>
 
-#include <csignal>
 #include <cmath>
+#include <csignal>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -18,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/common/flag_table.h"
 #include "apps/common/plot.h"
 #include "apps/common/run_folder.h"
 #include "apps/common/stop_signal.h"
@@ -516,4 +518,57 @@ TEST_CASE("copy task: a metrics row cut short by a kill is dropped on resume, wi
   Trainer u(o, nullptr);
   u.resume(dir.file("run"));
   CHECK_ERROR(u.run(), "metrics.csv:7: expected 8 comma-separated cells, got 2");
+}
+
+TEST_CASE("flag table: one declaration gives the flags, checks, config and resume rules") {
+  int layers = 2;
+  float lr = 1e-3f;
+  bool tf32 = false;
+  std::string out = "runs/x";
+  uint64_t seed = 1;
+  FlagTable t;
+  t.add("layers", layers, "layers").at_least(1).resume(Resume::locked);
+  t.add("lr", lr, "lr").within(0, 1).resume(Resume::noted);
+  t.add("tf32", tf32, "tf32").when_absent("false");
+  t.add("out", out, "out").not_stored();
+  t.add("seed", seed, "seed").resume(Resume::noted);
+  CHECK_ERROR(t.add("lr", lr, "again"), "--lr is declared twice");
+  // The config: stored settings in declaration order, floats exact and short.
+  lr = 0.2f;
+  CHECK(t.entries() == std::vector<std::pair<std::string, std::string>>{
+                           {"layers", "2"}, {"lr", "0.2"}, {"tf32", "false"}, {"seed", "1"}});
+  CHECK(t.keys(Resume::locked) == std::vector<std::string>{"layers"});
+  CHECK(t.keys(Resume::noted) == std::vector<std::string>{"lr", "seed"});
+  // Checks name the flag and the value.
+  layers = 0;
+  CHECK_ERROR(t.validate(), "--layers must be >= 1, got 0");
+  layers = 3;
+  lr = 2.0f;
+  CHECK_ERROR(t.validate(), "--lr must be in [0, 1], got 2");
+  lr = 0.5f;
+  t.validate();
+  // From a checkpoint's config: parsed, missing keys named, a when_absent value for old ones.
+  t.apply({{"layers", "7"}, {"lr", "0.25"}, {"seed", "18446744073709551615"}},
+          {"layers", "lr", "tf32", "seed"});
+  CHECK(layers == 7);
+  CHECK(lr == 0.25f);
+  CHECK_FALSE(tf32);
+  CHECK(seed == 18446744073709551615ull);
+  CHECK_ERROR(t.apply({}, {"layers"}), "checkpoint config lacks 'layers'");
+  CHECK_ERROR(t.apply({{"layers", "four"}}, {"layers"}), "'layers' is \"four\", not an integer");
+  CHECK_ERROR(t.apply({{"seed", "-1"}}, {"seed"}), "'seed' is \"-1\", not an integer");
+  CHECK_ERROR(t.apply({{"tf32", "yes"}}, {"tf32"}), "not true or false");
+  // A preset's values, as on the command line.
+  t.set({{"layers", "4"}, {"out", "runs/y"}});
+  CHECK(layers == 4);
+  CHECK(out == "runs/y");
+  // The command line.
+  CLI::App app;
+  t.add_to(app, {"seed"});
+  const char* argv[] = {"x", "--layers", "5", "--tf32", "--out", "o"};
+  app.parse(6, argv);
+  CHECK(layers == 5);
+  CHECK(tf32);
+  CHECK(out == "o");
+  CHECK(app.get_option_no_throw("--seed") == nullptr);
 }

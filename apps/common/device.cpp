@@ -3,7 +3,9 @@
 
 #include <cmath>
 
+#include "apps/common/settings.h"
 #include "core/cuda/cuda.h"
+#include "core/parallel.h"
 #include "core/error.h"
 
 namespace clustr {
@@ -24,6 +26,13 @@ void apply_tf32(bool tf32, Device device) {
   CLUSTR_CHECK(device == Device::cuda, "--tf32 applies to the GPU's f32 products; this run is "
                "on the cpu (give --device cuda, or leave --tf32 out)");
   cuda::set_tf32(true);
+}
+
+Device prepare_machine(const MachineOptions& m) {
+  const Device device = resolve_device(m.device);
+  apply_tf32(m.tf32, device);
+  if (m.threads > 0) set_num_threads(m.threads);
+  return device;
 }
 
 Tensor on_device(const Tensor& t, Device device) {

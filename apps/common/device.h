@@ -19,6 +19,11 @@ Device resolve_device(const std::string& device);
 // off by default). Throws, naming the flag, for a run on the cpu, which has no TF32.
 void apply_tf32(bool tf32, Device device);
 
+// A run's machine settings taking effect: the device resolved (as resolve_device), TF32 set
+// (apply_tf32), the OpenMP threads set when given. Returns the device.
+struct MachineOptions;
+Device prepare_machine(const MachineOptions& m);
+
 // t on `device`: t itself when it is there already, else a copy.
 Tensor on_device(const Tensor& t, Device device);
 

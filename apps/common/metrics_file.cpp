@@ -65,6 +65,14 @@ void write_metrics_file(const std::string& path, const std::string& header,
   write_lines_atomically(path, lines);
 }
 
+void plot_metrics(const std::string& folder, const std::string& file,
+                  std::vector<plot::Series> series, const plot::Options& options) {
+  std::vector<plot::Series> kept;
+  for (plot::Series& s : series)
+    if (!s.x.empty()) kept.push_back(std::move(s));
+  if (!kept.empty()) plot::write_line_plot(folder + "/" + file, kept, options);
+}
+
 void append_metrics_row(const std::string& path, const std::string& row) {
   std::ofstream out(path, std::ios::app);
   CLUSTR_CHECK(out.good(), "metrics: cannot append to ", path, ": ", std::strerror(errno));

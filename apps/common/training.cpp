@@ -2,6 +2,7 @@
 #include "apps/common/training.h"
 
 #include <cmath>
+#include <cstdarg>
 #include <new>
 #include <cstdlib>
 
@@ -38,6 +39,19 @@ void check_threads(int threads, const char* flag) {
                "] (0: OpenMP's default), got ", threads);
 }
 
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+void logf(std::FILE* log, const char* format, ...) {
+  if (!log) return;
+  va_list args;
+  va_start(args, format);
+  std::vfprintf(log, format, args);
+  va_end(args);
+  std::fflush(log);
+}
+
 uint64_t derive_key(uint64_t seed, uint64_t purpose) {
   uint64_t z = seed + purpose * 0x9E3779B97F4A7C15ull;
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -45,20 +59,62 @@ uint64_t derive_key(uint64_t seed, uint64_t purpose) {
   return z ^ (z >> 31);
 }
 
-std::unique_ptr<optim::Optimizer> make_optimizer(const OptimizerChoice& c,
+std::unique_ptr<optim::Optimizer> make_optimizer(const TrainingOptions& c,
                                                  optim::NamedParameters params) {
-  if (c.kind == "sgd")
+  if (c.optimizer == "sgd")
     return std::make_unique<optim::Sgd>(std::move(params),
                                         optim::SgdOptions{c.lr, c.momentum, false, c.weight_decay});
   optim::AdamOptions a;
   a.lr = c.lr;
   a.weight_decay = c.weight_decay;
   a.decay = c.decoupled_weight_decay ? optim::WeightDecay::decoupled : optim::WeightDecay::l2;
-  if (c.kind == "radam") return std::make_unique<optim::RAdam>(std::move(params), a);
-  if (c.kind == "adamw") return std::make_unique<optim::AdamW>(std::move(params), a);
-  CLUSTR_CHECK(c.kind == "adam", "--optimizer must be radam, adam, adamw or sgd, got '", c.kind,
-               "'");
+  if (c.optimizer == "radam") return std::make_unique<optim::RAdam>(std::move(params), a);
+  if (c.optimizer == "adamw") return std::make_unique<optim::AdamW>(std::move(params), a);
+  CLUSTR_CHECK(c.optimizer == "adam", "--optimizer must be radam, adam, adamw or sgd, got '",
+               c.optimizer, "'");
   return std::make_unique<optim::Adam>(std::move(params), a);
+}
+
+namespace {
+constexpr const char* kPlateauBest = "state.plateau-best";
+constexpr const char* kPlateauBad = "state.plateau-bad-epochs";
+constexpr const char* kPlateauCooldown = "state.plateau-cooldown";
+}  // namespace
+
+LrSchedule::LrSchedule(const TrainingOptions& o) : o_(o) {
+  if (o.lr_schedule == "plateau")
+    plateau_ = std::make_unique<optim::ReduceLrOnPlateau>(optim::PlateauOptions{
+        o.plateau_factor, o.plateau_patience, o.plateau_threshold, o.plateau_cooldown,
+        o.min_lr});
+}
+
+void LrSchedule::before_step(int64_t done, optim::Optimizer& opt) const {
+  if (plateau_ && done >= o_.warmup) return;  // the plateau schedule owns the lr
+  if (o_.lr_schedule != "constant" && o_.warmup > 0 && done < o_.warmup)
+    opt.set_lr(optim::LinearWarmupLr(o_.lr, o_.warmup).lr_at(done));
+  else
+    opt.set_lr(o_.lr);
+}
+
+bool LrSchedule::at_evaluation(double loss, int64_t done, optim::Optimizer& opt) {
+  return plateau_ && done >= o_.warmup && std::isfinite(loss) && plateau_->step(loss, opt);
+}
+
+void LrSchedule::save(std::map<std::string, std::string>& config) const {
+  if (!plateau_) return;
+  char best[40];
+  std::snprintf(best, sizeof best, "%.17g", plateau_->best());  // reads back exactly
+  config[kPlateauBest] = best;
+  config[kPlateauBad] = std::to_string(plateau_->bad_epochs());
+  config[kPlateauCooldown] = std::to_string(plateau_->cooldown_counter());
+}
+
+void LrSchedule::restore(const std::map<std::string, std::string>& config,
+                         const std::string& file) {
+  if (!plateau_ || !config.count(kPlateauBest)) return;
+  plateau_->restore(config_number(config, kPlateauBest, file),
+                    int64_t(config_number(config, kPlateauBad, file)),
+                    int64_t(config_number(config, kPlateauCooldown, file)));
 }
 
 std::map<std::string, std::string> read_checkpoint_config(const std::string& file) {

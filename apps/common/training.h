@@ -4,6 +4,7 @@
 // holding non-finite weights or optimizer state.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
@@ -13,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "apps/common/settings.h"
 #include "layers/module.h"
 #include "optim/optimizer.h"
 
@@ -31,20 +33,42 @@ void note_memory_flags(const std::string& flags);
 // failed (std::bad_alloc, or a tensor's "out of ... memory") the noted flags to lower.
 std::string error_text(const std::exception& e);
 
+using Clock = std::chrono::steady_clock;
+// Seconds from t0 to now.
+double seconds_since(Clock::time_point t0);
+
+// printf to `log` and flush it (nothing when `log` is null): the trainers' log lines.
+void logf(std::FILE* log, const char* format, ...) __attribute__((format(printf, 2, 3)));
+
 // splitmix64: a stream key per purpose (training, held-out, evaluation, ...) from a run's seed.
 uint64_t derive_key(uint64_t seed, uint64_t purpose);
 
-// The optimizer flags of a training run (--optimizer, --lr, --weight-decay,
-// --decoupled-weight-decay, --momentum).
-struct OptimizerChoice {
-  std::string kind = "adam";  // radam | adam | adamw | sgd
-  float lr = 1e-3f;
-  float weight_decay = 0.0f;
-  bool decoupled_weight_decay = false;  // AdamW-style decay for adam/radam (adamw always is)
-  float momentum = 0.0f;                // sgd only
-};
-std::unique_ptr<optim::Optimizer> make_optimizer(const OptimizerChoice& c,
+// The optimizer of --optimizer, --lr, --weight-decay, --decoupled-weight-decay, --momentum.
+std::unique_ptr<optim::Optimizer> make_optimizer(const TrainingOptions& o,
                                                  optim::NamedParameters params);
+
+// The learning-rate schedule of a run (--lr-schedule, --warmup, --plateau-*, --min-lr): the
+// linear warm-up, then a constant lr, or the plateau schedule, which lowers it when the
+// held-out loss of an evaluation stalls. Its state rides in checkpoints as the config entries
+// state.plateau-*, so a resumed run goes on exactly.
+class LrSchedule {
+ public:
+  explicit LrSchedule(const TrainingOptions& o);
+  // Sets the lr of the step after `done` steps: the warm-up's, or --lr (after the warm-up the
+  // plateau schedule owns the lr and this leaves it).
+  void before_step(int64_t done, optim::Optimizer& opt) const;
+  // An evaluation after `done` steps with held-out loss `loss`: the plateau schedule's step
+  // (after the warm-up, for a finite loss); true when it lowered the lr.
+  bool at_evaluation(double loss, int64_t done, optim::Optimizer& opt);
+  void save(std::map<std::string, std::string>& config) const;
+  // From a checkpoint's config (`file` names it in errors); a config without the state (a run
+  // saved with another schedule) leaves the schedule as it starts.
+  void restore(const std::map<std::string, std::string>& config, const std::string& file);
+
+ private:
+  TrainingOptions o_;
+  std::unique_ptr<optim::ReduceLrOnPlateau> plateau_;  // the plateau schedule only
+};
 
 // The run config saved in a checkpoint file (its "config.<key>" metadata, prefix removed).
 std::map<std::string, std::string> read_checkpoint_config(const std::string& file);

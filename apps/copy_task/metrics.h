@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "apps/common/metrics_file.h"
+
 namespace clustr::copy {
 
 struct MetricsRow {
@@ -21,25 +23,12 @@ struct MetricsRow {
   MetricsRow();
 };
 
-class MetricsLog {
+// metrics.csv (apps/common/metrics_file.h) with this app's columns and plots.
+class MetricsLog : public clustr::MetricsLog<MetricsRow> {
  public:
-  // Starts a fresh metrics.csv at `path` (an existing one is replaced).
-  void start(const std::string& path);
-  // Keeps the rows of an existing metrics.csv up to `step` (a resumed run continues it; rows
-  // after the checkpoint's step, written before an interruption, are dropped), rewrites it
-  // atomically and appends from there. A missing file starts a fresh one.
-  // A last row cut short (no newline) is dropped with a note on `log`.
-  void resume(const std::string& path, int64_t step, std::FILE* log = nullptr);
-  // Appends one row to the file (flushed) and to rows().
-  void append(const MetricsRow& row);
-  const std::vector<MetricsRow>& rows() const { return rows_; }
+  MetricsLog();
   // loss.png and accuracy.png (train and eval) in `folder`; nothing when no row has a value.
   void plot(const std::string& folder) const;
-
- private:
-  void rewrite() const;
-  std::string path_;
-  std::vector<MetricsRow> rows_;
 };
 
 // "4m05s", "1h02m", "12s".

@@ -13,7 +13,8 @@
 #include <utility>
 #include <vector>
 
-#include "core/precision.h"
+#include "apps/common/flag_table.h"
+#include "apps/common/settings.h"
 #include "data/copy_task.h"
 #include "layers/attention/config.h"
 
@@ -23,41 +24,15 @@ class App;
 
 namespace clustr::copy {
 
-struct ModelOptions {
-  int layers = 2;
-  int heads = 4;
-  int head_dim = 32;      // E; the model width is D = heads * head_dim
-  int feedforward = 256;  // F
-  float dropout = 0.0f;   // residual branches, feed-forward and after the positional encoding
-  bool pre_norm = false;  // post-norm (the paper's form) unless set
-  AttentionConfig attention;
-  // The matrix products' precision (core/precision.h): fp32, or bf16 operands with f32 sums.
-  // The weights, the optimizer and everything else stay f32 either way.
-  Precision precision = Precision::fp32;
+// The encoder's settings (apps/common/settings.h) with this app's defaults: 2 layers, 4 heads
+// x 32, feed-forward 256, dropout 0 (residual branches, feed-forward, positional encoding).
+struct ModelOptions : EncoderOptions {};
 
-  int64_t dim() const { return int64_t(heads) * head_dim; }
-};
-
-struct TrainOptions {
+struct TrainOptions : TrainingOptions {
   int64_t batch = 32;
   int64_t steps = 3000;  // total optimizer steps of the run (a resumed run counts from 0 too)
-  float lr = 1e-3f;
-  std::string optimizer = "adam";  // radam | adam | adamw | sgd
-  float weight_decay = 0.0f;
-  bool decoupled_weight_decay = false;  // AdamW-style decay for adam/radam (adamw always is)
-  float momentum = 0.0f;                // sgd only
-  float clip = 1.0f;                    // max global gradient norm; 0 = no clipping
-  std::string lr_schedule = "warmup";   // constant | warmup | plateau
-  int64_t warmup = 100;                 // linear warm-up steps (warmup, plateau); 0 = none
-  double plateau_factor = 0.5;
-  int64_t plateau_patience = 2;  // evaluations without improvement before lowering the lr
-  double plateau_threshold = 1e-4;
-  int64_t plateau_cooldown = 0;
-  double min_lr = 0.0;
   double target_accuracy = 0.995;  // stop once the held-out accuracy reaches it; 0 = never
-  double time_limit = 540.0;       // seconds of training before stopping; 0 = no limit
-  uint64_t seed = 1;
-  int64_t max_skipped_steps = 10;  // non-finite steps in a row before the run stops
+  TrainOptions() { time_limit = 540.0; }
 };
 
 struct OutputOptions {
@@ -74,30 +49,26 @@ struct OutputOptions {
   bool write_plots = true;
 };
 
-struct RunOptions {
+// threads, device and tf32 come from MachineOptions.
+struct RunOptions : MachineOptions {
   std::string preset = "cpu";
   ModelOptions model;
   CopyTaskConfig task{63, 10, 0.2f};  // N = 128
   TrainOptions train;
   OutputOptions output;
-  int threads = 0;  // 0: OpenMP's default
-  std::string device = "cpu";
-  bool tf32 = false;  // --device cuda: TF32 tensor cores for the f32 products
 };
 
 // The presets: "cpu" (the default: a model and schedule that reach the target accuracy in a
 // few minutes on two cores) and "paper" (supp. C.2: 4 layers, 6 heads x 32, ff 768, R-Adam lr
 // 2e-4, batch 32, 5000 steps, improved-clustered). Throws on an unknown name.
 RunOptions preset_options(const std::string& name);
-// The value of --preset in argv ("cpu" when absent), read before the flags are defined so that
-// the preset supplies their defaults.
-std::string find_preset(int argc, const char* const* argv);
 
-// Adds the model, task and training flags bound to `o`. A sweep passes grid_axes = false: it
-// defines --attention, --clusters and --length itself, as lists.
-void add_model_task_train_flags(CLI::App& app, RunOptions& o, bool grid_axes = true);
-// Adds the output flags (--out, --log-interval, ...).
-void add_output_flags(CLI::App& app, RunOptions& o);
+// Every setting of a run, declared once (apps/common/flag_table.h), bound to `o`'s fields.
+FlagTable settings_table(RunOptions& o);
+
+// Adds every flag bound to `o`. A sweep passes grid_axes = false: it defines --attention,
+// --clusters and --length itself, as lists.
+void add_flags(CLI::App& app, RunOptions& o, bool grid_axes = true);
 
 // Throws clustr::Error naming the flag and its allowed range.
 void validate(const RunOptions& o);
@@ -113,14 +84,9 @@ void apply_checkpoint_config(const std::map<std::string, std::string>& config, R
 
 // Keys that must be equal to resume from a checkpoint (model shape, attention, task,
 // optimizer kind).
-const std::vector<std::string>& resume_locked_keys();
+std::vector<std::string> resume_locked_keys();
 // Keys that change the training trajectory but may differ on resume (the new value is used,
 // with a note that the run is then no exact continuation of the saved one).
-const std::vector<std::string>& resume_noted_keys();
-
-// "--key: checkpoint <a>, now <b>" for each differing key among `keys` (missing = "(absent)").
-std::vector<std::string> config_differences(const std::map<std::string, std::string>& saved,
-                                            const std::map<std::string, std::string>& now,
-                                            const std::vector<std::string>& keys);
+std::vector<std::string> resume_noted_keys();
 
 }  // namespace clustr::copy

@@ -29,21 +29,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
 constexpr const char* kCheckpointFile = "checkpoint.safetensors";
 // Resume state kept in the checkpoint's config beside the flags (not compared on resume).
-constexpr const char* kPlateauBest = "state.plateau-best";
-constexpr const char* kPlateauBad = "state.plateau-bad-epochs";
-constexpr const char* kPlateauCooldown = "state.plateau-cooldown";
 constexpr const char* kTrainSeconds = "state.train-seconds";
-
-OptimizerChoice optimizer_choice(const TrainOptions& t) {
-  return {t.optimizer, t.lr, t.weight_decay, t.decoupled_weight_decay, t.momentum};
-}
 
 double parse_state(const std::map<std::string, std::string>& config, const char* key,
                    const std::string& file) {
@@ -110,48 +98,25 @@ Trainer::Trainer(const RunOptions& options, std::FILE* log)
       gen_(derive_key(options.train.seed, 0)),
       heldout_key_(derive_key(options.train.seed, 1)),
       final_key_(derive_key(options.train.seed, 2)),
-      eval_key_(derive_key(options.train.seed, 3)) {
+      eval_key_(derive_key(options.train.seed, 3)),
+      schedule_(options.train) {
   validate(options_);
-  device_ = resolve_device(options_.device);
-  apply_tf32(options_.tf32, device_);
-  if (options_.threads > 0) set_num_threads(options_.threads);
+  device_ = prepare_machine(options_);
   // Built on the CPU, so a seed gives the same initial weights on every device; the optimizer
   // is made after the move (it keeps its state on the parameters' device).
   model_ = std::make_unique<CopyModel>(options_.model, vocab_size(options_.task), gen_);
   model_->to(device_);
-  optimizer_ = make_optimizer(optimizer_choice(options_.train), model_->named_parameters());
-  if (options_.train.lr_schedule == "plateau") {
-    const TrainOptions& t = options_.train;
-    plateau_ = std::make_unique<optim::ReduceLrOnPlateau>(optim::PlateauOptions{
-        t.plateau_factor, t.plateau_patience, t.plateau_threshold, t.plateau_cooldown, t.min_lr});
-  }
+  optimizer_ = make_optimizer(options_.train, model_->named_parameters());
   Generator heldout(heldout_key_);
   for (int64_t i = 0; i < options_.output.eval_batches; ++i)
     heldout_.push_back(
         to_device(make_copy_task_batch(options_.task, options_.train.batch, heldout), device_));
 }
 
-void Trainer::log(const char* format, ...) const {
-  if (!log_) return;
-  va_list args;
-  va_start(args, format);
-  std::vfprintf(log_, format, args);
-  va_end(args);
-  std::fflush(log_);
-}
-
-float Trainer::scheduled_lr(int64_t steps_done) const {
-  const TrainOptions& t = options_.train;
-  if (t.lr_schedule != "constant" && t.warmup > 0 && steps_done < t.warmup)
-    return optim::LinearWarmupLr(t.lr, t.warmup).lr_at(steps_done);
-  return t.lr;
-}
-
 float Trainer::train_step(double* accuracy, int64_t* tokens) {
   last_skip_.clear();
   const int64_t done = step();
-  // After its warm-up the plateau schedule owns the lr (it lowers it at evaluations).
-  if (!plateau_ || done < options_.train.warmup) optimizer_->set_lr(scheduled_lr(done));
+  schedule_.before_step(done, *optimizer_);
   const CopyTaskBatch batch =
       to_device(make_copy_task_batch(options_.task, options_.train.batch, gen_), device_);
   model_->train();
@@ -219,13 +184,7 @@ void Trainer::save(const std::string& path) const {
   CheckpointState state;
   state.step = step();
   state.config = to_config(options_);
-  if (plateau_) {
-    char best[40];
-    std::snprintf(best, sizeof best, "%.17g", plateau_->best());
-    state.config[kPlateauBest] = best;
-    state.config[kPlateauBad] = std::to_string(plateau_->bad_epochs());
-    state.config[kPlateauCooldown] = std::to_string(plateau_->cooldown_counter());
-  }
+  schedule_.save(state.config);
   char secs[40];
   std::snprintf(secs, sizeof secs, "%.3f", elapsed_before_ + run_seconds_);
   state.config[kTrainSeconds] = secs;
@@ -246,8 +205,8 @@ void Trainer::resume(const std::string& path) {
                "cannot be resumed with these (give the checkpoint's values, or start a new run "
                "in another --out folder):", join_lines(locked));
   for (const std::string& d : config_differences(saved, now, resume_noted_keys()))
-    log("note: %s; continuing with the new value, so this is no exact continuation\n",
-        d.c_str());
+    logf(log_, "note: %s; continuing with the new value, so this is no exact continuation\n",
+         d.c_str());
 
   const LoadedCheckpoint c = load_checkpoint(file, *model_);
   CLUSTR_CHECK(c.step <= options_.train.steps, "--resume: ", file, " is at step ", c.step,
@@ -257,13 +216,10 @@ void Trainer::resume(const std::string& path) {
   CLUSTR_CHECK(optimizer_->step_count() == c.step, "--resume: ", file, " is at step ", c.step,
                " but its optimizer state at step ", optimizer_->step_count());
   c.restore_generator(gen_);
-  if (plateau_ && c.config.count(kPlateauBest))
-    plateau_->restore(parse_state(c.config, kPlateauBest, file),
-                      int64_t(parse_state(c.config, kPlateauBad, file)),
-                      int64_t(parse_state(c.config, kPlateauCooldown, file)));
+  schedule_.restore(c.config, "--resume: " + file);
   if (c.config.count(kTrainSeconds)) elapsed_before_ = parse_state(c.config, kTrainSeconds, file);
   resumed_ = true;
-  log("resumed from %s at step %lld\n", file.c_str(), static_cast<long long>(c.step));
+  logf(log_, "resumed from %s at step %lld\n", file.c_str(), static_cast<long long>(c.step));
 }
 
 void Trainer::print_config(std::FILE* out) const {
@@ -308,10 +264,7 @@ RunResult Trainer::run(RunFolder* folder) {
   const std::string checkpoint = (fs::path(u.out) / kCheckpointFile).string();
   MetricsLog metrics;
   const std::string csv = (fs::path(u.out) / "metrics.csv").string();
-  if (resumed_)
-    metrics.resume(csv, step(), log_);
-  else
-    metrics.start(csv);
+  metrics.start(csv, resumed_ ? step() : -1, log_);
 
   RunResult r;
   run_seconds_ = 0;
@@ -365,10 +318,11 @@ RunResult Trainer::run(RunFolder* folder) {
       row.tokens_per_s = tokens_per_step * double(interval_steps) / interval_seconds;
       const std::string per_step =
           launches.report(interval_steps, r.kernel_launches_per_step, r.blas_calls_per_step);
-      log("step %lld/%lld  loss %.4f  acc %.3f  lr %.2e  ms/step %.1f  tok/s %.0f  left %s%s\n",
-          static_cast<long long>(s), static_cast<long long>(total), row.train_loss,
-          row.train_acc, row.lr, ms, row.tokens_per_s,
-          format_duration(double(total - s) * ms * 1e-3).c_str(), per_step.c_str());
+      logf(log_,
+           "step %lld/%lld  loss %.4f  acc %.3f  lr %.2e  ms/step %.1f  tok/s %.0f  left %s%s\n",
+           static_cast<long long>(s), static_cast<long long>(total), row.train_loss, row.train_acc,
+           row.lr, ms, row.tokens_per_s, format_duration(double(total - s) * ms * 1e-3).c_str(),
+           per_step.c_str());
       interval_loss = interval_acc = interval_seconds = 0;
       interval_steps = 0;
     }
@@ -378,18 +332,20 @@ RunResult Trainer::run(RunFolder* folder) {
       r.last_eval = e;
       row.eval_loss = e.loss;
       row.eval_acc = e.accuracy;
-      log("eval %lld/%lld  held-out loss %.4f  acc %.4f  (%lld x %lld sequences, %lld masked "
-          "tokens, %.1f s)\n",
-          static_cast<long long>(s), static_cast<long long>(total), e.loss, e.accuracy,
-          static_cast<long long>(heldout_.size()), static_cast<long long>(o.train.batch),
-          static_cast<long long>(e.tokens), e.seconds);
-      if (plateau_ && s >= o.train.warmup && plateau_->step(e.loss, *optimizer_))
-        log("plateau: held-out loss has not improved; lr lowered to %.2e\n", optimizer_->lr());
+      logf(log_,
+           "eval %lld/%lld  held-out loss %.4f  acc %.4f  (%lld x %lld sequences, %lld masked "
+           "tokens, %.1f s)\n",
+           static_cast<long long>(s), static_cast<long long>(total), e.loss, e.accuracy,
+           static_cast<long long>(heldout_.size()), static_cast<long long>(o.train.batch),
+           static_cast<long long>(e.tokens), e.seconds);
+      if (schedule_.at_evaluation(e.loss, s, *optimizer_))
+        logf(log_, "plateau: held-out loss has not improved; lr lowered to %.2e\n",
+             optimizer_->lr());
       if (o.train.target_accuracy > 0 && e.accuracy >= o.train.target_accuracy) {
         r.reached_target = true;
         r.stop_reason = "target accuracy";
-        log("reached the target held-out accuracy %.4f at step %lld: training stops\n",
-            o.train.target_accuracy, static_cast<long long>(s));
+        logf(log_, "reached the target held-out accuracy %.4f at step %lld: training stops\n",
+             o.train.target_accuracy, static_cast<long long>(s));
         stop = true;
       }
     }
@@ -397,8 +353,8 @@ RunResult Trainer::run(RunFolder* folder) {
     if (eval_now && u.write_plots) metrics.plot(u.out);
     if (time_up && !stop) {
       r.stop_reason = "time limit";
-      log("time limit of %s reached at step %lld: training stops\n",
-          format_duration(o.train.time_limit).c_str(), static_cast<long long>(s));
+      logf(log_, "time limit of %s reached at step %lld: training stops\n",
+           format_duration(o.train.time_limit).c_str(), static_cast<long long>(s));
       stop = true;
     }
     if (u.write_checkpoints && u.checkpoint_interval > 0 && s % u.checkpoint_interval == 0 &&
@@ -418,25 +374,26 @@ RunResult Trainer::run(RunFolder* folder) {
   if (r.interrupted_by) {
     r.stop_reason = detail::cat("interrupted by ", signal_name(r.interrupted_by));
     r.total_seconds = seconds_since(t_begin);
-    log("%s at step %lld: %s; continue with --resume %s\n", r.stop_reason.c_str(),
-        static_cast<long long>(r.end_step),
-        u.write_checkpoints ? ("checkpoint saved: " + checkpoint).c_str()
-                            : "no checkpoint (this run writes none)",
-        u.out.c_str());
+    logf(log_, "%s at step %lld: %s; continue with --resume %s\n", r.stop_reason.c_str(),
+         static_cast<long long>(r.end_step),
+         u.write_checkpoints ? ("checkpoint saved: " + checkpoint).c_str()
+                             : "no checkpoint (this run writes none)",
+         u.out.c_str());
     return r;
   }
 
   r.final_eval = evaluate(final_batches(u.final_eval_batches));
   r.total_seconds = seconds_since(t_begin);
-  log("final held-out evaluation (%lld x %lld new sequences, %lld masked tokens): loss %.4f  "
-      "masked accuracy %.4f\n",
-      static_cast<long long>(u.final_eval_batches), static_cast<long long>(o.train.batch),
-      static_cast<long long>(r.final_eval.tokens), r.final_eval.loss, r.final_eval.accuracy);
-  log("steps %lld..%lld (%s) in %s of training, %s in all%s%s\n",
-      static_cast<long long>(r.start_step), static_cast<long long>(r.end_step),
-      r.stop_reason.c_str(), format_duration(r.train_seconds).c_str(),
-      format_duration(r.total_seconds).c_str(),
-      u.write_checkpoints ? "; checkpoint " : "", u.write_checkpoints ? checkpoint.c_str() : "");
+  logf(log_,
+       "final held-out evaluation (%lld x %lld new sequences, %lld masked tokens): loss %.4f  "
+       "masked accuracy %.4f\n",
+       static_cast<long long>(u.final_eval_batches), static_cast<long long>(o.train.batch),
+       static_cast<long long>(r.final_eval.tokens), r.final_eval.loss, r.final_eval.accuracy);
+  logf(log_, "steps %lld..%lld (%s) in %s of training, %s in all%s%s\n",
+       static_cast<long long>(r.start_step), static_cast<long long>(r.end_step),
+       r.stop_reason.c_str(), format_duration(r.train_seconds).c_str(),
+       format_duration(r.total_seconds).c_str(), u.write_checkpoints ? "; checkpoint " : "",
+       u.write_checkpoints ? checkpoint.c_str() : "");
   return r;
 }
 

@@ -119,8 +119,6 @@ class Trainer {
   Device device() const { return device_; }
 
  private:
-  float scheduled_lr(int64_t steps_done) const;
-  void log(const char* format, ...) const __attribute__((format(printf, 2, 3)));
 
   RunOptions options_;
   std::FILE* log_;
@@ -129,7 +127,7 @@ class Trainer {
   uint64_t heldout_key_, final_key_, eval_key_;
   std::unique_ptr<CopyModel> model_;
   std::unique_ptr<optim::Optimizer> optimizer_;
-  std::unique_ptr<optim::ReduceLrOnPlateau> plateau_;  // plateau schedule only
+  LrSchedule schedule_;
   std::vector<CopyTaskBatch> heldout_;
   bool resumed_ = false;
   std::string last_skip_;      // why the last train_step() made no update ("" if it did)

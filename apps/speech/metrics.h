@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "apps/common/metrics_file.h"
+
 namespace clustr::speech {
 
 struct MetricsRow {
@@ -20,20 +22,12 @@ struct MetricsRow {
   MetricsRow();
 };
 
-class MetricsLog {
+// metrics.csv (apps/common/metrics_file.h) with this app's columns and plots.
+class MetricsLog : public clustr::MetricsLog<MetricsRow> {
  public:
-  // Starts metrics.csv at `path`; `resume_step` >= 0 keeps the rows of an existing file up to
-  // that step (a resumed run continues it), < 0 starts afresh.
-  // A last row cut short (no newline) is dropped with a note on `log`.
-  void start(const std::string& path, int64_t resume_step, std::FILE* log = nullptr);
-  void append(const MetricsRow& row);
-  const std::vector<MetricsRow>& rows() const { return rows_; }
+  MetricsLog();
   // loss.png and per.png in `folder` (nothing for a plot without values).
   void plot(const std::string& folder) const;
-
- private:
-  std::string path_;
-  std::vector<MetricsRow> rows_;
 };
 
 }  // namespace clustr::speech

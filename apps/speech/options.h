@@ -11,7 +11,8 @@
 #include <utility>
 #include <vector>
 
-#include "core/precision.h"
+#include "apps/common/flag_table.h"
+#include "apps/common/settings.h"
 #include "layers/attention/config.h"
 
 namespace CLI {
@@ -20,20 +21,16 @@ class App;
 
 namespace clustr::speech {
 
-struct ModelOptions {
-  int layers = 4;
-  int heads = 4;
-  int head_dim = 32;      // E; the model width is D = heads * head_dim
-  int feedforward = 512;  // F
-  float dropout = 0.1f;   // after the input projection, residual branches and feed-forward
-  bool pre_norm = false;  // post-norm (the paper's form) unless set
-  int stacking = 4;       // frames concatenated per encoder position: 1, 2 or 4
-  AttentionConfig attention;
-  // The matrix products' precision (core/precision.h): fp32, or bf16 operands with f32 sums.
-  // The weights, the optimizer, CTC and everything else stay f32 either way.
-  Precision precision = Precision::fp32;
-
-  int64_t dim() const { return int64_t(heads) * head_dim; }
+// The encoder's settings (apps/common/settings.h) with this app's defaults (4 layers, 4 heads
+// x 32, feed-forward 512, dropout 0.1 after the input projection, residual branches and
+// feed-forward), and the frame stacking.
+struct ModelOptions : EncoderOptions {
+  int stacking = 4;  // frames concatenated per encoder position: 1, 2 or 4
+  ModelOptions() {
+    layers = 4;
+    feedforward = 512;
+    dropout = 0.1f;
+  }
 };
 
 struct DataOptions {
@@ -46,24 +43,18 @@ struct DataOptions {
   int64_t max_dev = 0;    // the same for dev
 };
 
-struct TrainOptions {
+struct TrainOptions : TrainingOptions {
   int64_t epochs = 30;
   int64_t max_steps = 0;      // stop after this many optimizer steps in all; 0 = no limit
-  double time_limit = 0.0;    // seconds of training before stopping; 0 = no limit
   int64_t batch = 32;         // most utterances per batch; 0 = only the frame budget
   int64_t max_frames = 4000;  // most padded encoder positions (B x Tmax) per batch; 0 = none
-  float lr = 1e-3f;
-  std::string optimizer = "adam";  // radam | adam | adamw
-  float weight_decay = 0.0f;
-  bool decoupled_weight_decay = false;
-  float clip = 5.0f;                   // max global gradient norm; 0 = no clipping
-  std::string lr_schedule = "plateau";  // constant | warmup | plateau (warm-up, then on plateau)
-  int64_t warmup = 300;                 // linear warm-up steps; 0 = none
-  double plateau_factor = 0.5;
-  int64_t plateau_patience = 1;  // epochs without a lower dev loss before lowering the lr
-  double min_lr = 1e-6;
-  uint64_t seed = 1;
-  int64_t max_skipped_steps = 10;  // non-finite steps in a row before the run stops
+  TrainOptions() {
+    clip = 5.0f;
+    lr_schedule = "plateau";  // warm-up, then lowered on plateaus of the dev loss
+    warmup = 300;
+    plateau_patience = 1;  // epochs without a lower dev loss before lowering the lr
+    min_lr = 1e-6;
+  }
 };
 
 struct OutputOptions {
@@ -76,15 +67,13 @@ struct OutputOptions {
   bool write_plots = true;
 };
 
-struct RunOptions {
+// threads, device and tf32 come from MachineOptions.
+struct RunOptions : MachineOptions {
   std::string preset = "cpu";
   ModelOptions model;
   DataOptions data;
   TrainOptions train;
   OutputOptions output;
-  int threads = 0;  // 0: OpenMP's default
-  std::string device = "cpu";  // cpu | cuda
-  bool tf32 = false;           // --device cuda: TF32 tensor cores for the f32 products
 };
 
 // "cpu" (the default: a small model that learns on two cores in minutes) or "paper" (the
@@ -92,14 +81,13 @@ struct RunOptions {
 // clip 10, decoupled weight decay 0.01, the lr dropped on plateaus of the dev loss, 100 clusters,
 // k = 32). Throws on another name.
 RunOptions preset_options(const std::string& name);
-// The value of --preset in argv ("cpu" when absent), read before the flags are defined so that
-// the preset supplies their defaults.
-std::string find_preset(int argc, const char* const* argv);
 
 // The attention flags (--attention --clusters --topk --bits --iterations) bound to `a`.
 void add_attention_flags(CLI::App& app, AttentionConfig& a);
 // --precision fp32|bf16, bound to `precision`.
 void add_precision_flag(CLI::App& app, Precision& precision);
+// Every setting of `train`, declared once (apps/common/flag_table.h), bound to `o`'s fields.
+FlagTable settings_table(RunOptions& o);
 // Everything `train` takes.
 void add_train_flags(CLI::App& app, RunOptions& o);
 
@@ -113,15 +101,11 @@ std::map<std::string, std::string> to_config(const RunOptions& o);
 // malformed key.
 ModelOptions model_from_config(const std::map<std::string, std::string>& config);
 // Keys that must be equal to resume a run (the model's shape and the optimizer kind).
-const std::vector<std::string>& resume_locked_keys();
+std::vector<std::string> resume_locked_keys();
 // For `train --resume`: each locked setting whose flag is not on the command line takes the
 // checkpoint's value, so a run resumes without repeating its model flags; a flag that is given
 // keeps its value (and Trainer::resume refuses it if it differs from the checkpoint's).
 void adopt_locked_settings(const std::map<std::string, std::string>& saved, const CLI::App& app,
                            RunOptions& o);
-// "--key: checkpoint <a>, now <b>" for each differing key among `keys`.
-std::vector<std::string> config_differences(const std::map<std::string, std::string>& saved,
-                                            const std::map<std::string, std::string>& now,
-                                            const std::vector<std::string>& keys);
 
 }  // namespace clustr::speech

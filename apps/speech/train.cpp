@@ -27,11 +27,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
 constexpr const char* kBest = "best.safetensors";
 constexpr const char* kSkippedFile = "skipped.txt";  // every utterance left out, and why
 constexpr const char* kLast = "last.safetensors";
@@ -39,9 +34,6 @@ constexpr const char* kLast = "last.safetensors";
 constexpr const char* kEpoch = "state.epoch";
 constexpr const char* kBatch = "state.batch";
 constexpr const char* kBestPer = "state.best-per";
-constexpr const char* kPlateauBest = "state.plateau-best";
-constexpr const char* kPlateauBad = "state.plateau-bad-epochs";
-constexpr const char* kPlateauCooldown = "state.plateau-cooldown";
 constexpr const char* kTrainSeconds = "state.train-seconds";
 constexpr const char* kClasses = "classes";
 constexpr const char* kFeatures = "features";
@@ -227,11 +219,10 @@ Trainer::Trainer(const RunOptions& options, std::FILE* log)
       log_(log),
       gen_(derive_key(options.train.seed, 0)),
       order_key_(derive_key(options.train.seed, 1)),
-      eval_key_(derive_key(options.train.seed, 2)) {
+      eval_key_(derive_key(options.train.seed, 2)),
+      schedule_(options.train) {
   validate(options_);
-  device_ = resolve_device(options_.device);
-  apply_tf32(options_.tf32, device_);
-  if (options_.threads > 0) set_num_threads(options_.threads);
+  device_ = prepare_machine(options_);
   DataOptions& d = options_.data;
   if (d.train.empty()) d.train = (fs::path(d.corpus) / "train.tsv").string();
   if (d.dev.empty()) d.dev = (fs::path(d.corpus) / "dev.tsv").string();
@@ -243,46 +234,21 @@ Trainer::Trainer(const RunOptions& options, std::FILE* log)
   const auto t0 = Clock::now();
   train_ = load_speech_set(d.train, tokens_, *cache_, k, d.max_train, log_);
   dev_ = load_speech_set(d.dev, tokens_, *cache_, k, d.max_dev, log_);
-  this->log("features: %lld computed, %lld from the cache %s (%.1f s)\n",
-            static_cast<long long>(cache_->misses()), static_cast<long long>(cache_->hits()),
-            d.cache.c_str(), seconds_since(t0));
+  logf(log_, "features: %lld computed, %lld from the cache %s (%.1f s)\n",
+       static_cast<long long>(cache_->misses()), static_cast<long long>(cache_->hits()),
+       d.cache.c_str(), seconds_since(t0));
   CLUSTR_CHECK(!train_.examples.empty(), d.train, ": no usable training utterances (",
                train_.summary(), ")");
-  CLUSTR_CHECK(!dev_.examples.empty(), d.dev, ": no usable dev utterances (", dev_.summary(),
-               ")");
+  CLUSTR_CHECK(!dev_.examples.empty(), d.dev, ": no usable dev utterances (", dev_.summary(), ")");
   const int64_t F = int64_t(k) * cache_->fbank().num_bins();
   // Built on the CPU, so a seed gives the same initial weights on every device; the optimizer
   // is made after the move (it keeps its state on the parameters' device).
   model_ = std::make_unique<SpeechModel>(options_.model, F, tokens_.size(), gen_);
   model_->to(device_);
-  optimizer_ = make_optimizer({options_.train.optimizer, options_.train.lr,
-                               options_.train.weight_decay,
-                               options_.train.decoupled_weight_decay, 0.0f},
-                              model_->named_parameters());
-  if (options_.train.lr_schedule == "plateau") {
-    const TrainOptions& t = options_.train;
-    plateau_ = std::make_unique<optim::ReduceLrOnPlateau>(
-        optim::PlateauOptions{t.plateau_factor, t.plateau_patience, 1e-4, 0, t.min_lr});
-  }
+  optimizer_ = make_optimizer(options_.train, model_->named_parameters());
   std::vector<int64_t> lengths;
   for (const SpeechExample& e : train_.examples) lengths.push_back(e.features.size(0));
   buckets_ = make_length_buckets(lengths, {options_.train.batch, options_.train.max_frames});
-}
-
-void Trainer::log(const char* format, ...) const {
-  if (!log_) return;
-  va_list args;
-  va_start(args, format);
-  std::vfprintf(log_, format, args);
-  va_end(args);
-  std::fflush(log_);
-}
-
-float Trainer::scheduled_lr(int64_t steps_done) const {
-  const TrainOptions& t = options_.train;
-  if (t.lr_schedule != "constant" && t.warmup > 0 && steps_done < t.warmup)
-    return optim::LinearWarmupLr(t.lr, t.warmup).lr_at(steps_done);
-  return t.lr;
 }
 
 void Trainer::save(const std::string& path, bool with_state) const {
@@ -296,11 +262,7 @@ void Trainer::save(const std::string& path, bool with_state) const {
   s.config[kBatch] = std::to_string(batch_in_epoch_);
   s.config[kBestPer] = num(best_per_);
   s.config[kTrainSeconds] = num(elapsed_before_);
-  if (plateau_) {
-    s.config[kPlateauBest] = num(plateau_->best());
-    s.config[kPlateauBad] = std::to_string(plateau_->bad_epochs());
-    s.config[kPlateauCooldown] = std::to_string(plateau_->cooldown_counter());
-  }
+  schedule_.save(s.config);
   if (with_state) {
     s.extras = optimizer_->state_dict();
     s.rng = GeneratorState::of(gen_);
@@ -341,14 +303,11 @@ void Trainer::resume(const std::string& path) {
   batch_in_epoch_ = int64_t(parse_state(c.config, kBatch, file));
   best_per_ = parse_state(c.config, kBestPer, file);
   elapsed_before_ = parse_state(c.config, kTrainSeconds, file);
-  if (plateau_ && c.config.count(kPlateauBest))
-    plateau_->restore(parse_state(c.config, kPlateauBest, file),
-                      int64_t(parse_state(c.config, kPlateauBad, file)),
-                      int64_t(parse_state(c.config, kPlateauCooldown, file)));
+  schedule_.restore(c.config, file);
   resumed_ = true;
-  log("resumed from %s at step %lld (epoch %lld, batch %lld)\n", file.c_str(),
-      static_cast<long long>(c.step), static_cast<long long>(epoch_),
-      static_cast<long long>(batch_in_epoch_));
+  logf(log_, "resumed from %s at step %lld (epoch %lld, batch %lld)\n", file.c_str(),
+       static_cast<long long>(c.step), static_cast<long long>(epoch_),
+       static_cast<long long>(batch_in_epoch_));
 }
 
 void Trainer::print_config(std::FILE* out) const {
@@ -394,8 +353,10 @@ TrainResult Trainer::run(RunFolder* folder) {
     std::vector<std::string> lines = train_.problems;
     lines.insert(lines.end(), dev_.problems.begin(), dev_.problems.end());
     write_lines_atomically(path, lines);
-    log("%zu utterances left out (bad manifest lines, unreadable audio, too short): all "
-        "listed in %s\n", lines.size(), path.c_str());
+    logf(log_,
+         "%zu utterances left out (bad manifest lines, unreadable audio, too short): all "
+         "listed in %s\n",
+         lines.size(), path.c_str());
   }
   NonFiniteSteps non_finite(t.max_skipped_steps);
   const std::string last = (fs::path(o.output.out) / kLast).string();
@@ -420,7 +381,7 @@ TrainResult Trainer::run(RunFolder* folder) {
       launches.begin();
       const SpeechBatch b = collate_speech(train_.examples, order[size_t(batch_in_epoch_)]);
       const int64_t done = step();
-      if (!plateau_ || done < t.warmup) optimizer_->set_lr(scheduled_lr(done));
+      schedule_.before_step(done, *optimizer_);
       model_->train();
       const Variable logits =  // (B, T, C)
           model_->forward(on_device(b.features, device_), on_device(b.lengths, device_), gen_);
@@ -479,9 +440,9 @@ TrainResult Trainer::run(RunFolder* folder) {
         row.frames_per_s = double(interval_frames) / interval_seconds;
         const std::string per_step =
             launches.report(interval_steps, r.kernel_launches_per_step, r.blas_calls_per_step);
-        log("epoch %lld  step %lld  loss %.4f  lr %.2e  ms/step %.0f  frames/s %.0f%s\n",
-            static_cast<long long>(epoch_), static_cast<long long>(s), row.train_loss, row.lr,
-            row.ms_per_step, row.frames_per_s, per_step.c_str());
+        logf(log_, "epoch %lld  step %lld  loss %.4f  lr %.2e  ms/step %.0f  frames/s %.0f%s\n",
+             static_cast<long long>(epoch_), static_cast<long long>(s), row.train_loss, row.lr,
+             row.ms_per_step, row.frames_per_s, per_step.c_str());
         if (first_interval) r.first_loss = row.train_loss, first_interval = false;
         r.last_loss = row.train_loss;
         metrics.append(row);
@@ -490,8 +451,8 @@ TrainResult Trainer::run(RunFolder* folder) {
       }
       if (stop) {
         if (!r.interrupted_by)
-          log("%s reached at step %lld: training stops\n",
-              time_up ? "time limit" : "--max-steps", static_cast<long long>(s));
+          logf(log_, "%s reached at step %lld: training stops\n",
+               time_up ? "time limit" : "--max-steps", static_cast<long long>(s));
         ++batch_in_epoch_;
         break;
       }
@@ -508,9 +469,10 @@ TrainResult Trainer::run(RunFolder* folder) {
       elapsed_before_ = before;
       epoch_ = saved_epoch, batch_in_epoch_ = saved_batch;
       if (o.output.write_plots && !metrics.rows().empty()) metrics.plot(o.output.out);
-      log("interrupted by %s at step %lld: checkpoint saved: %s; continue with --resume %s\n",
-          signal_name(r.interrupted_by), static_cast<long long>(step()), last.c_str(),
-          o.output.out.c_str());
+      logf(log_,
+           "interrupted by %s at step %lld: checkpoint saved: %s; continue with --resume %s\n",
+           signal_name(r.interrupted_by), static_cast<long long>(step()), last.c_str(),
+           o.output.out.c_str());
       stop = true;
       break;
     }
@@ -518,23 +480,24 @@ TrainResult Trainer::run(RunFolder* folder) {
     const Evaluation e = evaluate_set(*model_, dev_, t.max_frames, 1, eval_key_);
     r.last_dev = e;
     const double per = e.greedy.rate();
-    log("epoch %lld done: dev loss %.4f  PER %.4f (%lld edits / %lld phones)  impossible "
-        "alignments %lld train, %lld dev  (dev %.1f s)\n",
-        static_cast<long long>(epoch_), e.loss, per, static_cast<long long>(e.greedy.edits),
-        static_cast<long long>(e.greedy.reference_length), static_cast<long long>(impossible),
-        static_cast<long long>(e.impossible), e.seconds);
+    logf(log_,
+         "epoch %lld done: dev loss %.4f  PER %.4f (%lld edits / %lld phones)  impossible "
+         "alignments %lld train, %lld dev  (dev %.1f s)\n",
+         static_cast<long long>(epoch_), e.loss, per, static_cast<long long>(e.greedy.edits),
+         static_cast<long long>(e.greedy.reference_length), static_cast<long long>(impossible),
+         static_cast<long long>(e.impossible), e.seconds);
     for (int64_t i = 0; i < o.output.examples && i < int64_t(dev_.examples.size()); ++i) {
       const SpeechExample& x = dev_.examples[size_t(i)];
-      log("  %s ref: %s\n  %s hyp: %s\n", x.id.c_str(), label_string(tokens_, x.labels).c_str(),
-          x.id.c_str(), label_string(tokens_, e.hypotheses[size_t(i)]).c_str());
+      logf(log_, "  %s ref: %s\n  %s hyp: %s\n", x.id.c_str(),
+           label_string(tokens_, x.labels).c_str(), x.id.c_str(),
+           label_string(tokens_, e.hypotheses[size_t(i)]).c_str());
     }
     MetricsRow row;
     row.step = step(), row.epoch = epoch_;
     row.dev_loss = e.loss, row.dev_per = per, row.impossible = double(impossible);
     metrics.append(row);
-    if (plateau_ && step() >= t.warmup && std::isfinite(e.loss) &&
-        plateau_->step(e.loss, *optimizer_))
-      log("plateau: dev loss has not improved; lr lowered to %.2e\n", optimizer_->lr());
+    if (schedule_.at_evaluation(e.loss, step(), *optimizer_))
+      logf(log_, "plateau: dev loss has not improved; lr lowered to %.2e\n", optimizer_->lr());
     const bool improved = best_per_ < 0 || per < best_per_;
     if (improved) best_per_ = per;
     // The checkpoint records where the next step begins.
@@ -547,18 +510,19 @@ TrainResult Trainer::run(RunFolder* folder) {
     save(last, true);
     elapsed_before_ = before;
     epoch_ = saved_epoch, batch_in_epoch_ = saved_batch;
-    if (improved) log("dev PER improved to %.4f: saved %s\n", per, best.c_str());
+    if (improved) logf(log_, "dev PER improved to %.4f: saved %s\n", per, best.c_str());
     if (o.output.write_plots) metrics.plot(o.output.out);
   }
   r.best_per = best_per_;
   r.steps = step();
   r.train_seconds = run_seconds;
   r.frames_per_second = run_seconds > 0 ? double(total_frames) / run_seconds : 0;
-  log("trained %lld steps (this run %lld, in %.1f s, %.0f frames/s, %lld steps skipped); best "
-      "dev PER %.4f; checkpoints %s, %s\n",
-      static_cast<long long>(r.steps), static_cast<long long>(r.steps - start_step), run_seconds,
-      r.frames_per_second,
-      static_cast<long long>(r.skipped_steps), best_per_, best.c_str(), last.c_str());
+  logf(log_,
+       "trained %lld steps (this run %lld, in %.1f s, %.0f frames/s, %lld steps skipped); best "
+       "dev PER %.4f; checkpoints %s, %s\n",
+       static_cast<long long>(r.steps), static_cast<long long>(r.steps - start_step), run_seconds,
+       r.frames_per_second, static_cast<long long>(r.skipped_steps), best_per_, best.c_str(),
+       last.c_str());
   return r;
 }
 

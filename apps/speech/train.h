@@ -134,9 +134,7 @@ class Trainer {
   int64_t step() const { return optimizer_->step_count(); }
 
  private:
-  void log(const char* format, ...) const __attribute__((format(printf, 2, 3)));
   void save(const std::string& path, bool with_state) const;
-  float scheduled_lr(int64_t steps_done) const;
 
   RunOptions options_;
   std::FILE* log_;
@@ -148,7 +146,7 @@ class Trainer {
   uint64_t order_key_, eval_key_;
   std::unique_ptr<SpeechModel> model_;
   std::unique_ptr<optim::Optimizer> optimizer_;
-  std::unique_ptr<optim::ReduceLrOnPlateau> plateau_;
+  LrSchedule schedule_;
   std::vector<std::vector<size_t>> buckets_;
   int64_t epoch_ = 1;         // the epoch in progress (1-based)
   int64_t batch_in_epoch_ = 0;  // batches of it already done
