@@ -559,7 +559,9 @@ TEST_CASE("flag table: one declaration gives the flags, checks, config and resum
   CHECK_ERROR(t.apply({{"seed", "-1"}}, {"seed"}), "'seed' is \"-1\", not an integer");
   CHECK_ERROR(t.apply({{"tf32", "yes"}}, {"tf32"}), "not true or false");
   // A preset's values, as on the command line.
-  t.set({{"layers", "4"}, {"out", "runs/y"}});
+  t.set("layers=4 out=runs/y");
+  CHECK_ERROR(t.set("layers"), "'layers' is not name=value");
+  CHECK_ERROR(t.set("depth=3"), "no setting 'depth'");
   CHECK(layers == 4);
   CHECK(out == "runs/y");
   // The command line.
@@ -571,4 +573,17 @@ TEST_CASE("flag table: one declaration gives the flags, checks, config and resum
   CHECK(tf32);
   CHECK(out == "o");
   CHECK(app.get_option_no_throw("--seed") == nullptr);
+}
+
+TEST_CASE("error text: a failed allocation names the flags that size the run's memory") {
+  note_memory_flags("--batch 32 and --length 63");
+  const std::string host = error_text(Error("Tensor: out of host memory allocating 64 bytes"));
+  CHECK(host == "Tensor: out of host memory allocating 64 bytes\n  this run's memory grows with "
+                "--batch 32 and --length 63: lower them, or give the process more memory");
+  CHECK(error_text(Error("cuda::alloc: out of device memory allocating 8 bytes")).find(
+            "grows with --batch 32") != std::string::npos);
+  CHECK(error_text(std::bad_alloc()).find("out of host memory (std::bad_alloc)\n  this run's "
+                                          "memory grows with --batch 32") == 0);
+  CHECK(error_text(Error("--layers must be >= 1, got 0")) == "--layers must be >= 1, got 0");
+  note_memory_flags("");
 }

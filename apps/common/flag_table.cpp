@@ -7,6 +7,7 @@
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
+#include <sstream>
 
 #include "core/error.h"
 
@@ -258,11 +259,14 @@ void FlagTable::apply(const std::map<std::string, std::string>& config,
   }
 }
 
-void FlagTable::set(const std::vector<std::pair<std::string, std::string>>& values) {
-  for (const auto& [name, value] : values) {
-    const Entry* e = find(name);
-    CLUSTR_CHECK(e, "FlagTable: no setting '", name, "'");
-    e->set(value);
+void FlagTable::set(const std::string& assignments) {
+  std::istringstream in(assignments);
+  for (std::string item; in >> item;) {
+    const size_t eq = item.find('=');
+    CLUSTR_CHECK(eq != std::string::npos && eq > 0, "FlagTable: '", item, "' is not name=value");
+    const Entry* e = find(item.substr(0, eq));
+    CLUSTR_CHECK(e, "FlagTable: no setting '", item.substr(0, eq), "'");
+    e->set(item.substr(eq + 1));
   }
 }
 

@@ -85,8 +85,9 @@ class FlagTable {
   // missing key (unless it has a when_absent value) or a malformed value.
   void apply(const std::map<std::string, std::string>& config,
              const std::vector<std::string>& keys);
-  // Sets settings from (flag name, value as on the command line) pairs: a preset's.
-  void set(const std::vector<std::pair<std::string, std::string>>& values);
+  // Sets settings from "name=value name=value ..." (values as on the command line, without
+  // spaces): a preset's.
+  void set(const std::string& assignments);
   // The names of the settings with this resume rule, in declaration order.
   std::vector<std::string> keys(Resume r) const;
   bool has(const std::string& name) const;

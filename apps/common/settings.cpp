@@ -17,8 +17,14 @@ std::string find_preset(int argc, const char* const* argv) {
   return "cpu";
 }
 
-void unknown_preset(const std::string& name) {
-  throw Error(detail::cat("unknown --preset '", name, "'; expected cpu or paper"));
+void apply_preset(FlagTable& t, const std::string& name,
+                  const std::vector<std::pair<std::string, std::string>>& presets) {
+  std::string names;
+  for (size_t i = 0; i < presets.size(); ++i) {
+    if (presets[i].first == name) return t.set(presets[i].second);
+    names += (i == 0 ? "" : i + 1 == presets.size() ? " or " : ", ") + presets[i].first;
+  }
+  throw Error(detail::cat("unknown --preset '", name, "'; expected ", names));
 }
 
 void add_attention_settings(FlagTable& t, AttentionConfig& a, bool with_type) {

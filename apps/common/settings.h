@@ -6,7 +6,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "apps/common/flag_table.h"
@@ -58,8 +60,39 @@ struct MachineOptions {
 // The value of --preset in argv ("cpu" when absent), read before the flags are defined so that
 // the preset supplies their defaults.
 std::string find_preset(int argc, const char* const* argv);
-// Throws the error for a --preset that is neither cpu nor paper.
-[[noreturn]] void unknown_preset(const std::string& name);
+// Sets the settings of preset `name` (its "name=value ..." text in `presets`) on a table;
+// throws naming the presets there are for another name.
+void apply_preset(FlagTable& t, const std::string& name,
+                  const std::vector<std::pair<std::string, std::string>>& presets);
+// Options (with a `preset` member) set to preset `name`, through its app's settings_table.
+template <class Options>
+Options preset_of(const std::string& name,
+                  const std::vector<std::pair<std::string, std::string>>& presets) {
+  Options o;
+  o.preset = name;
+  FlagTable t = settings_table(o);
+  apply_preset(t, name, presets);
+  return o;
+}
+
+// The stored settings of `o`, through its app's settings_table(Options&) (found by
+// argument-dependent lookup): as (flag name, value) in declaration order (the configuration
+// table), as a map (a checkpoint's config), and the keys with a resume rule.
+template <class Options>
+std::vector<std::pair<std::string, std::string>> config_entries(const Options& o) {
+  Options copy = o;
+  return settings_table(copy).entries();
+}
+template <class Options>
+std::map<std::string, std::string> to_config(const Options& o) {
+  Options copy = o;
+  return settings_table(copy).config();
+}
+template <class Options>
+std::vector<std::string> resume_keys(Resume rule) {
+  Options o;
+  return settings_table(o).keys(rule);
+}
 
 // --attention (unless `with_type` is false), --clusters, --topk, --bits, --iterations: part of
 // the model (Resume::locked; a model evaluates with other values, given on the command line).

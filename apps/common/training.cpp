@@ -24,6 +24,7 @@ std::string error_text(const std::exception& e) {
   const std::string what = e.what();
   const bool oom = dynamic_cast<const std::bad_alloc*>(&e) != nullptr ||
                    what.find("out of host memory") != std::string::npos ||
+                   what.find("out of device memory") != std::string::npos ||
                    what.find("out of memory") != std::string::npos;
   if (!oom) return what;
   std::string text = dynamic_cast<const std::bad_alloc*>(&e) ? "out of host memory (" + what + ")"
@@ -140,6 +141,14 @@ double clip_or_measure(const optim::NamedParameters& params, float clip) {
   for (const auto& np : params) plain.push_back(np.second);
   return clip > 0.0f ? optim::clip_grad_norm(plain, double(clip)) : optim::grad_norm(plain);
 }
+
+TrainerBase::TrainerBase(const MachineOptions& machine, const TrainingOptions& training,
+                         std::FILE* log)
+    : log_(log),
+      device_(prepare_machine(machine)),
+      seed_(training.seed),
+      gen_(derive_key(training.seed, 0)),
+      schedule_(training) {}
 
 void NonFiniteSteps::skipped(const std::string& what, std::FILE* log,
                              const std::string& last_checkpoint) {

@@ -14,7 +14,9 @@
 #include <utility>
 #include <vector>
 
+#include "apps/common/device.h"
 #include "apps/common/settings.h"
+#include "core/random.h"
 #include "layers/module.h"
 #include "optim/optimizer.h"
 
@@ -79,6 +81,43 @@ double config_number(const std::map<std::string, std::string>& config, const cha
 // After backward: the global gradient norm, with the gradients clipped to `clip` when it is
 // > 0 (clip 0: no clipping, the norm only measured, so that a non-finite gradient is seen).
 double clip_or_measure(const optim::NamedParameters& params, float clip);
+
+// `o` after its app's validate(o) (found by argument-dependent lookup): for a trainer's base
+// initialiser, so that the settings are checked before the machine is prepared.
+template <class Options>
+const Options& validated(const Options& o) {
+  validate(o);
+  return o;
+}
+
+// What every app's Trainer holds and does the same way (it derives from this): the log, the
+// device (prepared from the machine settings), the training stream (key derive_key(seed, 0)),
+// the optimizer and its learning-rate schedule, whether the run resumed, and the seconds of
+// training before it.
+class TrainerBase {
+ public:
+  TrainerBase(const TrainerBase&) = delete;
+  TrainerBase& operator=(const TrainerBase&) = delete;
+
+  int64_t step() const { return optimizer_->step_count(); }
+  const optim::Optimizer& optimizer() const { return *optimizer_; }
+  Device device() const { return device_; }
+
+ protected:
+  TrainerBase(const MachineOptions& machine, const TrainingOptions& training, std::FILE* log);
+  ~TrainerBase() = default;
+  // The key of the run's stream for `purpose` (0 is the training stream's).
+  uint64_t stream_key(uint64_t purpose) const { return derive_key(seed_, purpose); }
+
+  std::FILE* log_;
+  Device device_;
+  uint64_t seed_;
+  Generator gen_;  // the training stream
+  LrSchedule schedule_;
+  std::unique_ptr<optim::Optimizer> optimizer_;  // made by the app, once its model is built
+  bool resumed_ = false;
+  double elapsed_before_ = 0;  // training seconds of the runs before a resume
+};
 
 // Steps whose loss or gradient norm is not finite are skipped (no update; the caller zeroes
 // the gradients) and reported; after `limit` of them in a row the run stops with an error,

@@ -73,20 +73,10 @@ void add_flags(CLI::App& app, RunOptions& o, bool grid_axes = true);
 // Throws clustr::Error naming the flag and its allowed range.
 void validate(const RunOptions& o);
 
-// The settings as (flag name, value) in the order of --help (floats with enough digits to read
-// back exactly), and the same as a map (a checkpoint's config).
-std::vector<std::pair<std::string, std::string>> config_entries(const RunOptions& o);
-std::map<std::string, std::string> to_config(const RunOptions& o);
 // Sets the model and task options, the batch size and the seed from a config map written by
 // to_config (a checkpoint's), leaving the rest of o as it is: enough to rebuild the trained
 // model and its held-out set. Throws naming a missing or malformed key.
 void apply_checkpoint_config(const std::map<std::string, std::string>& config, RunOptions& o);
 
-// Keys that must be equal to resume from a checkpoint (model shape, attention, task,
-// optimizer kind).
-std::vector<std::string> resume_locked_keys();
-// Keys that change the training trajectory but may differ on resume (the new value is used,
-// with a note that the run is then no exact continuation of the saved one).
-std::vector<std::string> resume_noted_keys();
 
 }  // namespace clustr::copy

@@ -93,15 +93,11 @@ std::vector<std::pair<std::string, std::string>> build_info(const std::string& d
 }
 
 Trainer::Trainer(const RunOptions& options, std::FILE* log)
-    : options_(options),
-      log_(log),
-      gen_(derive_key(options.train.seed, 0)),
-      heldout_key_(derive_key(options.train.seed, 1)),
-      final_key_(derive_key(options.train.seed, 2)),
-      eval_key_(derive_key(options.train.seed, 3)),
-      schedule_(options.train) {
-  validate(options_);
-  device_ = prepare_machine(options_);
+    : TrainerBase(validated(options), options.train, log),
+      options_(options),
+      heldout_key_(stream_key(1)),
+      final_key_(stream_key(2)),
+      eval_key_(stream_key(3)) {
   // Built on the CPU, so a seed gives the same initial weights on every device; the optimizer
   // is made after the move (it keeps its state on the parameters' device).
   model_ = std::make_unique<CopyModel>(options_.model, vocab_size(options_.task), gen_);
@@ -200,11 +196,11 @@ void Trainer::resume(const std::string& path) {
   // shapes, while the flags that differ are what the user needs to see.
   const std::map<std::string, std::string> saved = read_checkpoint_config(file);
   const std::map<std::string, std::string> now = to_config(options_);
-  const std::vector<std::string> locked = config_differences(saved, now, resume_locked_keys());
+  const std::vector<std::string> locked = config_differences(saved, now, resume_keys<RunOptions>(Resume::locked));
   CLUSTR_CHECK(locked.empty(), "--resume: ", file, " was trained with other settings, so it "
                "cannot be resumed with these (give the checkpoint's values, or start a new run "
                "in another --out folder):", join_lines(locked));
-  for (const std::string& d : config_differences(saved, now, resume_noted_keys()))
+  for (const std::string& d : config_differences(saved, now, resume_keys<RunOptions>(Resume::noted)))
     logf(log_, "note: %s; continuing with the new value, so this is no exact continuation\n",
          d.c_str());
 

@@ -68,14 +68,12 @@ CopyTaskBatch to_device(const CopyTaskBatch& batch, Device device);
 // clear error when neither exists.
 std::string resolve_checkpoint(const std::string& file_or_folder, const char* flag);
 
-class Trainer {
+class Trainer : public TrainerBase {
  public:
   // Builds the model (initialised from the training stream, on the CPU, then moved to
   // --device), the optimizer and the held-out batches (kept on the device). Throws at once
   // when --device cuda has no usable GPU. `log` receives the log lines (nullptr: silent). Throws on invalid options.
   Trainer(const RunOptions& options, std::FILE* log);
-  Trainer(const Trainer&) = delete;
-  Trainer& operator=(const Trainer&) = delete;
 
   // Continues from a checkpoint (a file, or a folder with checkpoint.safetensors). Refuses,
   // naming each differing flag, when the model, task or optimizer kind differ from the
@@ -112,27 +110,16 @@ class Trainer {
   // The settings table and build information (for the start of a run).
   void print_config(std::FILE* out) const;
 
-  int64_t step() const { return optimizer_->step_count(); }
   CopyModel& model() { return *model_; }
-  const optim::Optimizer& optimizer() const { return *optimizer_; }
   const RunOptions& options() const { return options_; }
-  Device device() const { return device_; }
 
  private:
-
   RunOptions options_;
-  std::FILE* log_;
-  Device device_ = Device::cpu;
-  Generator gen_;                            // the training stream
   uint64_t heldout_key_, final_key_, eval_key_;
   std::unique_ptr<CopyModel> model_;
-  std::unique_ptr<optim::Optimizer> optimizer_;
-  LrSchedule schedule_;
   std::vector<CopyTaskBatch> heldout_;
-  bool resumed_ = false;
-  std::string last_skip_;      // why the last train_step() made no update ("" if it did)
-  double elapsed_before_ = 0;  // training seconds of the runs before a resume
-  double run_seconds_ = 0;     // training seconds of run() so far
+  std::string last_skip_;   // why the last train_step() made no update ("" if it did)
+  double run_seconds_ = 0;  // training seconds of run() so far
 };
 
 // Build information for the config table: compiler, build type, OpenMP, CUDA, GEMM kernel. The

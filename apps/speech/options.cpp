@@ -9,32 +9,18 @@
 namespace clustr::speech {
 
 RunOptions preset_options(const std::string& name) {
-  RunOptions o;
-  o.preset = name;
-  // The defaults of options.h: D = 128, 4 layers, x4 stacking (about 150 positions for a 6 s
-  // utterance), Adam with warm-up; clusters and k scaled to the shorter sequences.
-  const std::vector<std::pair<std::string, std::string>> cpu = {{"clusters", "25"},
-                                                                {"topk", "16"}};
-  // Sec. 4.2 and supp. C.3; stacking 1: WSJ's 40-dim filterbanks at 10 ms, about 780 frames
-  // on average; no warm-up, R-Adam needs none.
-  const std::vector<std::pair<std::string, std::string>> paper = {
-      {"layers", "9"},           {"heads", "6"},          {"head-dim", "32"},
-      {"feedforward", "768"},    {"dropout", "0.1"},      {"stacking", "1"},
-      {"clusters", "100"},       {"topk", "32"},          {"optimizer", "radam"},
-      {"lr", "1e-4"},            {"clip", "10"},          {"weight-decay", "0.01"},
-      {"decoupled-weight-decay", "true"}, {"lr-schedule", "plateau"}, {"warmup", "0"},
-      {"plateau-patience", "2"}, {"epochs", "100"},       {"max-frames", "16000"},
-      {"batch", "32"},           {"out", "runs/speech_paper"}};
-  FlagTable f = settings_table(o);
-  if (name == "cpu") {
-    f.set(cpu);
-    return o;
-  }
-  if (name == "paper") {
-    f.set(paper);
-    return o;
-  }
-  unknown_preset(name);
+  return preset_of<RunOptions>(
+      name,
+      {// The defaults of options.h: D = 128, 4 layers, x4 stacking (about 150 positions for a
+       // 6 s utterance), Adam with warm-up; clusters and k scaled to the shorter sequences.
+       {"cpu", "clusters=25 topk=16"},
+       // Sec. 4.2 and supp. C.3; stacking 1: WSJ's 40-dim filterbanks at 10 ms, about 780
+       // frames on average; no warm-up, R-Adam needs none.
+       {"paper",
+        "layers=9 heads=6 head-dim=32 feedforward=768 dropout=0.1 stacking=1 clusters=100 "
+        "topk=32 optimizer=radam lr=1e-4 clip=10 weight-decay=0.01 decoupled-weight-decay=true "
+        "lr-schedule=plateau warmup=0 plateau-patience=2 epochs=100 max-frames=16000 batch=32 "
+        "out=runs/speech_paper"}});
 }
 
 void add_attention_flags(CLI::App& app, AttentionConfig& a) {
@@ -116,16 +102,6 @@ void validate(const RunOptions& o) {
                "give --corpus, or both --train-manifest and --dev-manifest");
 }
 
-std::vector<std::pair<std::string, std::string>> config_entries(const RunOptions& o) {
-  RunOptions copy = o;
-  return settings_table(copy).entries();
-}
-
-std::map<std::string, std::string> to_config(const RunOptions& o) {
-  RunOptions copy = o;
-  return settings_table(copy).config();
-}
-
 namespace {
 
 // The keys that rebuild a trained model: its shape and attention (the locked keys, but the
@@ -146,11 +122,6 @@ ModelOptions model_from_config(const std::map<std::string, std::string>& c) {
   FlagTable f = settings_table(o);
   f.apply(c, model_keys(f));
   return o.model;
-}
-
-std::vector<std::string> resume_locked_keys() {
-  RunOptions o;
-  return settings_table(o).keys(Resume::locked);
 }
 
 void adopt_locked_settings(const std::map<std::string, std::string>& saved, const CLI::App& app,

@@ -94,14 +94,9 @@ void add_train_flags(CLI::App& app, RunOptions& o);
 // Throws clustr::Error naming the flag and its allowed range.
 void validate(const RunOptions& o);
 
-// The settings as (flag name, value) in the order of --help, and as a map (checkpoint config).
-std::vector<std::pair<std::string, std::string>> config_entries(const RunOptions& o);
-std::map<std::string, std::string> to_config(const RunOptions& o);
 // The model options of a config map written by to_config; throws naming a missing or
 // malformed key.
 ModelOptions model_from_config(const std::map<std::string, std::string>& config);
-// Keys that must be equal to resume a run (the model's shape and the optimizer kind).
-std::vector<std::string> resume_locked_keys();
 // For `train --resume`: each locked setting whose flag is not on the command line takes the
 // checkpoint's value, so a run resumes without repeating its model flags; a flag that is given
 // keeps its value (and Trainer::resume refuses it if it differs from the checkpoint's).

@@ -215,14 +215,10 @@ LoadedModel load_trained_model(const std::string& path, const char* flag, Device
 }
 
 Trainer::Trainer(const RunOptions& options, std::FILE* log)
-    : options_(options),
-      log_(log),
-      gen_(derive_key(options.train.seed, 0)),
-      order_key_(derive_key(options.train.seed, 1)),
-      eval_key_(derive_key(options.train.seed, 2)),
-      schedule_(options.train) {
-  validate(options_);
-  device_ = prepare_machine(options_);
+    : TrainerBase(validated(options), options.train, log),
+      options_(options),
+      order_key_(stream_key(1)),
+      eval_key_(stream_key(2)) {
   DataOptions& d = options_.data;
   if (d.train.empty()) d.train = (fs::path(d.corpus) / "train.tsv").string();
   if (d.dev.empty()) d.dev = (fs::path(d.corpus) / "dev.tsv").string();
@@ -282,7 +278,7 @@ void Trainer::resume(const std::string& path) {
   const std::string file = resume_file(path);
   const std::map<std::string, std::string> saved = read_checkpoint_config(file);
   std::map<std::string, std::string> now = to_config(options_);
-  std::vector<std::string> diff = config_differences(saved, now, resume_locked_keys());
+  std::vector<std::string> diff = config_differences(saved, now, resume_keys<RunOptions>(Resume::locked));
   CLUSTR_CHECK(diff.empty(), "--resume: ", file, " was trained with other settings:",
                [&] {
                  std::string s;

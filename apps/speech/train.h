@@ -107,14 +107,12 @@ struct TrainResult {
   double kernel_launches_per_step = 0, blas_calls_per_step = 0;
 };
 
-class Trainer {
+class Trainer : public TrainerBase {
  public:
   // Reads the tokens and both sets, builds the model (on the CPU from the seed, then moved to
   // --device) and the optimizer. `log` receives the log. Throws at once when --device cuda
   // has no usable GPU.
   Trainer(const RunOptions& options, std::FILE* log);
-  Trainer(const Trainer&) = delete;
-  Trainer& operator=(const Trainer&) = delete;
 
   // Continues from last.safetensors (a file or the folder holding it); refuses, naming each
   // differing flag, when the model shape or optimizer kind differ, or when the checkpoint is
@@ -131,28 +129,20 @@ class Trainer {
   void print_config(std::FILE* out) const;
 
   SpeechModel& model() { return *model_; }
-  int64_t step() const { return optimizer_->step_count(); }
 
  private:
   void save(const std::string& path, bool with_state) const;
 
   RunOptions options_;
-  std::FILE* log_;
-  Device device_ = Device::cpu;
   TokenTable tokens_;
   std::unique_ptr<FeatureCache> cache_;
   SpeechSet train_, dev_;
-  Generator gen_;
   uint64_t order_key_, eval_key_;
   std::unique_ptr<SpeechModel> model_;
-  std::unique_ptr<optim::Optimizer> optimizer_;
-  LrSchedule schedule_;
   std::vector<std::vector<size_t>> buckets_;
   int64_t epoch_ = 1;         // the epoch in progress (1-based)
   int64_t batch_in_epoch_ = 0;  // batches of it already done
   double best_per_ = -1;      // < 0: none yet
-  double elapsed_before_ = 0;
-  bool resumed_ = false;
 };
 
 }  // namespace clustr::speech
