@@ -141,19 +141,19 @@ fi
 
 # ---- 5. training on the device ----------------------------------------------------------------
 if [ "$emulate" = 1 ]; then
-  step main_job 600 "$build/apps/copy_task" --device cuda --out "$out/copy_task" --steps 2 \
+  step main_job 600 "$build/apps/copy_task" --device cuda --out "$out/copy_task" --overwrite --steps 2 \
     --warmup 1 --batch 2 --length 7 --eval-interval 1 --eval-batches 1 --final-eval-batches 1 \
     --log-interval 1
 else
-  step main_job 240 "$build/apps/copy_task" --device cuda --out "$out/copy_task"
+  step main_job 240 "$build/apps/copy_task" --device cuda --out "$out/copy_task" --overwrite
 fi
 if [ -z "$corpus" ]; then
   not_run speech "no --corpus given (make one with data/make_speech_corpus.py where its Debian packages are)"
 elif [ "$emulate" = 1 ]; then
-  step speech 600 "$build/apps/speech" train --device cuda --corpus "$corpus" --out "$out/speech" \
+  step speech 600 "$build/apps/speech" train --device cuda --corpus "$corpus" --out "$out/speech" --overwrite \
     --max-steps 2 --log-interval 1
 else
-  step speech 180 "$build/apps/speech" train --device cuda --corpus "$corpus" --out "$out/speech" \
+  step speech 180 "$build/apps/speech" train --device cuda --corpus "$corpus" --out "$out/speech" --overwrite \
     --max-steps 300 --log-interval 20
 fi
 
@@ -179,7 +179,7 @@ else
     --png-memory "$out/attention_memory.png"
   for precision in fp32 bf16; do
     step "copy_task_step_$precision" 120 "$build/apps/copy_task" --device cuda \
-      --out "$out/copy_task_step_$precision" --attention full --length 63 --layers 4 --heads 6 \
+      --out "$out/copy_task_step_$precision" --overwrite --attention full --length 63 --layers 4 --heads 6 \
       --head-dim 32 --feedforward 768 --dropout 0 --batch 32 --optimizer radam --lr 2e-4 \
       --steps 30 --log-interval 1 --eval-interval 100000 --target-accuracy 0 --eval-batches 1 \
       --final-eval-batches 1 --precision "$precision"

@@ -78,5 +78,4 @@ void validate(const RunOptions& o);
 // model and its held-out set. Throws naming a missing or malformed key.
 void apply_checkpoint_config(const std::map<std::string, std::string>& config, RunOptions& o);
 
-
 }  // namespace clustr::copy
