@@ -21,7 +21,7 @@
 #include "core/parallel.h"
 #include "data/fbank.h"
 #include "data/manifest.h"
-#include "data/wav.h"
+#include "data/audio.h"
 
 namespace {
 
@@ -81,7 +81,7 @@ void bench_manifest(const std::string& manifest_path, const std::string& cache_d
   int64_t frames = 0;
   for (const clustr::Utterance& u : m.utterances) {
     auto t0 = Clock::now();
-    const std::vector<float> x = clustr::read_wav(u.wav_path, fbank.config().sample_rate);
+    const std::vector<float> x = clustr::read_audio(u.wav_path, fbank.config().sample_rate);
     t_read += seconds_since(t0);
     t0 = Clock::now();
     const clustr::Tensor f = fbank.compute(x);

@@ -14,7 +14,7 @@
 #include <sstream>
 
 #include "core/error.h"
-#include "data/wav.h"
+#include "data/audio.h"
 
 namespace clustr {
 namespace fs = std::filesystem;
@@ -391,7 +391,7 @@ Tensor FeatureCache::features(const std::string& wav_path) {
     return cached;
   }
   ++misses_;
-  Tensor feats = fbank_.compute(read_wav(wav_path, fbank_.config().sample_rate));
+  Tensor feats = fbank_.compute(read_audio(wav_path, fbank_.config().sample_rate));
   write_entry(entry, key, feats);
   return feats;
 }

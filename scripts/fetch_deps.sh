@@ -9,8 +9,9 @@
 #
 # deps/debs holds the .deb files (apt-get download: the versions this machine's Debian has);
 # deps/root the packages unpacked with dpkg -x (nothing is installed, no root needed to unpack).
-# The packages are headers and CMake files, and libstb's shared library, which the build links
-# with its full path (the programs find it through their RPATH). Safe to run again.
+# The packages are headers and CMake files, and shared libraries (libstb, libsndfile, libsoxr and
+# what libsndfile loads), which the build links with their full paths (the programs find them
+# through their RPATH; libsndfile's own libraries through LD_LIBRARY_PATH). Safe to run again.
 set -euo pipefail
 
 if [ $# -ne 1 ]; then
@@ -18,7 +19,11 @@ if [ $# -ne 1 ]; then
   exit 2
 fi
 dir=$1
-packages=(doctest-dev libcli11-dev nlohmann-json3-dev libstb-dev libstb0)
+# libsndfile and libsoxr (audio files, for the speech app) with the libraries libsndfile needs;
+# gpu_check.sh puts deps/root's library folder on LD_LIBRARY_PATH for those.
+packages=(doctest-dev libcli11-dev nlohmann-json3-dev libstb-dev libstb0
+          libsndfile1-dev libsndfile1 libsoxr-dev libsoxr0
+          libflac12 libmp3lame0 libmpg123-0 libogg0 libopus0 libvorbis0a libvorbisenc2)
 
 mkdir -p "$dir/debs" "$dir/root"
 dir=$(cd "$dir" && pwd)

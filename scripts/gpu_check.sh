@@ -112,7 +112,12 @@ build=build-gpu
 cuda_flags=(-DCLUSTR_CUDA=ON "-DCLUSTR_CUDA_ARCHITECTURES=$arch")
 [ "$emulate" = 1 ] && build=build-gpu-emulate && cuda_flags=(-DCLUSTR_CUDA=EMULATE)
 config=(-DCMAKE_BUILD_TYPE=Release -DCLUSTR_APPS=ON -DCLUSTR_TESTS=ON "${cuda_flags[@]}")
-[ -n "$deps" ] && config+=("-DCLUSTR_DEPS_ROOT=$deps")
+if [ -n "$deps" ]; then
+  config+=("-DCLUSTR_DEPS_ROOT=$deps")
+  # The libraries that the fetched libsndfile loads in turn (its programs' RPATH covers only
+  # their own direct libraries).
+  export LD_LIBRARY_PATH="$deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
 step configure 120 cmake -S . -B "$build" "${config[@]}" || { note "stopped: no build"; exit 1; }
 step build 600 cmake --build "$build" -j "$(nproc)" || { note "stopped: no build"; exit 1; }
 

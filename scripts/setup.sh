@@ -9,7 +9,8 @@
 #                                  (WordNet's usage examples, the fortune files)
 set -euo pipefail
 
-packages=(g++ cmake make doctest-dev libcli11-dev libstb-dev nlohmann-json3-dev libopenblas0)
+packages=(g++ cmake make doctest-dev libcli11-dev libstb-dev nlohmann-json3-dev libsndfile1-dev
+          libsoxr-dev libopenblas0)
 speech_packages=(espeak-ng sox flite wordnet-base fortunes)
 
 for group in "$@"; do

@@ -18,7 +18,7 @@ jobs=$(nproc)
 bash scripts/setup.sh
 
 echo "== release build =="
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DCLUSTR_AUDIO=ON
 cmake --build build -j "$jobs"
 ctest --test-dir build --output-on-failure -j "$jobs"
 

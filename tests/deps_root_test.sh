@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# CLUSTR_DEPS_ROOT (CMakeLists.txt): the build finds doctest, CLI11, nlohmann-json and stb in a
+# CLUSTR_DEPS_ROOT (CMakeLists.txt): the build finds doctest, CLI11, nlohmann-json, stb,
+# libsndfile and libsoxr in a
 # folder of unpacked Debian packages before the system's. The folder is made here from the
 # installed packages' own files (dpkg -L), laid out as dpkg -x lays out a .deb
 # (scripts/fetch_deps.sh, which downloads them, is for machines without the packages), and the
@@ -8,7 +9,8 @@ set -euo pipefail
 src=$1
 root=$(mktemp -d)
 trap 'rm -rf "$root"' EXIT
-for p in doctest-dev libcli11-dev nlohmann-json3-dev libstb-dev libstb0; do
+for p in doctest-dev libcli11-dev nlohmann-json3-dev libstb-dev libstb0 libsndfile1-dev \
+         libsndfile1 libsoxr-dev libsoxr0; do
   dpkg -L "$p" | while read -r f; do
     if [ -f "$f" ] || [ -L "$f" ]; then cp -P --parents "$f" "$root"; fi
   done
@@ -20,7 +22,9 @@ cmake -S "$src" -B "$root/build" -DCLUSTR_CUDA=OFF -DCLUSTR_APPS=ON -DCLUSTR_TES
   exit 1
 }
 status=0
-for var in CLI11_DIR doctest_DIR nlohmann_json_DIR CLUSTR_STB_INCLUDE_DIR CLUSTR_STB_LIBRARY; do
+for var in CLI11_DIR doctest_DIR nlohmann_json_DIR CLUSTR_STB_INCLUDE_DIR CLUSTR_STB_LIBRARY \
+           CLUSTR_SNDFILE_INCLUDE_DIR CLUSTR_SNDFILE_LIBRARY CLUSTR_SOXR_INCLUDE_DIR \
+           CLUSTR_SOXR_LIBRARY; do
   value=$(grep "^$var:" "$root/build/CMakeCache.txt" | cut -d= -f2-)
   case "$value" in
     "$root"/*) echo "$var from the folder: ${value#"$root"}" ;;

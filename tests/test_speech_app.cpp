@@ -27,7 +27,7 @@
 #include "check.h"
 #include "tone_corpus.h"
 #include "data/speech_batch.h"
-#include "data/wav.h"
+#include "data/audio.h"
 #include "core/safetensors.h"
 
 using namespace clustr;

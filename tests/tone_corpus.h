@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "data/wav.h"
+#include "data/audio.h"
 
 namespace clustr::test {
 
