@@ -26,6 +26,7 @@
 #include "apps/speech/train.h"
 #include "check.h"
 #include "tone_corpus.h"
+#include "data/augment.h"
 #include "data/speech_batch.h"
 #include "data/audio.h"
 #include "core/safetensors.h"
@@ -431,4 +432,156 @@ TEST_CASE("speech app: checkpoints load strictly and carry their token table") {
   again.train.max_steps = 4;
   Trainer t(again, nullptr);
   CHECK_ERROR(t.resume(dir.file("run")), "is not the token table", differs.c_str());
+}
+
+// ---- SpecAugment (data/augment.h) ------------------------------------------------------------
+
+namespace {
+
+// A batch of `n` utterances of random features: lengths 40, 28, 16, ... positions, k M wide.
+SpeechBatch random_batch(int n, int64_t bins, int k, uint32_t seed) {
+  std::vector<SpeechExample> ex;
+  for (int i = 0; i < n; ++i) {
+    SpeechExample e;
+    e.id = "u" + std::to_string(i);
+    const int64_t T = 4 * (40 - 12 * (i % 3));  // whole groups of k = 1, 2, 4
+    e.frames = T;
+    e.features = stack_frames(test::random_tensor({T, bins}, seed + uint32_t(i)), k);
+    e.labels = {1, 2};
+    ex.push_back(std::move(e));
+  }
+  std::vector<size_t> idx(ex.size());
+  for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+  return collate_speech(ex, idx);
+}
+
+}  // namespace
+
+TEST_CASE("SpecAugment: identity at zero strength, seeded, and the same as masking before "
+          "stacking") {
+  const int64_t M = 40;
+  SpecAugmentOptions o;
+  o.freq_masks = 2;
+  o.time_masks = 2;
+  {  // zero widths, or no masks: nothing changes, nothing is drawn
+    SpeechBatch b = random_batch(3, M, 1, 10);
+    const std::vector<float> before = b.features.to_vector();
+    SpecAugmentOptions zero = o;
+    zero.freq_width = zero.time_width = 0;
+    Generator gen(1);
+    spec_augment(b, M, 1, zero, gen);
+    CHECK(b.features.to_vector() == before);
+    Generator idle(1);
+    spec_augment(b, M, 1, SpecAugmentOptions{}, idle);
+    CHECK(idle.offset() == 0);
+  }
+  SpeechBatch a = random_batch(3, M, 1, 10), b = random_batch(3, M, 1, 10);
+  Generator g1(7), g2(7), g3(8);
+  spec_augment(a, M, 1, o, g1);
+  spec_augment(b, M, 1, o, g2);
+  CHECK(a.features.to_vector() == b.features.to_vector());  // the same seed, the same masks
+  SpeechBatch c = random_batch(3, M, 1, 10);
+  spec_augment(c, M, 1, o, g3);
+  CHECK(c.features.to_vector() != a.features.to_vector());
+  CHECK(g1.offset() == 3 * 2 * (2 + 2));  // two draws per mask
+  // Stacked by 4 with the same draws: the stacked form of the masked frames.
+  SpeechBatch s = random_batch(3, M, 4, 10);
+  Generator g4(7);
+  spec_augment(s, M, 4, o, g4);
+  const std::vector<float> av = a.features.to_vector(), sv = s.features.to_vector();
+  for (int64_t u = 0; u < 3; ++u) {
+    CAPTURE(u);
+    const int64_t T = a.lengths.to_int_vector()[size_t(u)];
+    const auto first = av.begin() + u * a.features.size(1) * M;
+    const std::vector<float> frames(first, first + T * M);
+    const std::vector<float> want = stack_frames(Tensor::from_vector(frames, {T, M}), 4).to_vector();
+    const auto sfirst = sv.begin() + u * s.features.size(1) * 4 * M;
+    CHECK(std::vector<float>(sfirst, sfirst + int64_t(want.size())) == want);
+  }
+}
+
+TEST_CASE("SpecAugment: masks keep to their widths, bounds and padding") {
+  const int64_t M = 40;
+  SpecAugmentOptions o;
+  o.freq_masks = 1;
+  o.freq_width = 8;
+  o.time_masks = 1;
+  o.time_width = 30;
+  o.max_time_ratio = 0.2;
+  Generator gen(3);
+  double band_sum = 0;
+  int bands = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    SpeechBatch b = random_batch(3, M, 1, 100 + uint32_t(trial));
+    spec_augment(b, M, 1, o, gen);
+    const std::vector<int32_t> len = b.lengths.to_int_vector();
+    for (int64_t u = 0; u < 3; ++u) {
+      const int64_t Tmax = b.features.size(1);
+      const float* x = b.features.f32() + u * Tmax * M;
+      int zero_cols = 0, zero_rows = 0;
+      for (int64_t f = 0; f < M; ++f) {
+        bool all = true;
+        for (int64_t t = 0; t < len[size_t(u)] && all; ++t) all = x[t * M + f] == 0.0f;
+        zero_cols += all;
+      }
+      for (int64_t t = 0; t < len[size_t(u)]; ++t) {
+        bool all = true;
+        for (int64_t f = 0; f < M && all; ++f) all = x[t * M + f] == 0.0f;
+        zero_rows += all;
+      }
+      bool padding_zero = true;  // padding stays zero, untouched
+      for (int64_t t = len[size_t(u)]; t < Tmax; ++t)
+        for (int64_t f = 0; f < M; ++f) padding_zero = padding_zero && x[t * M + f] == 0.0f;
+      CHECK(padding_zero);
+      CHECK(zero_cols <= 8);
+      CHECK(zero_rows <= std::min<int64_t>(30, int64_t(0.2 * len[size_t(u)])));
+      band_sum += zero_cols;
+      ++bands;
+    }
+  }
+  // A band's width is uniform in 0..8: its mean 4 (600 bands: the mean's sd is about 0.1).
+  CHECK(band_sum / bands == doctest::Approx(4.0).epsilon(0.1));
+  o.freq_width = 81;
+  CHECK_ERROR(o.validate(), "--spec-freq-width must be in [0, 80] bins, got 81");
+}
+
+// With SpecAugment on, the masks come from the training stream: N steps, a checkpoint, then M
+// more give the losses and weights of N + M steps, bit for bit; and the masks change the run.
+TEST_CASE("speech app: SpecAugment runs resume exactly and differ from unaugmented runs") {
+  TempDir dir;
+  write_tone_corpus(dir.file("corpus"), 32, 4, /*bad=*/false);
+  RunOptions o = tiny_run(dir.file("corpus"), dir.file("whole"));
+  o.train.max_steps = 8;
+  o.train.spec.freq_masks = 2;
+  o.train.spec.time_masks = 2;
+  o.train.spec.time_width = 20;
+  Trainer whole(o, nullptr);
+  const TrainResult all = whole.run();
+  REQUIRE(all.losses.size() == 8);
+
+  RunOptions first = o;
+  first.output.out = dir.file("split");
+  first.train.max_steps = 3;
+  TrainResult r1;
+  {
+    Trainer a(first, nullptr);
+    r1 = a.run();
+  }
+  RunOptions second = o;
+  second.output.out = dir.file("split");
+  Trainer b(second, nullptr);
+  b.resume(dir.file("split"));
+  const TrainResult r2 = b.run();
+  REQUIRE(r1.losses.size() == 3);
+  REQUIRE(r2.losses.size() == 5);
+  for (size_t i = 0; i < 8; ++i) {
+    CAPTURE(i);
+    const float split = i < 3 ? r1.losses[i] : r2.losses[i - 3];
+    CHECK(std::memcmp(&split, &all.losses[i], sizeof(float)) == 0);
+  }
+  RunOptions plain = o;
+  plain.output.out = dir.file("plain");
+  plain.train.spec = SpecAugmentOptions{};
+  const TrainResult p = Trainer(plain, nullptr).run();
+  CHECK(p.losses != all.losses);
 }

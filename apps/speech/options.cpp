@@ -74,6 +74,25 @@ FlagTable settings_table(RunOptions& o) {
         "most padded encoder positions (utterances x longest) per batch (0: none)")
       .at_least(0)
       .resume(Resume::noted);
+  f.add("spec-freq-masks", t.spec.freq_masks,
+        "SpecAugment: mel-bin bands masked per training utterance (0: none)")
+      .within(0, 16)
+      .resume(Resume::noted);
+  f.add("spec-freq-width", t.spec.freq_width, "SpecAugment: the widest band, in mel bins")
+      .within(0, 80)
+      .resume(Resume::noted);
+  f.add("spec-time-masks", t.spec.time_masks,
+        "SpecAugment: stretches of frames masked per training utterance (0: none)")
+      .within(0, 16)
+      .resume(Resume::noted);
+  f.add("spec-time-width", t.spec.time_width,
+        "SpecAugment: the longest stretch, in 10 ms frames")
+      .within(0, 1000)
+      .resume(Resume::noted);
+  f.add("spec-time-ratio", t.spec.max_time_ratio,
+        "SpecAugment: a stretch covers at most this share of its utterance")
+      .within(0, 1)
+      .resume(Resume::noted);
   add_optimizer_settings(f, t, {"radam", "adam", "adamw"}, "epochs");
   add_run_settings(f, t, "seed of every random draw");
   add_machine_settings(f, o);

@@ -375,7 +375,9 @@ TrainResult Trainer::run(RunFolder* folder) {
     for (; batch_in_epoch_ < int64_t(order.size()); ++batch_in_epoch_) {
       const auto t0 = Clock::now();
       launches.begin();
-      const SpeechBatch b = collate_speech(train_.examples, order[size_t(batch_in_epoch_)]);
+      SpeechBatch b = collate_speech(train_.examples, order[size_t(batch_in_epoch_)]);
+      // From the training stream: a resumed run masks as the uninterrupted one would.
+      spec_augment(b, cache_->fbank().num_bins(), options_.model.stacking, t.spec, gen_);
       const int64_t done = step();
       schedule_.before_step(done, *optimizer_);
       model_->train();
