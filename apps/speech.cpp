@@ -17,6 +17,8 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,6 +32,8 @@
 #include "apps/speech/train.h"
 #include "core/error.h"
 #include "core/parallel.h"
+#include "data/corpus_import.h"
+#include "data/lexicon.h"
 
 namespace {
 
@@ -209,6 +213,49 @@ int cmd_matrix(EvalFlags& f, const std::vector<std::string>& checkpoints,
   return 0;
 }
 
+// What `import` takes.
+struct ImportFlags {
+  std::string format, in, out, units = "phones";
+  std::string lexicon = "/usr/share/festival/dicts/cmu/cmudict-0.4.out";  // Debian's festlex-cmu
+};
+
+int cmd_import(const ImportFlags& f) {
+  CLUSTR_CHECK(f.units == "phones" || f.units == "chars", "--units must be phones or chars, got '",
+               f.units, "'");
+  std::vector<CorpusUtterance> utts;
+  if (f.format == "librispeech")
+    utts = import_librispeech(f.in);
+  else if (f.format == "kaldi")
+    utts = import_kaldi(f.in);
+  else if (f.format == "nemo")
+    utts = import_nemo(f.in);
+  else
+    throw Error(detail::cat("--format must be librispeech, kaldi or nemo, got '", f.format, "'"));
+  std::printf("%s: %zu utterances listed\n", f.in.c_str(), utts.size());
+  probe_durations(utts);
+  std::optional<Lexicon> lexicon;
+  if (f.units == "phones") {
+    lexicon = Lexicon::read(f.lexicon);
+    std::printf("lexicon %s: %zu words\n", f.lexicon.c_str(), lexicon->size());
+  }
+  const ImportReport r = write_manifest(
+      utts, f.units == "phones" ? LabelUnits::phones : LabelUnits::chars,
+      lexicon ? &*lexicon : nullptr, f.out);
+  double seconds = 0;
+  for (const CorpusUtterance& u : utts) seconds += u.seconds;
+  std::printf("wrote %s (%lld utterances, %.1f h listed) and tokens.txt beside it (%s)\n",
+              f.out.c_str(), static_cast<long long>(r.written), seconds / 3600,
+              f.units.c_str());
+  if (!r.problems.empty()) {
+    const std::string skipped = f.out + ".skipped.txt";
+    std::ofstream out(skipped, std::ios::trunc);
+    for (const std::string& p : r.problems) out << p << '\n';
+    std::printf("%zu utterances left out, all listed in %s; the first:\n  %s\n",
+                r.problems.size(), skipped.c_str(), r.problems.front().c_str());
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -254,6 +301,21 @@ int main(int argc, char** argv) try {
   matrix->add_option("--map-utterance", map_utt, "index of the utterance in the manifest's kept "
                      "utterances")->capture_default_str();
 
+  ImportFlags imp;
+  CLI::App* import = app.add_subcommand(
+      "import", "a LibriSpeech-style folder, a Kaldi data folder or a NeMo manifest to this "
+                "app's manifest (and tokens.txt beside it)");
+  import->add_option("--format", imp.format, "librispeech | kaldi | nemo")->required();
+  import->add_option("--in", imp.in, "the corpus folder (librispeech, kaldi) or manifest (nemo)")
+      ->required();
+  import->add_option("--out", imp.out, "the manifest to write (e.g. data/libri/train.tsv)")
+      ->required();
+  import->add_option("--units", imp.units, "phones (through --lexicon) | chars (letters, "
+                     "digits, ' and | between words)")->capture_default_str();
+  import->add_option("--lexicon", imp.lexicon, "the pronunciation dictionary: Festival's CMU "
+                     "lexicon (Debian's festlex-cmu) or a CMUdict text file")
+      ->capture_default_str();
+
   CLI11_PARSE(app, argc, argv);
   check_integer_flags(app);
   if (*train)
@@ -268,6 +330,7 @@ int main(int argc, char** argv) try {
   if (*evaluate) return cmd_evaluate(f, checkpoint, *evaluate);
   if (*decode) return cmd_decode(f, checkpoint, *decode);
   if (*matrix) return cmd_matrix(f, checkpoints, map_path, map_layer, map_head, map_utt, *matrix);
+  if (*import) return cmd_import(imp);
 
   out_mode(!resume.empty(), o.output.overwrite);  // --overwrite with --resume: refused at once
   if (!resume.empty()) {

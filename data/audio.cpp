@@ -40,6 +40,7 @@ namespace {
 }
 }  // namespace
 
+AudioInfo probe_audio(const std::string&) { no_audio("probe_audio"); }
 std::vector<float> read_audio(const std::string&, int, AudioInfo*) { no_audio("read_audio"); }
 std::vector<float> decode_audio(const std::string&, const std::vector<uint8_t>&, int, AudioInfo*) {
   no_audio("decode_audio");
@@ -188,6 +189,18 @@ sf_count_t memory_write(const void*, sf_count_t, void*) { return 0; }
 sf_count_t memory_tell(void* m) { return static_cast<Memory*>(m)->pos; }
 
 }  // namespace
+
+AudioInfo probe_audio(const std::string& path) {
+  const std::string reason = unreadable_reason(path);
+  if (!reason.empty()) fail("probe_audio", path, "cannot open the file: it ", reason);
+  SF_INFO si{};
+  Sound f(sf_open(path.c_str(), SFM_READ, &si));
+  if (!f.get()) fail("probe_audio", path, sf_strerror(nullptr));
+  if (si.samplerate < kMinRate || si.samplerate > kMaxRate || si.channels < 1)
+    fail("probe_audio", path, si.channels, " channels at ", si.samplerate,
+         " Hz (a damaged header?)");
+  return AudioInfo{si.samplerate, si.channels, si.frames, format_name(si.format)};
+}
 
 std::vector<float> read_audio(const std::string& path, int rate, AudioInfo* info) {
   const std::string reason = unreadable_reason(path);

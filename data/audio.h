@@ -29,6 +29,9 @@ struct AudioInfo {
   std::string format;  // libsndfile's words for the container and the encoding
 };
 
+// What the file at `path` holds, from its header (nothing is decoded).
+AudioInfo probe_audio(const std::string& path);
+
 // The samples of the audio file at `path`, mono, at `rate` Hz.
 std::vector<float> read_audio(const std::string& path, int rate, AudioInfo* info = nullptr);
 

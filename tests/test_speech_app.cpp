@@ -27,6 +27,7 @@
 #include "check.h"
 #include "tone_corpus.h"
 #include "data/augment.h"
+#include "data/corpus_import.h"
 #include "data/speech_batch.h"
 #include "data/audio.h"
 #include "core/safetensors.h"
@@ -584,4 +585,46 @@ TEST_CASE("speech app: SpecAugment runs resume exactly and differ from unaugment
   plain.train.spec = SpecAugmentOptions{};
   const TrainResult p = Trainer(plain, nullptr).run();
   CHECK(p.losses != all.losses);
+}
+
+// A LibriSpeech-style folder (FLAC files, a .trans.txt per chapter) imported with character
+// labels trains: one tone per letter a..e, words of them.
+TEST_CASE("speech app: trains on an imported LibriSpeech-style folder") {
+  TempDir dir;
+  const std::string ls = dir.file("libri/7/11");
+  std::filesystem::create_directories(ls);
+  std::mt19937 rng(3);
+  std::ofstream trans(ls + "/7-11.trans.txt");
+  for (int i = 0; i < 24; ++i) {
+    std::vector<int32_t> labels;
+    std::string text;
+    const int n = 3 + i % 3;
+    for (int k = 0; k < n; ++k) {
+      labels.push_back(1 + int32_t(rng() % 5));
+      text += char('A' + labels.back() - 1);
+      if (k == 0) text += ' ';  // two words: the first letter, then the rest
+    }
+    char id[32];
+    std::snprintf(id, sizeof id, "7-11-%04d", i);
+    write_audio(ls + "/" + id + ".flac", test::tone_utterance(labels, rng), 1, 16000, "flac16");
+    trans << id << ' ' << text << '\n';
+  }
+  trans.close();
+  std::vector<CorpusUtterance> all = import_librispeech(dir.file("libri"));
+  probe_durations(all);
+  REQUIRE(all.size() == 24);
+  const std::vector<CorpusUtterance> train(all.begin(), all.begin() + 18), dev(all.begin() + 18,
+                                                                               all.end());
+  CHECK(write_manifest(train, LabelUnits::chars, nullptr, dir.file("data/train.tsv")).written == 18);
+  CHECK(write_manifest(dev, LabelUnits::chars, nullptr, dir.file("data/dev.tsv")).written == 6);
+  RunOptions o = tiny_run("", dir.file("run"));
+  o.data.corpus.clear();
+  o.data.train = dir.file("data/train.tsv");
+  o.data.dev = dir.file("data/dev.tsv");
+  o.train.max_steps = 4;
+  Trainer t(o, nullptr);
+  const TrainResult r = t.run();
+  CHECK(r.steps == 4);
+  CHECK(std::isfinite(r.last_loss));
+  CHECK(t.model().classes() == 1 + 26 + 10 + 2);  // the blank, letters, digits, ' and |
 }
