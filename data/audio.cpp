@@ -48,6 +48,7 @@ std::vector<float> decode_audio(const std::string&, const std::vector<uint8_t>&,
 void write_audio(const std::string&, const std::vector<float>&, int, int, const std::string&) {
   no_audio("write_audio");
 }
+std::vector<float> resample(const std::vector<float>&, double, double) { no_audio("resample"); }
 
 #else
 
@@ -147,22 +148,7 @@ std::vector<float> decode(SNDFILE* f, const SF_INFO& si, const std::string& name
   }
   if (info) *info = AudioInfo{si.samplerate, si.channels, frames, format_name(si.format)};
   if (si.samplerate == rate || mono.empty()) return mono;
-  // libsoxr, one shot: its high-quality setting (20-bit precision, a passband to 91% of the
-  // lower Nyquist frequency), float in and out.
-  const size_t out_len = size_t(std::llround(double(mono.size()) * rate / si.samplerate));
-  if (out_len == 0) return {};  // fewer input samples than one output period
-  std::vector<float> out(out_len);
-  size_t in_done = 0, out_done = 0;
-  const soxr_io_spec_t io = soxr_io_spec(SOXR_FLOAT32_I, SOXR_FLOAT32_I);
-  const soxr_quality_spec_t quality = soxr_quality_spec(SOXR_HQ, 0);
-  const soxr_error_t err =
-      soxr_oneshot(si.samplerate, rate, 1, mono.data(), mono.size(), &in_done, out.data(),
-                   out.size(), &out_done, &io, &quality, nullptr);
-  if (err)
-    fail("read_audio", name, "resampling from ", si.samplerate, " to ", rate, " Hz failed: ",
-         err);
-  out.resize(out_done);
-  return out;
+  return resample(mono, si.samplerate, rate);
 }
 
 // libsndfile's virtual I/O over bytes in memory.
@@ -189,6 +175,28 @@ sf_count_t memory_write(const void*, sf_count_t, void*) { return 0; }
 sf_count_t memory_tell(void* m) { return static_cast<Memory*>(m)->pos; }
 
 }  // namespace
+
+std::vector<float> resample(const std::vector<float>& samples, double from_rate, double to_rate) {
+  CLUSTR_CHECK(std::isfinite(from_rate) && std::isfinite(to_rate) && from_rate >= kMinRate &&
+                   from_rate <= kMaxRate && to_rate >= kMinRate && to_rate <= kMaxRate,
+               "resample: rates must be in [", kMinRate, ", ", kMaxRate, "] Hz, got ", from_rate,
+               " and ", to_rate);
+  if (from_rate == to_rate || samples.empty()) return samples;
+  // libsoxr, one shot: its high-quality setting (20-bit precision, a passband to 91% of the
+  // lower Nyquist frequency), float in and out.
+  const size_t out_len = size_t(std::llround(double(samples.size()) * to_rate / from_rate));
+  if (out_len == 0) return {};  // fewer input samples than one output period
+  std::vector<float> out(out_len);
+  size_t in_done = 0, out_done = 0;
+  const soxr_io_spec_t io = soxr_io_spec(SOXR_FLOAT32_I, SOXR_FLOAT32_I);
+  const soxr_quality_spec_t quality = soxr_quality_spec(SOXR_HQ, 0);
+  const soxr_error_t err =
+      soxr_oneshot(from_rate, to_rate, 1, samples.data(), samples.size(), &in_done, out.data(),
+                   out.size(), &out_done, &io, &quality, nullptr);
+  CLUSTR_CHECK(!err, "resample: from ", from_rate, " to ", to_rate, " Hz failed: ", err);
+  out.resize(out_done);
+  return out;
+}
 
 AudioInfo probe_audio(const std::string& path) {
   const std::string reason = unreadable_reason(path);

@@ -39,6 +39,11 @@ std::vector<float> read_audio(const std::string& path, int rate, AudioInfo* info
 std::vector<float> decode_audio(const std::string& name, const std::vector<uint8_t>& bytes,
                                 int rate, AudioInfo* info = nullptr);
 
+// `samples` taken as sampled at `from_rate` Hz, resampled to `to_rate` Hz by libsoxr (its
+// high-quality setting), about samples.size() x to_rate / from_rate samples. Rates may be
+// fractional: speed perturbation plays 16 kHz audio as if it were 16 kHz x factor.
+std::vector<float> resample(const std::vector<float>& samples, double from_rate, double to_rate);
+
 // Writes interleaved samples (`channels` per frame, in [-1, 1]) as `format`: "wav8", "wav16",
 // "wav24", "wav-float" (32-bit IEEE float), "flac16" or "flac24". Integer encodings round and
 // clip. Atomic (a temporary file renamed over `path`).

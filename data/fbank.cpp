@@ -24,6 +24,7 @@ namespace {
 constexpr double kPi = 3.14159265358979323846;
 
 double mel_scale(double hz) { return 1127.0 * std::log(1.0 + hz / 700.0); }
+double inverse_mel_scale(double mel) { return 700.0 * (std::exp(mel / 1127.0) - 1.0); }
 
 }  // namespace
 
@@ -147,19 +148,50 @@ Fbank::Fbank(const FbankConfig& config) : config_(config), fft_(make_fft(config)
     window_[static_cast<size_t>(j)] =
         std::pow(0.5 - 0.5 * std::cos(2 * kPi * j / (window_size_ - 1)), 0.85);
 
-  // Triangles equally spaced in mel between low and high, each spanning two steps; FFT bins
-  // 0 .. n/2 - 1 (the Nyquist bin gets no weight, as in Kaldi).
+  make_filters(1.0, filter_first_, filter_weights_);
+}
+
+double vtln_warp_freq(double freq, double warp, double low_freq, double high_freq,
+                      double vtln_low, double vtln_high) {
+  if (freq < low_freq || freq > high_freq) return freq;
+  // The breakpoints: inside (l, h) a frequency is divided by the warp factor; below and above,
+  // straight lines join that stretch to (low_freq, low_freq) and (high_freq, high_freq).
+  const double l = vtln_low * std::max(1.0, warp), h = vtln_high * std::min(1.0, warp);
+  const double scale = 1.0 / warp, fl = scale * l, fh = scale * h;
+  if (freq < l) return low_freq + (fl - low_freq) / (l - low_freq) * (freq - low_freq);
+  if (freq < h) return scale * freq;
+  return high_freq + (high_freq - fh) / (high_freq - h) * (freq - high_freq);
+}
+
+void Fbank::make_filters(double warp, std::vector<int>& first_bins,
+                         std::vector<std::vector<double>>& weights) const {
+  const FbankConfig& c = config_;
+  CLUSTR_CHECK(std::isfinite(warp) && warp >= kMinWarp && warp <= kMaxWarp,
+               "Fbank: the VTLP warp factor must be in [", kMinWarp, ", ", kMaxWarp, "], got ",
+               warp);
+  const double nyquist = 0.5 * c.sample_rate;
+  const double high = c.high_freq <= 0 ? nyquist + c.high_freq : c.high_freq;
+  // Kaldi's VTLN cut-offs (vtln-low 100 Hz, vtln-high 500 Hz below Nyquist).
+  const double vtln_low = 100.0, vtln_high = nyquist - 500.0;
+  const auto warped_mel = [&](double mel) {
+    return warp == 1.0 ? mel
+                       : mel_scale(vtln_warp_freq(inverse_mel_scale(mel), warp, c.low_freq, high,
+                                                  vtln_low, vtln_high));
+  };
+  // Triangles equally spaced in mel between low and high, each spanning two steps (their corners
+  // moved by the warp); FFT bins 0 .. n/2 - 1 (the Nyquist bin gets no weight, as in Kaldi).
   const int fft_bins = fft_.size() / 2;
   const double bin_width = double(c.sample_rate) / fft_.size();
   const double mel_low = mel_scale(c.low_freq), mel_high = mel_scale(high);
   const double delta = (mel_high - mel_low) / (c.num_mel_bins + 1);
-  filter_first_.assign(static_cast<size_t>(c.num_mel_bins), 0);
-  filter_weights_.assign(static_cast<size_t>(c.num_mel_bins), {});
+  first_bins.assign(static_cast<size_t>(c.num_mel_bins), 0);
+  weights.assign(static_cast<size_t>(c.num_mel_bins), {});
   for (int m = 0; m < c.num_mel_bins; ++m) {
-    const double left = mel_low + m * delta, center = mel_low + (m + 1) * delta,
-                 right = mel_low + (m + 2) * delta;
+    const double left = warped_mel(mel_low + m * delta),
+                 center = warped_mel(mel_low + (m + 1) * delta),
+                 right = warped_mel(mel_low + (m + 2) * delta);
     int first = -1;
-    std::vector<double>& w = filter_weights_[static_cast<size_t>(m)];
+    std::vector<double>& w = weights[static_cast<size_t>(m)];
     for (int k = 0; k < fft_bins; ++k) {
       const double mel = mel_scale(bin_width * k);
       const double up = (mel - left) / (center - left), down = (right - mel) / (right - center);
@@ -172,7 +204,7 @@ Fbank::Fbank(const FbankConfig& config) : config_(config), fft_(make_fft(config)
     }
     CLUSTR_CHECK(first >= 0, "Fbank: mel bin ", m, " of ", c.num_mel_bins,
                  " covers no FFT bin; use fewer mel bins or a longer frame");
-    filter_first_[static_cast<size_t>(m)] = first;
+    first_bins[static_cast<size_t>(m)] = first;
   }
 }
 
@@ -181,14 +213,21 @@ int64_t Fbank::num_frames(int64_t num_samples) const {
   return 1 + (num_samples - window_size_) / window_shift_;
 }
 
-Tensor Fbank::compute(const std::vector<float>& samples) const {
+Tensor Fbank::compute(const std::vector<float>& samples, double warp) const {
   const int64_t n = static_cast<int64_t>(samples.size());
   Tensor out = Tensor::empty({num_frames(n), int64_t(num_bins())});
-  if (out.numel() > 0) compute(samples.data(), n, out.f32());
+  if (out.numel() > 0) compute(samples.data(), n, out.f32(), warp);
   return out;
 }
 
-void Fbank::compute(const float* samples, int64_t n, float* out) const {
+void Fbank::compute(const float* samples, int64_t n, float* out, double warp) const {
+  // A warped front end builds its own filters (40 x 256 weights: microseconds).
+  std::vector<int> warped_first;
+  std::vector<std::vector<double>> warped_weights;
+  if (warp != 1.0) make_filters(warp, warped_first, warped_weights);
+  const std::vector<int>& first_bins = warp != 1.0 ? warped_first : filter_first_;
+  const std::vector<std::vector<double>>& weights =
+      warp != 1.0 ? warped_weights : filter_weights_;
   const int64_t frames = num_frames(n);
   const int L = window_size_, N = fft_.size(), K = N / 2 + 1, M = num_bins();
   const double scale = config_.input_scale, p = config_.preemphasis;
@@ -216,8 +255,8 @@ void Fbank::compute(const float* samples, int64_t n, float* out) const {
     for (int k = 0; k < K; ++k) power[static_cast<size_t>(k)] = re[k] * re[k] + im[k] * im[k];
     float* o = out + t * M;
     for (int m = 0; m < M; ++m) {
-      const std::vector<double>& w = filter_weights_[static_cast<size_t>(m)];
-      const double* pw = power.data() + filter_first_[static_cast<size_t>(m)];
+      const std::vector<double>& w = weights[static_cast<size_t>(m)];
+      const double* pw = power.data() + first_bins[static_cast<size_t>(m)];
       double e = 0;
       for (size_t i = 0; i < w.size(); ++i) e += w[i] * pw[i];
       o[m] = static_cast<float>(std::log(std::max(e, double(FLT_EPSILON))));

@@ -18,6 +18,12 @@
 //      FFT bin's frequency k * rate / fft_size (the Nyquist bin gets weight 0, as in Kaldi);
 //   8. log(max(energy, float epsilon)).
 // No energy coefficient is added. Everything inside runs in double; the output is float.
+//
+// Vocal-tract-length perturbation (VTLP; Jaitly and Hinton 2013) is a warp of the filters, the
+// way Kaldi's VTLN warps them (vtln_warp_freq below, with vtln-low 100 Hz and vtln-high 500 Hz
+// below Nyquist): each triangle's three corners move from frequency f to about f / warp. A warp
+// above 1 moves the filters down, so a formant lands in a higher mel bin, as if the speaker's
+// vocal tract were shorter.
 #pragma once
 
 #include <atomic>
@@ -48,6 +54,15 @@ class RealFft {
   std::vector<double> split_cos_, split_sin_;  // (m + 1) e^{-2 pi i k / n} for the real split
 };
 
+// Kaldi's piecewise-linear VTLN warp of a frequency (Hz): f / warp between the cut-offs l =
+// vtln_low max(1, warp) and h = vtln_high min(1, warp), straight lines from there to low_freq and
+// high_freq (which stay where they are); frequencies outside [low_freq, high_freq] unchanged.
+double vtln_warp_freq(double freq, double warp, double low_freq, double high_freq,
+                      double vtln_low, double vtln_high);
+
+// The VTLP warp factors a front end accepts.
+constexpr double kMinWarp = 0.5, kMaxWarp = 2.0;
+
 struct FbankConfig {
   int sample_rate = 16000;
   double frame_length_ms = 25.0;
@@ -73,11 +88,15 @@ class Fbank {
   int num_bins() const { return config_.num_mel_bins; }
   int64_t num_frames(int64_t num_samples) const;  // T for n samples (snip_edges)
 
-  // samples: (n) -> features: (T, M) f32 on cpu (T may be 0).
-  Tensor compute(const std::vector<float>& samples) const;
+  // samples: (n) -> features: (T, M) f32 on cpu (T may be 0), through the filters warped by
+  // `warp` (VTLP; 1 = none; in [kMinWarp, kMaxWarp]).
+  Tensor compute(const std::vector<float>& samples, double warp = 1.0) const;
   // The same into caller memory: out holds num_frames(n) * M floats (overwritten).
-  void compute(const float* samples, int64_t n, float* out) const;
+  void compute(const float* samples, int64_t n, float* out, double warp = 1.0) const;
 
+  // The filters warped by `warp`, in the layout of filter_first and filter below.
+  void make_filters(double warp, std::vector<int>& first_bins,
+                    std::vector<std::vector<double>>& weights) const;
   // The triangular filter of bin m: weights for FFT bins first(m) .. first(m) + size - 1.
   int filter_first(int m) const { return filter_first_[m]; }
   const std::vector<double>& filter(int m) const { return filter_weights_[m]; }

@@ -27,6 +27,7 @@
 #include "check.h"
 #include "tone_corpus.h"
 #include "data/augment.h"
+#include "data/wave_augment.h"
 #include "data/corpus_import.h"
 #include "data/speech_batch.h"
 #include "data/audio.h"
@@ -314,6 +315,26 @@ TEST_CASE("speech app: flag checks name the flag") {
   b = o;
   b.data.corpus.clear();
   CHECK_ERROR(validate(b), "give --corpus");
+  b = o;
+  b.train.wave.speed = Spread::parse("0.8:2.5", "--speed-perturb");
+  CHECK_ERROR(validate(b), "--speed-perturb must keep to [0.5, 2]", "got 0.8:2.5");
+  b = o;
+  b.train.wave.noise_prob = 1.2;
+  CHECK_ERROR(validate(b), "--noise-prob must be in [0, 1], got 1.2");
+  b = o;
+  CHECK_ERROR(settings_table(b).set("vtlp=0.9;1.1"), "--vtlp '0.9;1.1' is not a value");
+  // The augmentation settings survive the checkpoint config as they were spelled.
+  settings_table(b).set("speed-perturb=0.9,1.0,1.1 reverb-rt60=0.3:0.9 noise-snr=10");
+  const std::map<std::string, std::string> c = to_config(b);
+  CHECK(c.at("speed-perturb") == "0.9,1,1.1");
+  CHECK(c.at("reverb-rt60") == "0.3:0.9");
+  CHECK(c.at("noise-snr") == "10");
+  CHECK(c.at("vtlp") == "1");
+  RunOptions back = o;
+  FlagTable t = settings_table(back);
+  t.apply(c, {"speed-perturb", "reverb-rt60", "noise-snr"});
+  CHECK(back.train.wave.speed.text() == "0.9,1,1.1");
+  CHECK(back.train.wave.reverb_rt60.text() == "0.3:0.9");
   CHECK_ERROR(preset_options("gpu"), "unknown --preset 'gpu'");
   const RunOptions p = preset_options("paper");
   CHECK(p.model.layers == 9);
@@ -584,6 +605,66 @@ TEST_CASE("speech app: SpecAugment runs resume exactly and differ from unaugment
   plain.output.out = dir.file("plain");
   plain.train.spec = SpecAugmentOptions{};
   const TrainResult p = Trainer(plain, nullptr).run();
+  CHECK(p.losses != all.losses);
+}
+
+// With waveform augmentation every epoch reads its utterances again, each augmented from its own
+// stream: a run stopped inside an epoch and resumed gives the losses of the uninterrupted run
+// bit for bit, in that epoch and the next; and the augmentation changes the run.
+TEST_CASE("speech app: waveform-augmented runs resume exactly and differ from plain runs" *
+          doctest::skip(!audio_compiled())) {
+  TempDir dir;
+  write_tone_corpus(dir.file("corpus"), 32, 4, /*bad=*/false);
+  RunOptions o = tiny_run(dir.file("corpus"), dir.file("whole"));
+  o.train.max_steps = 8;  // 4 batches an epoch: two epochs
+  WaveAugmentOptions& w = o.train.wave;
+  w.speed = Spread::parse("0.9,1,1.1", "--speed-perturb");
+  w.vtlp = Spread::parse("0.9:1.1", "--vtlp");
+  w.gain_db = 3;
+  w.noise_prob = 0.5;
+  w.reverb_prob = 0.5;
+  TempDir logs;
+  std::FILE* log = std::fopen(logs.file("log").c_str(), "w+");
+  REQUIRE(log);
+  TrainResult all;
+  {
+    Trainer whole(o, log);
+    all = whole.run();
+  }
+  std::fflush(log);
+  std::rewind(log);
+  std::string text(1 << 16, '\0');
+  text.resize(std::fread(text.data(), 1, text.size(), log));
+  std::fclose(log);
+  CHECK(text.find("epoch 1: 32 training utterances augmented") != std::string::npos);
+  CHECK(text.find("epoch 2: 32 training utterances augmented") != std::string::npos);
+  REQUIRE(all.losses.size() == 8);
+
+  RunOptions first = o;
+  first.output.out = dir.file("split");
+  first.train.max_steps = 3;
+  TrainResult r1;
+  {
+    Trainer a(first, nullptr);
+    r1 = a.run();
+  }
+  RunOptions second = o;
+  second.output.out = dir.file("split");
+  Trainer b(second, nullptr);
+  b.resume(dir.file("split"));
+  const TrainResult r2 = b.run();
+  REQUIRE(r1.losses.size() == 3);
+  REQUIRE(r2.losses.size() == 5);
+  for (size_t i = 0; i < 8; ++i) {
+    CAPTURE(i);
+    const float split = i < 3 ? r1.losses[i] : r2.losses[i - 3];
+    CHECK(std::memcmp(&split, &all.losses[i], sizeof(float)) == 0);
+  }
+  RunOptions plain = o;
+  plain.output.out = dir.file("plain");
+  plain.train.wave = WaveAugmentOptions{};
+  const TrainResult p = Trainer(plain, nullptr).run();
+  CHECK(p.losses.size() == 8);
   CHECK(p.losses != all.losses);
 }
 

@@ -85,6 +85,7 @@ SpeechSet load_speech_set(const std::string& manifest_path, const TokenTable& to
     }
     set.seconds += double(e.frames) * 0.01;
     set.lines.push_back(utts[i].line);
+    set.audio.push_back(utts[i].wav_path);
     set.examples.push_back(std::move(e));
   }
   if (log) {

@@ -24,6 +24,7 @@ struct SpeechSet {
   std::string manifest;
   std::vector<SpeechExample> examples;
   std::vector<int64_t> lines;  // manifest line of each example
+  std::vector<std::string> audio;  // audio file of each example
   int64_t bad_lines = 0;       // skipped while reading the manifest
   int64_t bad_audio = 0;       // skipped: the WAV could not be read
   int64_t too_short = 0;       // skipped: fewer stacked frames than CTC needs

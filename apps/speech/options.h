@@ -14,6 +14,7 @@
 #include "apps/common/flag_table.h"
 #include "apps/common/settings.h"
 #include "data/augment.h"
+#include "data/wave_augment.h"
 #include "layers/attention/config.h"
 
 namespace CLI {
@@ -50,6 +51,8 @@ struct TrainOptions : TrainingOptions {
   int64_t batch = 32;         // most utterances per batch; 0 = only the frame budget
   int64_t max_frames = 4000;  // most padded encoder positions (B x Tmax) per batch; 0 = none
   SpecAugmentOptions spec;    // masks on the training batches (data/augment.h); off by default
+  WaveAugmentOptions wave;    // speed, VTLP, reverberation, noise, gain (data/wave_augment.h);
+                              // off by default
   TrainOptions() {
     clip = 5.0f;
     lr_schedule = "plateau";  // warm-up, then lowered on plateaus of the dev loss

@@ -218,7 +218,8 @@ Trainer::Trainer(const RunOptions& options, std::FILE* log)
     : TrainerBase(validated(options), options.train, log),
       options_(options),
       order_key_(stream_key(1)),
-      eval_key_(stream_key(2)) {
+      eval_key_(stream_key(2)),
+      augment_key_(stream_key(3)) {
   DataOptions& d = options_.data;
   if (d.train.empty()) d.train = (fs::path(d.corpus) / "train.tsv").string();
   if (d.dev.empty()) d.dev = (fs::path(d.corpus) / "dev.tsv").string();
@@ -245,6 +246,59 @@ Trainer::Trainer(const RunOptions& options, std::FILE* log)
   std::vector<int64_t> lengths;
   for (const SpeechExample& e : train_.examples) lengths.push_back(e.features.size(0));
   buckets_ = make_length_buckets(lengths, {options_.train.batch, options_.train.max_frames});
+}
+
+const std::vector<SpeechExample>& Trainer::training_examples() const {
+  return options_.train.wave.enabled() ? augmented_ : train_.examples;
+}
+
+double Trainer::prepare_epoch() {
+  const WaveAugmentOptions& w = options_.train.wave;
+  if (!w.enabled() || augmented_epoch_ == epoch_) return 0.0;
+  const auto t0 = Clock::now();
+  const int k = options_.model.stacking;
+  const uint64_t epoch_key = derive_key(augment_key_, uint64_t(epoch_));
+  const std::vector<SpeechExample>& clean = train_.examples;
+  const auto n = int64_t(clean.size());
+  augmented_.assign(clean.size(), SpeechExample{});
+  std::vector<std::string> errors(clean.size());
+  std::vector<char> kept_clean(clean.size(), 0);
+  // Each utterance from its own stream: the same draws for any thread count or schedule.
+#pragma omp parallel for schedule(dynamic, 4)
+  for (int64_t i = 0; i < n; ++i) {
+    const SpeechExample& c = clean[size_t(i)];
+    SpeechExample& a = augmented_[size_t(i)];
+    a.id = c.id;
+    a.labels = c.labels;
+    try {
+      Generator gen(derive_key(epoch_key, uint64_t(i)));
+      const Tensor raw = augmented_features(train_.audio[size_t(i)], cache_->fbank(), w, gen);
+      a.frames = raw.size(0);
+      a.features = stack_frames(normalize_utterance(raw), k);
+      // Sped up too far for its labels: this epoch it trains on its unaugmented features.
+      if (a.features.size(0) < ctc_min_frames(a.labels)) {
+        a.frames = c.frames;
+        a.features = c.features;
+        kept_clean[size_t(i)] = 1;
+      }
+    } catch (const std::exception& e) {
+      errors[size_t(i)] = e.what();
+    }
+  }
+  for (size_t i = 0; i < errors.size(); ++i)
+    CLUSTR_CHECK(errors[i].empty(), "augmenting training utterance '", clean[i].id, "' (",
+                 train_.manifest, ":", train_.lines[i], ") in epoch ", epoch_, ": ", errors[i]);
+  std::vector<int64_t> lengths;
+  for (const SpeechExample& e : augmented_) lengths.push_back(e.features.size(0));
+  buckets_ = make_length_buckets(lengths, {options_.train.batch, options_.train.max_frames});
+  augmented_epoch_ = epoch_;
+  int64_t unaugmented = 0;
+  for (char c : kept_clean) unaugmented += c;
+  logf(log_, "epoch %lld: %lld training utterances augmented in %.1f s (%lld too short for "
+       "their labels once sped up: unaugmented), %zu batches\n",
+       static_cast<long long>(epoch_), static_cast<long long>(n - unaugmented),
+       seconds_since(t0), static_cast<long long>(unaugmented), buckets_.size());
+  return seconds_since(t0);
 }
 
 void Trainer::save(const std::string& path, bool with_state) const {
@@ -368,6 +422,8 @@ TrainResult Trainer::run(RunFolder* folder) {
   double run_seconds = 0;
   LaunchMeter launches(device_);
   for (; epoch_ <= t.epochs && !stop; ++epoch_, batch_in_epoch_ = 0) {
+    run_seconds += prepare_epoch();  // training time: the time limit and frames/s count it
+    const std::vector<SpeechExample>& examples = training_examples();
     std::vector<std::vector<size_t>> order = buckets_;
     Generator order_gen(derive_key(order_key_, uint64_t(epoch_)));
     shuffle_batches(order, order_gen);
@@ -375,7 +431,7 @@ TrainResult Trainer::run(RunFolder* folder) {
     for (; batch_in_epoch_ < int64_t(order.size()); ++batch_in_epoch_) {
       const auto t0 = Clock::now();
       launches.begin();
-      SpeechBatch b = collate_speech(train_.examples, order[size_t(batch_in_epoch_)]);
+      SpeechBatch b = collate_speech(examples, order[size_t(batch_in_epoch_)]);
       // From the training stream: a resumed run masks as the uninterrupted one would.
       spec_augment(b, cache_->fbank().num_bins(), options_.model.stacking, t.spec, gen_);
       const int64_t done = step();
@@ -398,7 +454,7 @@ TrainResult Trainer::run(RunFolder* folder) {
       }
       if (skip) {
         optimizer_->zero_grad();
-        const SpeechExample& e0 = train_.examples[b.indices.front()];
+        const SpeechExample& e0 = examples[b.indices.front()];
         non_finite.skipped(
             detail::cat("epoch ", epoch_, " batch ", batch_in_epoch_ + 1, ": non-finite ",
                         std::isfinite(value) ? "gradient norm" : "loss", " (",

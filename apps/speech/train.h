@@ -132,12 +132,20 @@ class Trainer : public TrainerBase {
 
  private:
   void save(const std::string& path, bool with_state) const;
+  // With waveform augmentation: the training examples of epoch_ (each utterance read again and
+  // augmented from its own stream: derive_key(derive_key(augment_key_, epoch), index)) and
+  // their length buckets; without: the cached features and buckets made once. Returns the
+  // seconds it took.
+  double prepare_epoch();
+  const std::vector<SpeechExample>& training_examples() const;
 
   RunOptions options_;
   TokenTable tokens_;
   std::unique_ptr<FeatureCache> cache_;
   SpeechSet train_, dev_;
-  uint64_t order_key_, eval_key_;
+  uint64_t order_key_, eval_key_, augment_key_;
+  std::vector<SpeechExample> augmented_;  // the epoch's augmented training examples
+  int64_t augmented_epoch_ = 0;           // the epoch they are for (0: none)
   std::unique_ptr<SpeechModel> model_;
   std::vector<std::vector<size_t>> buckets_;
   int64_t epoch_ = 1;         // the epoch in progress (1-based)
