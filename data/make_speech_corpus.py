@@ -2,11 +2,13 @@
 """Generates a synthetic English speech corpus with phone labels, for CTC phone recognition.
 
     /usr/bin/python3 data/make_speech_corpus.py --out DIR [--train N] [--dev N] [--test N]
-                                                [--seed S] [--jobs J] [--small] [--force]
+                                                [--unseen N] [--seed S] [--jobs J] [--small]
+                                                [--force]
     /usr/bin/python3 data/make_speech_corpus.py --check-phonemes N [--jobs J]
 
-Needs only the Python standard library and Debian's espeak-ng, sox, flite, wordnet-base and
-fortunes (`bash scripts/setup.sh speech` installs them).
+Needs only the Python standard library and Debian's espeak-ng, sox, flite, wordnet-base,
+fortunes, and for the unseen-family test set festival with festvox-kallpc16k and
+festvox-kdlpc16k (`bash scripts/setup.sh speech` installs them).
 
 Text: the quoted usage examples of WordNet's glosses (/usr/share/wordnet/data.*) and prose
 sentences of the fortune files (/usr/share/games/fortunes), cleaned and de-duplicated. The
@@ -24,8 +26,15 @@ and 10% for test: no dev or test voice occurs in training. Training has one spea
 utterances (dev and test one per 25); half of its espeak-ng speakers speak through a perturbed
 copy of their (training) variant, formant frequencies and pitch scaled by a random vocal-tract
 factor (perturb_variant), which widens the range of voices that training covers. Training also
-has flite speakers (voices rms and kal16 only, with a duration stretch and a pitch shift); other
-flite voices and festival are left for held-out evaluation.
+has flite speakers (voices rms and kal16 only, with a duration stretch and a pitch shift). Other
+flite voices and festival's HTS voice are never used: they are kept for evaluation outside the
+project.
+
+Unseen family (--unseen N, 500 by default; 0: none): a second test set spoken by a synthesizer
+family that nothing else in the corpus uses, festival's diphone voices kal_diphone
+(festvox-kallpc16k) and ked_diphone (festvox-kdlpc16k), one speaker per 25 utterances, each with
+a duration stretch and a pitch shift as flite's. Its text comes from the test pool, its
+augmentation is drawn as every split's.
 
 Labels: the phones the synthesizer says it speaks. espeak-ng prints its phonemes (-x --sep=" ",
 stress marks ' and , before vowels); ESPEAK_TO_ARPABET maps every phoneme of its English tables
@@ -33,8 +42,10 @@ onto the 39 ARPAbet phones of CMUdict, which WSJ-style phone recognisers use (a 
 an r in the dictionary gets it: A@ -> AA R, as CMUdict spells `car` for every accent); pauses
 and linking marks are dropped; within a word a second R right after R or ER (an accent that
 prints the r of e@ separately, or a linking r- after 3) is one R. flite prints CMUdict phones
-(-ps): ax -> AH, pau dropped. A phoneme that is not in the tables stops the run with an error
-naming it, the voice and the sentence.
+(-ps): ax -> AH, pau dropped; festival's Segment relation holds the same phone set (ix -> IH; an
+R right after ER is dropped, as ked_diphone spells er r where the dictionary has ER). A
+phoneme that is not in the tables stops the run with an error naming it, the voice and the
+sentence.
 
 Audio: espeak-ng writes 22050 Hz PCM16, flite 16 kHz; sox resamples to 16 kHz mono 16-bit
 (`rate -h`) and augments: speed 0.9..1.1 (half of the utterances), reverb (30%), white, pink or
@@ -45,7 +56,7 @@ sox runs without dither, so the same arguments give the same corpus, byte for by
 
 Output in --out:
   wav/<split>/<id>.wav     16 kHz mono PCM16
-  train.tsv dev.tsv test.tsv
+  train.tsv dev.tsv test.tsv unseen.tsv
                            one utterance per line: id, wav path relative to the manifest,
                            duration in seconds, space-separated phone labels
   tokens.txt               <blank> then the 39 phones (CTC output index = line - 1)
@@ -130,8 +141,12 @@ ESPEAK_SILENT = {"_", "_:", "_!", "_|", "_::", "_;_", "_^_", ";", "%", "%%", "="
 FLITE_TO_ARPABET = {p.lower(): p for p in ARPABET}
 FLITE_TO_ARPABET.update({"ax": "AH", "axr": "ER", "hv": "HH", "nx": "N", "dx": "T",
                          "el": "AH L", "em": "AH M", "en": "AH N"})
+FLITE_TO_ARPABET["ix"] = "IH"  # festival's reduced i (flite never prints it)
 FLITE_SILENT = {"pau", "h#", "brth"}
 FLITE_VOICES = ["rms", "kal16"]  # the only flite voices used; the others are held out
+# The unseen family: festival's diphone voices, and the directories their packages install.
+FESTIVAL_VOICES = {"kal_diphone": "festvox-kallpc16k", "ked_diphone": "festvox-kdlpc16k"}
+FESTIVAL_VOICE_DIR = "/usr/share/festival/voices/english"
 
 
 class CorpusError(Exception):
@@ -322,6 +337,24 @@ def perturb_variant(text, name, tract, jitter, pitch_scale):
     return "\n".join(lines) + "\n"
 
 
+def make_festival_speakers(count, seed):
+    """The unseen family's speakers: one per 25 utterances (at least 2), festival's diphone voices
+    with a duration stretch and a pitch shift."""
+    rng = random.Random("%s:speakers:unseen" % seed)
+    return [{"id": "unseen-spk%03d" % i, "synth": "festival",
+             "voice": rng.choice(sorted(FESTIVAL_VOICES)),
+             "stretch": round(rng.uniform(0.85, 1.2), 3), "pitch_cents": rng.randint(-250, 250)}
+            for i in range(max(2, math.ceil(count / 25)))]
+
+
+def check_festival():
+    for voice, package in sorted(FESTIVAL_VOICES.items()):
+        if not os.path.isdir(os.path.join(FESTIVAL_VOICE_DIR, voice)):
+            raise CorpusError("festival voice %s is not installed (Debian package %s; run `bash "
+                              "scripts/setup.sh speech`, or --unseen 0 for no unseen-family set)"
+                              % (voice, package))
+
+
 def make_speakers(split, count, accents, variants, seed, data_dir=None):
     """The speakers of a split.
 
@@ -398,8 +431,8 @@ def check_variants(data_dir, speakers):
 
 
 def voice_name(speaker):
-    if speaker["synth"] == "flite":
-        return "flite %s" % speaker["voice"]
+    if speaker["synth"] in ("flite", "festival"):
+        return "%s %s" % (speaker["synth"], speaker["voice"])
     return "espeak-ng %s+%s" % (speaker["accent"], speaker["variant"])
 
 
@@ -408,7 +441,7 @@ def voice_name(speaker):
 def estimate_seconds(sentences, speaker, speed):
     words = sum(len(s.split()) for s in sentences)
     pauses = sum(len(re.findall(r"[,;:()]", s)) for s in sentences)
-    if speaker["synth"] == "flite":
+    if speaker["synth"] in ("flite", "festival"):
         t = words * 0.33 * speaker["stretch"]
     else:
         t = words * 60.0 / speaker["speed"]
@@ -484,15 +517,20 @@ def espeak_labels(phonemes, context):
     return labels
 
 
-def flite_labels(phones, context):
+def flite_labels(phones, context, synth="flite"):
     labels = []
     for token in phones.split():
         if token in FLITE_SILENT:
             continue
         mapped = FLITE_TO_ARPABET.get(token)
         if mapped is None:
-            raise CorpusError("flite phone %r has no ARPAbet mapping (%s)" % (token, context))
-        labels.extend(mapped.split())
+            raise CorpusError("%s phone %r has no ARPAbet mapping (%s)" % (synth, token, context))
+        for phone in mapped.split():
+            # ked_diphone's lexicon spells an r after er ("over": ow v er r): one R, as the
+            # espeak-ng labels count it.
+            if synth == "festival" and phone == "R" and labels and labels[-1] == "ER":
+                continue
+            labels.append(phone)
     return labels
 
 
@@ -544,6 +582,20 @@ def synthesize(job, sentences, raw):
         out = run(["flite", "-voice", sp["voice"], "--setf", "duration_stretch=%s" % sp["stretch"],
                    "-ps", "-f", text_file, "-o", raw], "flite (%s)" % context)
         return flite_labels(out, context)
+    if sp["synth"] == "festival":
+        # Festival's Scheme: the voice, the stretch, one utterance of the text (double quotes
+        # dropped: they are not spoken and would end the Scheme string), its wave and its
+        # phones (the Segment relation) on standard output.
+        script = os.path.join(_worker["tmp"], "say.scm")
+        with open(script, "w") as f:
+            f.write('(voice_%s)\n(Parameter.set \'Duration_Stretch %s)\n'
+                    '(set! utt (Utterance Text "%s"))\n(utt.synth utt)\n'
+                    '(utt.save.wave utt "%s" \'riff)\n'
+                    '(mapcar (lambda (s) (format t "%%s " (item.name s))) '
+                    '(utt.relation.items utt \'Segment))\n'
+                    % (sp["voice"], sp["stretch"], text.replace('"', ""), raw))
+        out = run(["festival", "--batch", script], "festival (%s)" % context)
+        return flite_labels(out, context, "festival")
     variant = sp["variant"]
     if "variant_file" in sp:
         variant = PERTURBED
@@ -571,7 +623,7 @@ def generate(job):
             raise CorpusError("utterance %s (%s): the synthesizer spoke no phones for %r"
                               % (job["id"], voice_name(sp), sentences))
         effects = []
-        if sp["synth"] == "flite" and sp["pitch_cents"]:
+        if sp["synth"] in ("flite", "festival") and sp["pitch_cents"]:
             effects += ["pitch", str(sp["pitch_cents"])]
         if aug["speed"] != 1.0:
             effects += ["speed", str(aug["speed"])]
@@ -623,10 +675,13 @@ def make_noise_beds(tmp_root):
 
 # ---- the corpus ----------------------------------------------------------------------------------
 
-def tool_versions():
+def tool_versions(festival):
     """The Debian package version of each tool (flite has no --version that exits 0)."""
     versions = {}
-    for tool, package in [("espeak-ng", "espeak-ng"), ("sox", "sox"), ("flite", "flite")]:
+    tools = [("espeak-ng", "espeak-ng"), ("sox", "sox"), ("flite", "flite")]
+    if festival:
+        tools += [("festival", "festival")]
+    for tool, package in tools:
         if shutil.which(tool) is None:
             raise CorpusError("%s is not installed; run `bash scripts/setup.sh speech`" % tool)
         r = subprocess.run(["dpkg-query", "-W", "-f=${Version}", package], capture_output=True,
@@ -636,30 +691,38 @@ def tool_versions():
 
 
 def write_corpus(args):
-    versions = tool_versions()
+    versions = tool_versions(args.unseen > 0)
+    if args.unseen > 0:
+        check_festival()
     out = os.path.abspath(args.out)
     if os.path.exists(os.path.join(out, "tokens.txt")) and not args.force:
         raise CorpusError("%s already holds a corpus; pass --force to replace it" % out)
     for sub in ["wav"]:
         shutil.rmtree(os.path.join(out, sub), ignore_errors=True)
     counts = {"train": args.train, "dev": args.dev, "test": args.test}
+    if args.unseen > 0:
+        counts["unseen"] = args.unseen
     for split in counts:
         os.makedirs(os.path.join(out, "wav", split), exist_ok=True)
 
     t0 = time.time()
     pools = split_sentences(load_sentences(), args.seed)
+    pools["unseen"] = pools["test"]  # never in training text
     accents = espeak_accents()
     variants = split_variants(espeak_variants(), args.seed)
     data_dir = espeak_data_dir()
     speakers, jobs = {}, []
     for split, count in counts.items():
-        speakers[split] = make_speakers(split, count, accents, variants[split], args.seed,
-                                        data_dir)
+        if split == "unseen":
+            speakers[split] = make_festival_speakers(count, args.seed)
+        else:
+            speakers[split] = make_speakers(split, count, accents, variants[split], args.seed,
+                                            data_dir)
         jobs += plan_split(split, count, pools[split], speakers[split], args.seed, out)
     print("make_speech_corpus: %d sentences (train %d, dev %d, test %d), %d accents, "
           "variants train %d / dev %s / test %s"
-          % (sum(len(p) for p in pools.values()), len(pools["train"]), len(pools["dev"]),
-             len(pools["test"]), len(accents), len(variants["train"]),
+          % (len(pools["train"]) + len(pools["dev"]) + len(pools["test"]), len(pools["train"]),
+             len(pools["dev"]), len(pools["test"]), len(accents), len(variants["train"]),
              ",".join(variants["dev"]), ",".join(variants["test"])), file=sys.stderr)
 
     tmp_root = tempfile.mkdtemp(prefix="speech_corpus.")
@@ -691,7 +754,7 @@ def write_corpus(args):
         f.write("speaker\tsplit\tsynth\tvoice\tsettings\n")
         for split in counts:
             for sp in speakers[split]:
-                if sp["synth"] == "flite":
+                if sp["synth"] in ("flite", "festival"):
                     voice = sp["voice"]
                     settings = "stretch=%s pitch_cents=%s" % (sp["stretch"], sp["pitch_cents"])
                 else:
@@ -705,7 +768,7 @@ def write_corpus(args):
         for r in results:
             f.write("%s\t%s\t%s\n" % (r["id"], r["speaker"], r["text"]))
     info = {"arguments": {"train": args.train, "dev": args.dev, "test": args.test,
-                          "seed": args.seed},
+                          "unseen": args.unseen, "seed": args.seed},
             "tools": versions, "held_out_variants": {"dev": variants["dev"],
                                                      "test": variants["test"]}}
     with open(os.path.join(out, "info.json"), "w") as f:
@@ -763,17 +826,20 @@ def main():
     parser.add_argument("--train", type=int, default=8000, help="training utterances")
     parser.add_argument("--dev", type=int, default=500, help="dev utterances")
     parser.add_argument("--test", type=int, default=500, help="test utterances")
+    parser.add_argument("--unseen", type=int, default=500,
+                        help="unseen-family test utterances (festival's diphone voices; 0: none)")
     parser.add_argument("--seed", type=int, default=1, help="seed of every random choice")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                         help="parallel worker processes")
     parser.add_argument("--small", action="store_true",
-                        help="a 20-utterance corpus for tests (12 train, 4 dev, 4 test)")
+                        help="a 24-utterance corpus for tests (12 train, 4 dev, 4 test, 4 "
+                             "unseen)")
     parser.add_argument("--force", action="store_true", help="replace a corpus already in --out")
     parser.add_argument("--check-phonemes", type=int, metavar="N",
                         help="check the phoneme table on N sentences in every accent; no corpus")
     args = parser.parse_args()
     if args.small:
-        args.train, args.dev, args.test = 12, 4, 4
+        args.train, args.dev, args.test, args.unseen = 12, 4, 4, min(args.unseen, 4)
     try:
         if args.jobs < 1:
             raise CorpusError("--jobs must be at least 1")
@@ -781,8 +847,9 @@ def main():
             return check_phonemes(args)
         if not args.out:
             parser.error("--out is required")
-        if min(args.train, args.dev, args.test) < 0 or args.train + args.dev + args.test == 0:
-            raise CorpusError("--train/--dev/--test must be >= 0 and not all 0")
+        if min(args.train, args.dev, args.test, args.unseen) < 0 or \
+                args.train + args.dev + args.test + args.unseen == 0:
+            raise CorpusError("--train/--dev/--test/--unseen must be >= 0 and not all 0")
         write_corpus(args)
     except CorpusError as e:
         print("make_speech_corpus: error: %s" % e, file=sys.stderr)

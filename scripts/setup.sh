@@ -6,13 +6,15 @@
 #   bash scripts/setup.sh          what the build and the tests need
 #   bash scripts/setup.sh speech   that, plus what data/make_speech_corpus.py runs: the speech
 #                                  synthesizers (espeak-ng, flite), sox, and the sentence sources
-#                                  (WordNet's usage examples, the fortune files), and the CMU
-#                                  pronouncing dictionary (festlex-cmu) for `speech import`
+#                                  (WordNet's usage examples, the fortune files), festival's
+#                                  diphone voices kal and ked (the unseen-family test set), and
+#                                  the CMU pronouncing dictionary (festlex-cmu) for `speech import`
 set -euo pipefail
 
 packages=(g++ cmake make doctest-dev libcli11-dev libstb-dev nlohmann-json3-dev libsndfile1-dev
           libsoxr-dev libopenblas0)
-speech_packages=(espeak-ng sox flite wordnet-base fortunes festlex-cmu)
+speech_packages=(espeak-ng sox flite wordnet-base fortunes festlex-cmu festival festvox-kallpc16k
+                 festvox-kdlpc16k)
 
 for group in "$@"; do
   case "$group" in

@@ -693,14 +693,17 @@ TEST_CASE("manifest: a UTF-8 byte-order mark opening a tokens file or a manifest
 // ---- the corpus generator, end to end -----------------------------------------------------------
 
 // Skipped by doctest's default run (and so not among the discovered ctest cases); ctest runs it
-// as `speech_corpus_small` with --no-skip. It needs espeak-ng, sox, flite, WordNet and the
-// fortunes (`bash scripts/setup.sh speech`); without them it prints why and exits 77, which
-// ctest reports as skipped.
+// as `speech_corpus_small` with --no-skip. It needs espeak-ng, sox, flite, WordNet, the fortunes
+// and festival's kal and ked diphone voices (`bash scripts/setup.sh speech`); without them it
+// prints why and exits 77, which ctest reports as skipped.
 TEST_CASE("speech corpus: the generator's --small corpus reads back" * doctest::skip()) {
   const std::string root = std::string(CLUSTR_FIXTURE_DIR) + "/../..";
   if (std::system("{ command -v espeak-ng && command -v sox && command -v flite && "
                   "test -x /usr/bin/python3 && test -d /usr/share/wordnet && "
-                  "test -d /usr/share/games/fortunes; } >/dev/null 2>&1") != 0) {
+                  "test -d /usr/share/games/fortunes && command -v festival && "
+                  "test -d /usr/share/festival/voices/english/kal_diphone && "
+                  "test -d /usr/share/festival/voices/english/ked_diphone; } >/dev/null 2>&1") !=
+      0) {
     std::printf("skipped: the speech tools are not installed (bash scripts/setup.sh speech)\n");
     std::fflush(stdout);
     std::exit(77);
@@ -715,7 +718,7 @@ TEST_CASE("speech corpus: the generator's --small corpus reads back" * doctest::
   CHECK(tokens.size() == 40);
   Fbank fbank;
   const std::vector<std::pair<std::string, size_t>> splits = {
-      {"train", 12}, {"dev", 4}, {"test", 4}};
+      {"train", 12}, {"dev", 4}, {"test", 4}, {"unseen", 4}};
   for (const auto& [split, count] : splits) {
     INFO("split " << split);
     const Manifest m = read_manifest(out + "/" + split + ".tsv", tokens);  // throws on a bad line
