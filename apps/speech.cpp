@@ -243,8 +243,9 @@ int cmd_import(const ImportFlags& f) {
       lexicon ? &*lexicon : nullptr, f.out);
   double seconds = 0;
   for (const CorpusUtterance& u : utts) seconds += u.seconds;
-  std::printf("wrote %s (%lld utterances, %.1f h listed) and tokens.txt beside it (%s)\n",
-              f.out.c_str(), static_cast<long long>(r.written), seconds / 3600,
+  std::printf("wrote %s (%lld utterances; %.0f s = %.1f h of audio listed) and tokens.txt beside "
+              "it (%s)\n",
+              f.out.c_str(), static_cast<long long>(r.written), seconds, seconds / 3600,
               f.units.c_str());
   if (!r.problems.empty()) {
     const std::string skipped = f.out + ".skipped.txt";

@@ -9,17 +9,23 @@
 #                                  (WordNet's usage examples, the fortune files), festival's
 #                                  diphone voices kal and ked (the unseen-family test set), and
 #                                  the CMU pronouncing dictionary (festlex-cmu) for `speech import`
+#   bash scripts/setup.sh real-speech
+#                                  the packages whose real recorded English speech
+#                                  data/make_real_speech.py lists (tuxpaint-stamps-default,
+#                                  alsa-utils), and the dictionary to import it with
 set -euo pipefail
 
 packages=(g++ cmake make doctest-dev libcli11-dev libstb-dev nlohmann-json3-dev libsndfile1-dev
           libsoxr-dev libopenblas0)
 speech_packages=(espeak-ng sox flite wordnet-base fortunes festlex-cmu festival festvox-kallpc16k
                  festvox-kdlpc16k)
+real_speech_packages=(tuxpaint-stamps-default alsa-utils festlex-cmu)
 
 for group in "$@"; do
   case "$group" in
     speech) packages+=("${speech_packages[@]}") ;;
-    *) echo "setup: unknown group '$group' (known: speech)" >&2; exit 2 ;;
+    real-speech) packages+=("${real_speech_packages[@]}") ;;
+    *) echo "setup: unknown group '$group' (known: speech, real-speech)" >&2; exit 2 ;;
   esac
 done
 

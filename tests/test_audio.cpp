@@ -778,6 +778,58 @@ TEST_CASE("lexicon: Festival's CMU lexicon and CMUdict's text layout give the sa
         std::vector<std::string>{"i", "t", "'", "s", "|", "o", "k"});
 }
 
+// data/make_real_speech.py on hand-made folders laid out as tuxpaint-stamps-default and
+// alsa-utils lay out theirs, then through the NeMo importer: the English descriptions and the
+// channel names, the translations, Noise.wav and a recording without its text left out.
+TEST_CASE("import: the real-speech builder lists Tux Paint's and ALSA's recordings" *
+          doctest::skip(!audio_compiled())) {
+  if (std::system("test -x /usr/bin/python3") != 0) return;  // the builder needs it
+  TempDir dir;
+  const std::string tux = dir.file("stamps"), alsa = dir.file("alsa");
+  std::filesystem::create_directories(tux + "/animals/mammals");
+  std::filesystem::create_directories(alsa);
+  // libsndfile reads by content, not by name: WAV bytes stand in for the Ogg files.
+  const std::vector<float> sound = tones(44100, 30000);
+  for (const char* name : {"dog_desc.ogg", "dog_desc_fr.ogg", "cat_desc.ogg"})
+    write_audio(tux + "/animals/mammals/" + name, sound, 1, 44100, "wav16");
+  write_text(tux + "/animals/mammals/dog.txt", "A dog.\nfr.utf8=Un chien.\n");
+  write_audio(alsa + "/Front_Left.wav", sound, 1, 44100, "wav16");
+  write_audio(alsa + "/Noise.wav", sound, 1, 44100, "wav16");
+  const std::string root = std::string(CLUSTR_FIXTURE_DIR) + "/../..";
+  const std::string cmd = "/usr/bin/python3 " + root + "/data/make_real_speech.py --out " +
+                          dir.file("real") + " --tuxpaint " + tux + " --alsa " + alsa +
+                          " 2>/dev/null";
+  REQUIRE(std::system(cmd.c_str()) == 0);
+  std::vector<CorpusUtterance> u = import_nemo(dir.file("real/real.json"));
+  REQUIRE(u.size() == 2);
+  CHECK(u[0].id == "tuxpaint-animals-mammals-dog");
+  CHECK(u[0].transcript == "A dog.");
+  CHECK(u[1].id == "alsa-Front_Left");
+  CHECK(u[1].transcript == "Front Left");
+  std::ifstream sources(dir.file("real/sources.txt"));
+  const std::string report((std::istreambuf_iterator<char>(sources)),
+                           std::istreambuf_iterator<char>());
+  CHECK(test::contains_all(report, {"1 recordings with text", "1 left out",
+                                    "cat_desc.ogg: no text"}));
+  write_text(dir.file("lex.txt"), "A  AH0\nDOG  D AO1 G\nFRONT  F R AH1 N T\nLEFT  L EH1 F T\n");
+  const Lexicon lex = Lexicon::read(dir.file("lex.txt"));
+  probe_durations(u);
+  CHECK(u[0].seconds == doctest::Approx(30000.0 / 44100));
+  CHECK(write_manifest(u, LabelUnits::phones, &lex, dir.file("real/real.tsv")).written == 2);
+  const TokenTable t = read_tokens(dir.file("real/tokens.txt"));
+  const Manifest m = read_manifest(dir.file("real/real.tsv"), t);
+  REQUIRE(m.utterances.size() == 2);
+  std::string phones;
+  for (int32_t k : m.utterances[1].labels) phones += t.tokens[size_t(k)] + " ";
+  CHECK(phones == "F R AH N T L EH F T ");
+  // Nothing found: an error naming what is missing, and no manifest.
+  const std::string none = "/usr/bin/python3 " + root + "/data/make_real_speech.py --out " +
+                           dir.file("none") + " --tuxpaint " + dir.file("x") + " --alsa " +
+                           dir.file("y") + " 2>/dev/null";
+  CHECK(std::system(none.c_str()) != 0);
+  CHECK_FALSE(std::filesystem::exists(dir.file("none/real.json")));
+}
+
 TEST_CASE("import: LibriSpeech, Kaldi and NeMo layouts round-trip to manifests" *
           doctest::skip(!audio_compiled())) {
   TempDir dir;
