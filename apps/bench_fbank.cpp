@@ -5,6 +5,8 @@
 //   bench_fbank --manifest corpus/train.tsv    the corpus' WAV files: reading, filterbank,
 //               [--cache DIR]                  normalisation; with --cache, a pass that fills the
 //                                              feature cache and a pass that reads it back
+//   bench_fbank --augment [--utterance 6]      each step of the waveform augmentation
+//                                              (data/wave_augment.h) on a synthetic utterance
 // Prints the median of --reps timed runs (after one untimed run) for the synthetic signal; a
 // manifest pass is timed once.
 #include <CLI/CLI.hpp>
@@ -13,6 +15,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -22,6 +25,7 @@
 #include "data/fbank.h"
 #include "data/manifest.h"
 #include "data/audio.h"
+#include "data/wave_augment.h"
 
 namespace {
 
@@ -110,6 +114,47 @@ void bench_manifest(const std::string& manifest_path, const std::string& cache_d
   }
 }
 
+// Each augmentation step on a synthetic utterance of `seconds`, median of `reps` runs, in x real
+// time; then all steps at their most expensive (every part on) and the plain filterbank.
+void bench_augment(double seconds, int reps) {
+  clustr::Fbank fbank;
+  const int rate = fbank.config().sample_rate;
+  const std::vector<float> x = synthetic_signal(seconds, rate);
+  const auto time = [&](const char* what, const std::function<void(clustr::Generator&)>& f) {
+    std::vector<double> times;
+    clustr::Generator gen(1);
+    f(gen);  // untimed
+    for (int r = 0; r < reps; ++r) {
+      const auto t0 = Clock::now();
+      f(gen);
+      times.push_back(seconds_since(t0));
+    }
+    const double t = median(times);
+    std::printf("  %-44s %8.3f ms  %7.0f x real time\n", what, 1e3 * t, seconds / t);
+  };
+  std::printf("augmentation steps on a %.1f s utterance (median of %d runs, one thread):\n",
+              seconds, reps);
+  clustr::AugmentDraw d;
+  time("filterbank (plain)", [&](clustr::Generator&) { fbank.compute(x); });
+  time("filterbank, VTLP warp 1.1", [&](clustr::Generator&) { fbank.compute(x, 1.1); });
+  d = {};
+  d.speed = 1.1;
+  time("speed 1.1 (libsoxr)", [&](clustr::Generator& g) { augment_waveform(x, rate, d, g); });
+  for (double rt60 : {0.2, 0.8}) {
+    d = {};
+    d.reverb = true, d.rt60 = rt60, d.drr_db = 5;
+    const std::string what = "reverberation, RT60 " + std::to_string(rt60).substr(0, 3) + " s";
+    time(what.c_str(), [&](clustr::Generator& g) { augment_waveform(x, rate, d, g); });
+  }
+  d = {};
+  d.noise = true, d.snr_db = 10, d.colour = clustr::NoiseColour::pink;
+  time("pink noise at 10 dB", [&](clustr::Generator& g) { augment_waveform(x, rate, d, g); });
+  d.speed = 1.1, d.reverb = true, d.rt60 = 0.8, d.drr_db = 5, d.gain_db = 3, d.warp = 1.1;
+  time("all on (RT60 0.8 s) + filterbank", [&](clustr::Generator& g) {
+    fbank.compute(augment_waveform(x, rate, d, g), d.warp);
+  });
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -117,6 +162,8 @@ int main(int argc, char** argv) try {
   double seconds = 600;
   int reps = 5;
   std::string manifest, cache_dir;
+  bool augment = false;
+  double utterance = 6;
   app.add_option("--seconds", seconds, "length of the synthetic signal")
       ->capture_default_str()
       ->check(CLI::Range(1.0, 36000.0));
@@ -127,8 +174,16 @@ int main(int argc, char** argv) try {
   app.add_option("--cache", cache_dir,
                  "with --manifest: time the feature cache in this "
                  "directory (emptied first)");
+  app.add_flag("--augment", augment, "time the waveform augmentation's steps instead");
+  app.add_option("--utterance", utterance, "with --augment: the utterance's length in seconds")
+      ->capture_default_str()
+      ->check(CLI::Range(0.5, 60.0));
   CLI11_PARSE(app, argc, argv);
   clustr::set_num_threads(1);
+  if (augment) {
+    bench_augment(utterance, std::max(reps, 21));
+    return 0;
+  }
   bench_synthetic(seconds, reps);
   if (!manifest.empty()) bench_manifest(manifest, cache_dir);
   return 0;

@@ -63,6 +63,35 @@ RunOptions tiny_run(const std::string& corpus, const std::string& out) {
   return o;
 }
 
+// Trains `o` again into `folder`, stopped after `first` steps and resumed from there to its
+// --max-steps: the losses of the two pieces must be those of the uninterrupted run `all`, bit
+// for bit.
+void check_resumes_exactly(const RunOptions& o, const TrainResult& all, const std::string& folder,
+                           size_t first) {
+  const auto steps = size_t(o.train.max_steps);
+  REQUIRE(all.losses.size() == steps);
+  RunOptions head = o;
+  head.output.out = folder;
+  head.train.max_steps = int64_t(first);
+  TrainResult r1;
+  {
+    Trainer a(head, nullptr);
+    r1 = a.run();
+  }
+  RunOptions tail = o;
+  tail.output.out = folder;
+  Trainer b(tail, nullptr);
+  b.resume(folder);
+  const TrainResult r2 = b.run();
+  REQUIRE(r1.losses.size() == first);
+  REQUIRE(r2.losses.size() == steps - first);
+  for (size_t i = 0; i < steps; ++i) {
+    CAPTURE(i);
+    const float split = i < first ? r1.losses[i] : r2.losses[i - first];
+    CHECK(std::memcmp(&split, &all.losses[i], sizeof(float)) == 0);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("speech batch: frame stacking pads the last group with zero frames") {
@@ -577,30 +606,12 @@ TEST_CASE("speech app: SpecAugment runs resume exactly and differ from unaugment
   o.train.spec.freq_masks = 2;
   o.train.spec.time_masks = 2;
   o.train.spec.time_width = 20;
-  Trainer whole(o, nullptr);
-  const TrainResult all = whole.run();
-  REQUIRE(all.losses.size() == 8);
-
-  RunOptions first = o;
-  first.output.out = dir.file("split");
-  first.train.max_steps = 3;
-  TrainResult r1;
+  TrainResult all;
   {
-    Trainer a(first, nullptr);
-    r1 = a.run();
+    Trainer whole(o, nullptr);
+    all = whole.run();
   }
-  RunOptions second = o;
-  second.output.out = dir.file("split");
-  Trainer b(second, nullptr);
-  b.resume(dir.file("split"));
-  const TrainResult r2 = b.run();
-  REQUIRE(r1.losses.size() == 3);
-  REQUIRE(r2.losses.size() == 5);
-  for (size_t i = 0; i < 8; ++i) {
-    CAPTURE(i);
-    const float split = i < 3 ? r1.losses[i] : r2.losses[i - 3];
-    CHECK(std::memcmp(&split, &all.losses[i], sizeof(float)) == 0);
-  }
+  check_resumes_exactly(o, all, dir.file("split"), 3);
   RunOptions plain = o;
   plain.output.out = dir.file("plain");
   plain.train.spec = SpecAugmentOptions{};
@@ -638,28 +649,7 @@ TEST_CASE("speech app: waveform-augmented runs resume exactly and differ from pl
   std::fclose(log);
   CHECK(text.find("epoch 1: 32 training utterances augmented") != std::string::npos);
   CHECK(text.find("epoch 2: 32 training utterances augmented") != std::string::npos);
-  REQUIRE(all.losses.size() == 8);
-
-  RunOptions first = o;
-  first.output.out = dir.file("split");
-  first.train.max_steps = 3;
-  TrainResult r1;
-  {
-    Trainer a(first, nullptr);
-    r1 = a.run();
-  }
-  RunOptions second = o;
-  second.output.out = dir.file("split");
-  Trainer b(second, nullptr);
-  b.resume(dir.file("split"));
-  const TrainResult r2 = b.run();
-  REQUIRE(r1.losses.size() == 3);
-  REQUIRE(r2.losses.size() == 5);
-  for (size_t i = 0; i < 8; ++i) {
-    CAPTURE(i);
-    const float split = i < 3 ? r1.losses[i] : r2.losses[i - 3];
-    CHECK(std::memcmp(&split, &all.losses[i], sizeof(float)) == 0);
-  }
+  check_resumes_exactly(o, all, dir.file("split"), 3);
   RunOptions plain = o;
   plain.output.out = dir.file("plain");
   plain.train.wave = WaveAugmentOptions{};

@@ -41,46 +41,35 @@ void add_precision_flag(CLI::App& app, Precision& precision) {
 
 namespace {
 
-// A Spread setting (data/wave_augment.h): "1.1", "0.9,1,1.1" or "0.9:1.1".
-FlagTable& add_spread(FlagTable& f, const std::string& name, Spread& field,
-                      const std::string& help) {
-  return f.add_text(
-      name, [&field] { return field.text(); },
-      [&field, name](const std::string& s) { field = Spread::parse(s, "--" + name); }, help);
-}
-
+// The waveform augmentation's settings (data/wave_augment.h), all noted on resume. A spread
+// ("1.1", "0.9,1,1.1" or "0.9:1.1") is checked by WaveAugmentOptions::validate, which names the
+// flag of a value out of its bounds.
 void add_wave_augment_settings(FlagTable& f, WaveAugmentOptions& w) {
-  const auto checked = [&w] {
-    w.validate();
-    return true;
+  const auto spread = [&f, &w](const std::string& name, Spread& field, const std::string& help) {
+    f.add_text(
+         name, [&field] { return field.text(); },
+         [&field, name](const std::string& s) { field = Spread::parse(s, "--" + name); }, help)
+        .check([&w] { return w.validate(), true; }, "")
+        .resume(Resume::noted);
   };
-  add_spread(f, "speed-perturb", w.speed, "speed perturbation of training utterances: a factor "
-             "(1: none), a list to choose from (0.9,1,1.1) or a range (0.9:1.1)")
-      .check(checked, "")
-      .resume(Resume::noted);
-  add_spread(f, "vtlp", w.vtlp, "vocal-tract-length perturbation: the filterbank's warp factor "
-             "(1: none), a list or a range (0.9:1.1)")
-      .check(checked, "")
-      .resume(Resume::noted);
-  f.add("gain-db", w.gain_db, "random gain of training utterances, uniform in +-this many dB")
-      .within(0, 40)
-      .resume(Resume::noted);
-  f.add("noise-prob", w.noise_prob, "share of training utterances that get white, pink or "
-        "brown noise added")
-      .within(0, 1)
-      .resume(Resume::noted);
-  add_spread(f, "noise-snr", w.noise_snr, "signal-to-noise ratio of the added noise, dB (a "
-             "value, a list or a range)")
-      .check(checked, "")
-      .resume(Resume::noted);
-  f.add("reverb-prob", w.reverb_prob, "share of training utterances reverberated in a "
-        "simulated room")
-      .within(0, 1)
-      .resume(Resume::noted);
-  add_spread(f, "reverb-rt60", w.reverb_rt60, "the simulated rooms' reverberation time RT60, "
-             "seconds (a value, a list or a range)")
-      .check(checked, "")
-      .resume(Resume::noted);
+  const auto bounded = [&f](const std::string& name, double& field, double hi,
+                            const std::string& help) {
+    f.add(name, field, help).within(0, hi).resume(Resume::noted);
+  };
+  spread("speed-perturb", w.speed, "speed perturbation of training utterances: a factor (1: "
+         "none), a list to choose from (0.9,1,1.1) or a range (0.9:1.1)");
+  spread("vtlp", w.vtlp, "vocal-tract-length perturbation: the filterbank's warp factor (1: "
+         "none), a list or a range (0.9:1.1)");
+  bounded("gain-db", w.gain_db, 40, "random gain of training utterances, uniform in +-this "
+          "many dB");
+  bounded("noise-prob", w.noise_prob, 1, "share of training utterances that get white, pink "
+          "or brown noise added");
+  spread("noise-snr", w.noise_snr, "signal-to-noise ratio of the added noise, dB (a value, a "
+         "list or a range)");
+  bounded("reverb-prob", w.reverb_prob, 1, "share of training utterances reverberated in a "
+          "simulated room");
+  spread("reverb-rt60", w.reverb_rt60, "the simulated rooms' reverberation time RT60, seconds "
+         "(a value, a list or a range)");
 }
 
 }  // namespace
