@@ -355,13 +355,13 @@ def check_festival():
                               % (voice, package))
 
 
-def make_speakers(split, count, accents, variants, seed, data_dir=None):
+def make_speakers(split, count, accents, variants, seed, data_dir=None, flite_share=1 / 6):
     """The speakers of a split.
 
     Dev and test: about one speaker per 25 utterances (at least 2), each an accent, a held-out
     variant, a pitch and a rate. Training: one speaker per 10 utterances, so that more accent x
-    variant pairs occur; a sixth is flite; half of the espeak-ng ones speak through a perturbed
-    copy of their variant (perturb_variant: vocal-tract factor 0.85..1.2, per-formant jitter
+    variant pairs occur; a share flite_share (a sixth by default) is flite; half of the espeak-ng
+    ones speak through a perturbed copy of their variant (perturb_variant: vocal-tract factor 0.85..1.2, per-formant jitter
     0.9..1.1, pitch x 0.8..1.25), which widens the range of voices that training covers."""
     rng = random.Random("%s:speakers:%s" % (seed, split))
     train = split == "train"
@@ -369,7 +369,7 @@ def make_speakers(split, count, accents, variants, seed, data_dir=None):
     speakers = []
     for i in range(n):
         sid = "%s-spk%03d" % (split, i)
-        if train and rng.random() < 1 / 6:
+        if train and rng.random() < flite_share:
             speakers.append({"id": sid, "synth": "flite", "voice": rng.choice(FLITE_VOICES),
                              "stretch": round(rng.uniform(0.85, 1.2), 3),
                              "pitch_cents": rng.randint(-250, 250)})
@@ -717,7 +717,7 @@ def write_corpus(args):
             speakers[split] = make_festival_speakers(count, args.seed)
         else:
             speakers[split] = make_speakers(split, count, accents, variants[split], args.seed,
-                                            data_dir)
+                                            data_dir, args.flite_share)
         jobs += plan_split(split, count, pools[split], speakers[split], args.seed, out)
     print("make_speech_corpus: %d sentences (train %d, dev %d, test %d), %d accents, "
           "variants train %d / dev %s / test %s"
@@ -768,7 +768,8 @@ def write_corpus(args):
         for r in results:
             f.write("%s\t%s\t%s\n" % (r["id"], r["speaker"], r["text"]))
     info = {"arguments": {"train": args.train, "dev": args.dev, "test": args.test,
-                          "unseen": args.unseen, "seed": args.seed},
+                          "unseen": args.unseen, "flite_share": args.flite_share,
+                          "seed": args.seed},
             "tools": versions, "held_out_variants": {"dev": variants["dev"],
                                                      "test": variants["test"]}}
     with open(os.path.join(out, "info.json"), "w") as f:
@@ -828,6 +829,8 @@ def main():
     parser.add_argument("--test", type=int, default=500, help="test utterances")
     parser.add_argument("--unseen", type=int, default=500,
                         help="unseen-family test utterances (festival's diphone voices; 0: none)")
+    parser.add_argument("--flite-share", type=float, default=1 / 6,
+                        help="share of the training speakers that are flite voices (rms, kal16)")
     parser.add_argument("--seed", type=int, default=1, help="seed of every random choice")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                         help="parallel worker processes")
@@ -843,6 +846,8 @@ def main():
     try:
         if args.jobs < 1:
             raise CorpusError("--jobs must be at least 1")
+        if not 0 <= args.flite_share <= 1:
+            raise CorpusError("--flite-share must be in [0, 1]")
         if args.check_phonemes is not None:
             return check_phonemes(args)
         if not args.out:

@@ -146,6 +146,8 @@ AugmentDraw draw_augmentation(const WaveAugmentOptions& o, Generator& gen) {
 std::vector<float> convolve(const std::vector<float>& x, const std::vector<float>& h) {
   const size_t n = x.size();
   if (n == 0 || h.empty()) return std::vector<float>(n, 0.0f);
+  CLUSTR_CHECK(n + h.size() < (size_t(1) << 30), "convolve: ", n, " samples and ", h.size(),
+               " taps are too many for one FFT (at most 2^30 together)");
   // N >= n + L - 1: the circular convolution of the padded sequences is the linear one.
   int N = 4;
   while (size_t(N) < n + h.size() - 1) N *= 2;
