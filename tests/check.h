@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <cstdint>
 #include <initializer_list>
@@ -144,6 +145,23 @@ inline void check_grad(const std::string& what, const GradFn& f, const std::vect
 }  // namespace clustr::test
 
 namespace clustr::test {
+
+// Writes `text` to `path` as it is (binary, truncating).
+inline void write_text(const std::string& path, const std::string& text) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f << text;
+  REQUIRE(f.good());
+}
+
+// Two tones (440 and 1230 Hz, 0.3 each) at `rate` Hz, n samples.
+inline std::vector<float> tones(int rate, int64_t n) {
+  std::vector<float> x(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    const double t = double(i) / rate;
+    x[size_t(i)] = float(0.3 * std::sin(2 * M_PI * 440 * t) + 0.3 * std::sin(2 * M_PI * 1230 * t));
+  }
+  return x;
+}
 
 // A fresh directory under the system temp dir, removed with everything in it at scope exit.
 class TempDir {

@@ -41,6 +41,27 @@ void add_precision_flag(CLI::App& app, Precision& precision) {
 
 namespace {
 
+// A setting in [lo, hi] that a resumed run may change, with a note.
+template <typename T>
+void add_noted(FlagTable& f, const std::string& name, T& field, double lo, double hi,
+               const std::string& help) {
+  f.add(name, field, help).within(lo, hi).resume(Resume::noted);
+}
+
+// SpecAugment's settings (data/augment.h).
+void add_spec_augment_settings(FlagTable& f, SpecAugmentOptions& s) {
+  add_noted(f, "spec-freq-masks", s.freq_masks, 0, 16,
+            "SpecAugment: mel-bin bands masked per training utterance (0: none)");
+  add_noted(f, "spec-freq-width", s.freq_width, 0, 80,
+            "SpecAugment: the widest band, in mel bins");
+  add_noted(f, "spec-time-masks", s.time_masks, 0, 16,
+            "SpecAugment: stretches of frames masked per training utterance (0: none)");
+  add_noted(f, "spec-time-width", s.time_width, 0, 1000,
+            "SpecAugment: the longest stretch, in 10 ms frames");
+  add_noted(f, "spec-time-ratio", s.max_time_ratio, 0, 1,
+            "SpecAugment: a stretch covers at most this share of its utterance");
+}
+
 // The waveform augmentation's settings (data/wave_augment.h), all noted on resume. A spread
 // ("1.1", "0.9,1,1.1" or "0.9:1.1") is checked by WaveAugmentOptions::validate, which names the
 // flag of a value out of its bounds.
@@ -53,9 +74,7 @@ void add_wave_augment_settings(FlagTable& f, WaveAugmentOptions& w) {
         .resume(Resume::noted);
   };
   const auto bounded = [&f](const std::string& name, double& field, double hi,
-                            const std::string& help) {
-    f.add(name, field, help).within(0, hi).resume(Resume::noted);
-  };
+                            const std::string& help) { add_noted(f, name, field, 0, hi, help); };
   spread("speed-perturb", w.speed, "speed perturbation of training utterances: a factor (1: "
          "none), a list to choose from (0.9,1,1.1) or a range (0.9:1.1)");
   spread("vtlp", w.vtlp, "vocal-tract-length perturbation: the filterbank's warp factor (1: "
@@ -109,25 +128,7 @@ FlagTable settings_table(RunOptions& o) {
         "most padded encoder positions (utterances x longest) per batch (0: none)")
       .at_least(0)
       .resume(Resume::noted);
-  f.add("spec-freq-masks", t.spec.freq_masks,
-        "SpecAugment: mel-bin bands masked per training utterance (0: none)")
-      .within(0, 16)
-      .resume(Resume::noted);
-  f.add("spec-freq-width", t.spec.freq_width, "SpecAugment: the widest band, in mel bins")
-      .within(0, 80)
-      .resume(Resume::noted);
-  f.add("spec-time-masks", t.spec.time_masks,
-        "SpecAugment: stretches of frames masked per training utterance (0: none)")
-      .within(0, 16)
-      .resume(Resume::noted);
-  f.add("spec-time-width", t.spec.time_width,
-        "SpecAugment: the longest stretch, in 10 ms frames")
-      .within(0, 1000)
-      .resume(Resume::noted);
-  f.add("spec-time-ratio", t.spec.max_time_ratio,
-        "SpecAugment: a stretch covers at most this share of its utterance")
-      .within(0, 1)
-      .resume(Resume::noted);
+  add_spec_augment_settings(f, t.spec);
   add_wave_augment_settings(f, t.wave);
   add_optimizer_settings(f, t, {"radam", "adam", "adamw"}, "epochs");
   add_run_settings(f, t, "seed of every random draw");
