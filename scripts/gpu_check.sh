@@ -1,22 +1,26 @@
 #!/usr/bin/env bash
 # The GPU check: on a machine with an NVIDIA GPU, from the repository's folder,
 #
-#   bash scripts/gpu_check.sh OUTDIR [--deps DIR] [--corpus DIR]
+#   bash scripts/gpu_check.sh OUTDIR [--deps DIR] [--corpus DIR] [--deadline SECONDS]
 #
 # 1. prints the machine (GPU, driver, nvcc, CMake, CPU, PyTorch when present);
 # 2. configures a release build for this GPU's architecture only (nvidia-smi's compute
 #    capability) in build-gpu/ and builds it; with --deps, the dependencies come from a folder
 #    of unpacked Debian packages (scripts/fetch_deps.sh; such a machine has no package registry);
 # 3. runs the cuda tests on the GPU with CLUSTR_REQUIRE_GPU=1 (no usable GPU fails, never skips);
-# 4. runs compute-sanitizer's memcheck, racecheck, synccheck and initcheck over the cuda tests;
-# 5. trains the main job (the copy task to its target) with --device cuda, and, with --corpus (a
-#    speech corpus folder made by data/make_speech_corpus.py), 300 speech steps on the device;
+# 4. runs compute-sanitizer's memcheck over the cuda tests (racecheck, synccheck and initcheck
+#    come after the benchmarks, in step 7);
+# 5. trains the main job (the copy task to its target) with --device cuda;
 # 6. runs the GPU benchmarks: cuBLAS GEMM in fp32, TF32 and bf16, the three attention types from
 #    N = 512 up (the paper's Figure 4, PNGs), the copy-task step in fp32 and bf16, and the
-#    copy-task step beside PyTorch 2.x on the same GPU (apps/bench_copy_task_torch.py).
+#    copy-task step beside PyTorch 2.x on the same GPU (apps/bench_copy_task_torch.py);
+# 7. runs compute-sanitizer's racecheck, synccheck and initcheck, and, with --corpus (a speech
+#    corpus folder made by data/make_speech_corpus.py), 300 speech steps on the device.
 # Every log, CSV and PNG goes to OUTDIR, with summary.txt: one line per step, PASS / FAIL /
 # NOT RUN and why. Each step has a time limit, and the whole check aims at 8 minutes on one H100.
-# The exit status is 0 only when every step that ran passed.
+# The exit status is 0 only when every step that ran passed. The steps run in the order of what
+# matters most (correctness first, then the figures); --deadline caps the whole check: each step
+# gets at most the seconds left, and a step with under 20 seconds left is NOT RUN.
 #
 # GPU_CHECK_EMULATE=1 rehearses the same steps on a machine without a GPU: an emulated-device
 # build (-DCLUSTR_CUDA=EMULATE), no nvidia-smi or compute-sanitizer, tiny sizes; it checks the
@@ -25,17 +29,21 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 usage() {
-  echo "usage: bash scripts/gpu_check.sh OUTDIR [--deps DIR] [--corpus DIR]" >&2
+  echo "usage: bash scripts/gpu_check.sh OUTDIR [--deps DIR] [--corpus DIR] [--deadline SECONDS]" >&2
   exit 2
 }
 [ $# -ge 1 ] || usage
 out=$1
 shift
-deps="" corpus=""
+deps="" corpus="" deadline=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --deps) [ $# -ge 2 ] || usage; deps=$(cd "$2" && pwd) || exit 2; shift 2 ;;
     --corpus) [ $# -ge 2 ] || usage; corpus=$(cd "$2" && pwd) || exit 2; shift 2 ;;
+    --deadline)
+      [ $# -ge 2 ] || usage
+      [[ "$2" =~ ^[0-9]+$ ]] || { echo "gpu_check: --deadline takes whole seconds, not '$2'" >&2; exit 2; }
+      deadline=$2; shift 2 ;;
     *) echo "gpu_check: unknown argument '$1'" >&2; usage ;;
   esac
 done
@@ -55,6 +63,14 @@ step() {
   shift 2
   local t0 rc
   t0=$(date +%s)
+  if [ -n "$deadline" ]; then
+    local left=$(( deadline - (t0 - start) ))
+    if [ "$left" -lt 20 ]; then
+      note "NOT RUN  $name: past the check's ${deadline}s deadline"
+      return 1
+    fi
+    [ "$left" -lt "$limit" ] && limit=$left
+  fi
   echo "== $name (limit ${limit}s)"
   timeout --kill-after=10 "$limit" "$@" > "$out/$name.log" 2>&1
   rc=$?
@@ -129,20 +145,24 @@ else
   step cuda_tests 240 env CLUSTR_REQUIRE_GPU=1 "$build/tests/test_cuda"
 fi
 
-# ---- 4. compute-sanitizer ----------------------------------------------------------------------
-if [ "$emulate" = 1 ]; then
-  not_run compute_sanitizer "no GPU (GPU_CHECK_EMULATE=1)"
-elif ! command -v compute-sanitizer > /dev/null; then
-  not_run compute_sanitizer "compute-sanitizer not found"
-  failures=$((failures + 1))
-else
-  # The app tests (whole training runs) take most of the time under the sanitizer and launch
-  # the same kernels as the op tests: left out here, run above without it.
-  for tool in memcheck racecheck synccheck initcheck; do
-    step "sanitizer_$tool" 120 env CLUSTR_REQUIRE_GPU=1 compute-sanitizer --tool "$tool" \
-      --error-exitcode 1 "$build/tests/test_cuda" --test-case-exclude='*app*'
+# ---- 4. compute-sanitizer: memcheck now, the other tools after the benchmarks ------------------
+# The app tests (whole training runs) take most of the time under the sanitizer and launch the
+# same kernels as the op tests: left out here, run above without it.
+sanitize() {
+  local tool
+  for tool in "$@"; do
+    if [ "$emulate" = 1 ]; then
+      not_run "sanitizer_$tool" "no GPU (GPU_CHECK_EMULATE=1)"
+    elif ! command -v compute-sanitizer > /dev/null; then
+      not_run "sanitizer_$tool" "compute-sanitizer not found"
+      failures=$((failures + 1))
+    else
+      step "sanitizer_$tool" 120 env CLUSTR_REQUIRE_GPU=1 compute-sanitizer --tool "$tool" \
+        --error-exitcode 1 "$build/tests/test_cuda" --test-case-exclude='*app*'
+    fi
   done
-fi
+}
+sanitize memcheck
 
 # ---- 5. training on the device ----------------------------------------------------------------
 if [ "$emulate" = 1 ]; then
@@ -151,15 +171,6 @@ if [ "$emulate" = 1 ]; then
     --log-interval 1
 else
   step main_job 240 "$build/apps/copy_task" --device cuda --out "$out/copy_task" --overwrite
-fi
-if [ -z "$corpus" ]; then
-  not_run speech "no --corpus given (make one with data/make_speech_corpus.py where its Debian packages are)"
-elif [ "$emulate" = 1 ]; then
-  step speech 600 "$build/apps/speech" train --device cuda --corpus "$corpus" --out "$out/speech" --overwrite \
-    --max-steps 2 --log-interval 1
-else
-  step speech 180 "$build/apps/speech" train --device cuda --corpus "$corpus" --out "$out/speech" --overwrite \
-    --max-steps 300 --log-interval 20
 fi
 
 # ---- 6. benchmarks -----------------------------------------------------------------------------
@@ -203,6 +214,18 @@ else
       --binary "$build/apps/copy_task" --precision "$precision" --steps 20 --warmup 5 \
       --rounds 2 --csv "$out/bench_copy_task_torch_$precision.csv"
   done
+fi
+
+# ---- 7. the other sanitizer tools, and speech training on the device -------------------------
+sanitize racecheck synccheck initcheck
+if [ -z "$corpus" ]; then
+  not_run speech "no --corpus given (make one with data/make_speech_corpus.py where its Debian packages are)"
+elif [ "$emulate" = 1 ]; then
+  step speech 600 "$build/apps/speech" train --device cuda --corpus "$corpus" --out "$out/speech" --overwrite \
+    --max-steps 2 --log-interval 1
+else
+  step speech 180 "$build/apps/speech" train --device cuda --corpus "$corpus" --out "$out/speech" --overwrite \
+    --max-steps 300 --log-interval 20
 fi
 
 note "total: $(( $(date +%s) - start ))s, $failures failed step(s); logs in $out"
