@@ -148,7 +148,10 @@ TEST_CASE("cuda: allocator counts live bytes and reuses freed blocks") {
   CHECK(clustr::memory_stats(Device::cuda).live_bytes == s0.live_bytes);
 }
 
-TEST_CASE("cuda: an impossible allocation throws a clear error and leaves the device usable") {
+// In the suite provoked_cuda_errors: the CUDA error it provokes is what it checks, so
+// compute-sanitizer (which reports every failed CUDA call) runs without it.
+TEST_CASE("cuda: an impossible allocation throws a clear error and leaves the device usable"
+          * doctest::test_suite("provoked_cuda_errors")) {
   const size_t huge = size_t(1) << 50;  // 1 PiB
   CHECK_THROWS_WITH_AS(cuda::alloc(huge), doctest::Contains("out of device memory"),
                        clustr::Error);
