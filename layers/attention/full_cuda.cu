@@ -7,14 +7,14 @@
 //   scores, dP: scratch (pairs, Bq, Sb) per query block, Sb <= S; pairs = sequences x H.
 //
 // How: per run of consecutive sequences with the same lengths (all of them when the batch has
-// no lengths, up to as many as fit kScoreFloats) and per block of Bq query rows, all heads of
+// no lengths, up to as many as fit kGroupFloats) and per block of Bq query rows, all heads of
 // all the run's sequences at once: the launches do not grow with the batch. The block's scores
 // (pairs, Bq, Sb) = t Q_blk K^T are one cuBLAS strided-batched GEMM over the run's (sequence,
 // head) pairs, whose rows are evenly strided in (B, H, N, E); a fused kernel
 // (one CUDA block per row) masks them, takes the row's max and sum, writes the logsumexp and
 // turns the scores into the (dropped-out) weights in place, two passes over a row that is
 // whole in scratch, so no online rescaling is needed; out_blk = P V is a second batched GEMM.
-// Bq is the largest of at most kBlockQ rows whose scores fit kScoreFloats, so scratch is
+// Bq is the largest of at most kBlockQ rows whose scores fit kBlockFloats, so scratch is
 // bounded by the shape's H S, never N x S per head (eq. 1-2 without the N x S matrix).
 // Sb is the keys the block's last real row sees (lengths, causal), so masked-out keys cost
 // nothing; lengths are read on the host (the front door copies them there) to size the GEMMs.
@@ -55,10 +55,14 @@ using cpu::FullAttentionDims;
 using cpu::FullAttentionParams;
 
 // A block of 128 query rows (the CPU's block), batched over the heads, gives each GEMM enough
-// work for a GPU while keeping the score blocks an eighth of N x S at N = 1024; the 16 MiB bound
-// on one score block keeps scratch modest for long sequences (H = 6, S = 16384: Bq = 42).
+// work for a GPU while keeping the score blocks an eighth of N x S at N = 1024. Bq shrinks only
+// past 256 MiB of scores (H = 6: S > 87381): each block's products read all of K and V, so
+// fewer rows would multiply that traffic and the launches (with a 16 MiB bound, Bq = 10 at
+// S = 65536 took an H100 32 s for one forward + backward). Several sequences share a block only
+// within 16 MiB, which bounds the scratch of short sequences.
 constexpr int64_t kBlockQ = 128;
-constexpr int64_t kScoreFloats = int64_t(1) << 22;
+constexpr int64_t kBlockFloats = int64_t(1) << 26;
+constexpr int64_t kGroupFloats = int64_t(1) << 22;
 
 int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
@@ -66,13 +70,13 @@ int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 // Bq: rows of a query block.
 int64_t block_rows(const FullAttentionDims& d) {
   const int64_t per_row = max64(1, d.H * d.S);
-  return max64(1, min64(min64(kBlockQ, max64(1, d.N)), kScoreFloats / per_row));
+  return max64(1, min64(min64(kBlockQ, max64(1, d.N)), kBlockFloats / per_row));
 }
-// Sequences whose score blocks are computed together: as many as fit kScoreFloats (at least
+// Sequences whose score blocks are computed together: as many as fit kGroupFloats (at least
 // 1, at most B, and pairs within a grid's 65535 rows in y).
 int64_t group_sequences(const FullAttentionDims& d) {
   const int64_t one = max64(1, d.H * block_rows(d) * max64(1, d.S));
-  return max64(1, min64(min64(d.B, kScoreFloats / one), 65535 / max64(1, d.H)));
+  return max64(1, min64(min64(d.B, kGroupFloats / one), 65535 / max64(1, d.H)));
 }
 // Floats of one score block (pairs, Bq, S) of a full group.
 int64_t score_floats(const FullAttentionDims& d) {
