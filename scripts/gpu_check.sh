@@ -12,8 +12,8 @@
 #    come after the benchmarks, in step 7);
 # 5. trains the main job (the copy task to its target) with --device cuda;
 # 6. runs the GPU benchmarks: cuBLAS GEMM in fp32, TF32 and bf16, the three attention types from
-#    N = 512 up (the paper's Figure 4, PNGs), the copy-task step in fp32 and bf16, and the
-#    copy-task step beside PyTorch 2.x on the same GPU (apps/bench_copy_task_torch.py), and each
+#    N = 512 up (the paper's Figure 4, PNGs), the encoder layer's step (bench_encoder) and the
+#    copy-task step in fp32 and bf16, the copy-task step beside PyTorch 2.x on the same GPU (apps/bench_copy_task_torch.py), and each
 #    kernel's GPU time in clustered and improved-clustered attention (ncu, profile_attention.log);
 # 7. runs compute-sanitizer's racecheck, synccheck and initcheck, and, with --corpus (a speech
 #    corpus folder made by data/make_speech_corpus.py), 300 speech steps on the device.
@@ -202,6 +202,8 @@ fi
 if [ "$emulate" = 1 ]; then
   step bench_gemm 300 "$build/apps/bench_gemm" --device cuda --shapes transformer --reps 1 \
     --csv "$out/bench_gemm_fp32.csv"
+  step bench_encoder 300 "$build/apps/bench_encoder" --device cuda --shapes 2x8 --reps 1 \
+    --csv "$out/bench_encoder.csv"
   step bench_attention 600 "$build/apps/bench_attention" --device cuda --n 64 128 --reps 1 \
     --heads 1 --dim 8 --clusters 4 --bits 15 --iterations 2 --topk 8 \
     --attention full clustered improved-clustered --csv "$out/bench_attention.csv" \
@@ -218,6 +220,10 @@ else
     --n 512 1024 2048 4096 8192 16384 32768 65536 131072 --max-full-n 65536 --reps 3 \
     --csv "$out/bench_attention.csv" --png "$out/attention_time.png" \
     --png-memory "$out/attention_memory.png"
+  for precision in fp32 bf16; do
+    step "bench_encoder_$precision" 120 "$build/apps/bench_encoder" --device cuda \
+      --precision "$precision" --csv "$out/bench_encoder_$precision.csv"
+  done
   for precision in fp32 bf16; do
     step "copy_task_step_$precision" 120 "$build/apps/copy_task" --device cuda \
       --out "$out/copy_task_step_$precision" --overwrite --attention full --length 63 --layers 4 --heads 6 \
