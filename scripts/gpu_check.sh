@@ -110,7 +110,9 @@ not_run() { note "NOT RUN  $1: $2"; }
 # ---- 1. the machine ----------------------------------------------------------------------------
 {
   echo "date: $(date -u)"
-  echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)"
+  # The commit, and whether the files differ from it (a copied working tree can be newer).
+  echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)" \
+    "($(git status --porcelain --untracked-files=no 2>/dev/null | wc -l) tracked files differ)"
   echo "cpu: $(lscpu | sed -n 's/^Model name: *//p')"
   if [ "$emulate" = 1 ]; then
     echo "gpu: none (GPU_CHECK_EMULATE=1: the emulated device)"
