@@ -90,7 +90,8 @@ struct ClusterCase {
 void check_clustering(const ClusterCase& c, uint32_t seed) {
   INFO("(B, H, N, E) = (" << c.B << ", " << c.H << ", " << c.N << ", " << c.E << "), C = " << c.C
                           << ", bits = " << c.bits << ", L = " << c.iterations
-                          << (c.lengths.empty() ? "" : ", lengths") << (c.identical ? ", identical" : ""));
+                          << std::string(c.lengths.empty() ? "" : ", lengths")
+                          << std::string(c.identical ? ", identical" : ""));
   Tensor Q = random_tensor({c.B, c.H, c.N, c.E}, seed);
   if (c.identical) {
     std::vector<float> q = Q.to_vector();
@@ -187,7 +188,7 @@ Result run(const AttnCase& c, const Inputs& in, Device dev) {
 void check_attention(const AttnCase& c, uint32_t seed) {
   INFO("(B, H, N, S, E, M, C) = (" << c.B << ", " << c.H << ", " << c.N << ", " << c.S << ", "
                                    << c.E << ", " << c.M << ", " << c.C << ")"
-                                   << (c.lengths.empty() ? "" : " lengths")
+                                   << std::string(c.lengths.empty() ? "" : " lengths")
                                    << " dropout " << c.dropout);
   const Inputs in = make_inputs(c, seed);
   const Result cpu = run(c, in, Device::cpu), dev = run(c, in, Device::cuda);
@@ -230,7 +231,8 @@ ImprovedResult run_improved(const AttnCase& c, int64_t topk, const Inputs& in, D
 void check_improved(const AttnCase& c, int64_t topk, uint32_t seed, int64_t repeats = 0) {
   INFO("(B, H, N, S, E, M, C) = (" << c.B << ", " << c.H << ", " << c.N << ", " << c.S << ", "
                                    << c.E << ", " << c.M << ", " << c.C << "), k = " << topk
-                                   << (c.lengths.empty() ? "" : " lengths") << " dropout "
+                                   << std::string(c.lengths.empty() ? "" : " lengths")
+                                   << " dropout "
                                    << c.dropout);
   Inputs in = make_inputs(c, seed);
   if (repeats > 0) {
@@ -308,6 +310,8 @@ TEST_CASE("cuda clustering: the same seed gives the cpu's assignment on awkward 
   check_clustering({2, 2, 129, 5, 1, 16, 3, {}}, 6);          // C = 1
   check_clustering({1, 1, 300, 8, 25, 7, 0, {}}, 7);          // few bits: ties; L = 0
   check_clustering({2, 1, 17, 6, 4, 63, 10, {17, 9}, true}, 8);  // identical queries
+  // More clusters than one pass of the device's shared-memory tally holds (184 at 63 bits).
+  check_clustering({2, 1, 600, 8, 200, 63, 10, {600, 450}}, 9);
 }
 
 TEST_CASE("cuda clustered attention: forward and backward match the cpu") {

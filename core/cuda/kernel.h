@@ -17,7 +17,7 @@
 //   t.thread_idx(), t.block_idx(), t.block_dim(), t.grid_dim()   threadIdx, blockIdx, ... (Dim3)
 //   t.shared<T>()          the block's dynamic shared memory (shared_bytes of the launch)
 //   t.sync()               block barrier, __syncthreads(); only when kUsesBarrier is true
-//   atomic_add(p, v)       atomicAdd on a float in global or shared memory
+//   atomic_add(p, v)       atomicAdd on a float or an int32 in global or shared memory
 //   block_reduce(t, v, scratch, op)   a reduction over the block (built on shared memory and
 //                          t.sync(), so no warp shuffles are needed)
 //   t.shfl_xor(v, m)       __shfl_xor_sync over the full warp: the float v of lane (lane ^ m)
@@ -69,6 +69,7 @@ struct Thread {
 };
 
 CLUSTR_DEVICE float atomic_add(float* p, float v) { return atomicAdd(p, v); }
+CLUSTR_DEVICE int32_t atomic_add(int32_t* p, int32_t v) { return atomicAdd(p, v); }
 
 template <class K>
 __global__ void kernel_entry(K k) {
@@ -127,6 +128,9 @@ struct Thread {
 };
 
 inline float atomic_add(float* p, float v) { return emulation::atomic_add_f32(p, v); }
+inline int32_t atomic_add(int32_t* p, int32_t v) {
+  return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
+}
 
 template <class K>
 void launch(const char* name, Dim3 grid, Dim3 block, size_t shared_bytes, const K& k) {

@@ -13,9 +13,10 @@
 // its threshold could hash differently from the CPU (the GEMMs sum in other orders).
 // Lloyd (sec. 3.2.2): one CUDA block per (b, h) runs every round. Assign: a thread per query,
 // the nearest seeded centroid by popcount of XOR, ties to the lowest index; the number of
-// changes is a block reduction (integers: exact). Update: a thread per cluster counts the set
-// bits of its members' codes (integer counts, a fixed order) and takes the majority vote, a tie
-// keeping the bit. The round loop stops where the CPU's does, so the assignment is the CPU's.
+// changes is a block reduction (integers: exact). Update: every thread adds its queries' set
+// bits to their clusters' counts in shared memory (integer atomics, so the counts are exact in
+// any order), then a thread per cluster takes the majority vote, a tie keeping the bit. The
+// round loop stops where the CPU's does, so the assignment is the CPU's.
 #include "layers/attention/clustering_cuda.h"
 
 #include <cstdint>
@@ -76,8 +77,8 @@ struct HashKernel {
   }
 };
 
-// One block per (b, h) runs all of the pair's Lloyd rounds; shared: block_dim int64 (the
-// reduction of the change count).
+// One block per (b, h) runs all of the pair's Lloyd rounds. Shared: block_dim int64 (the
+// reduction of the change count), then the tally of up to `tile` clusters, K + 1 int32 each.
 struct LloydKernel {
   static constexpr bool kUsesBarrier = true;
   const uint64_t* codes;  // (B H N)
@@ -87,13 +88,37 @@ struct LloydKernel {
   int32_t* assignment;    // (B H N)
   int32_t* counts;        // (B H C)
   int64_t H, N;
-  int C, K, L;
+  int C, K, L, tile;
+
+  // For the clusters c0 .. c0 + n - 1: tally[(c - c0) (K + 1) + k] = the members of c with bit k
+  // set, and tally[(c - c0) (K + 1) + K] = its members. Every thread adds its own queries (integer
+  // atomics: the counts do not depend on the order of the additions), so no thread walks all
+  // V queries for its cluster, which serialised a warp on every member.
+  CLUSTR_DEVICE void tally_members(const Thread& t, const uint64_t* code, const int32_t* a,
+                                   int64_t V, int c0, int n, int32_t* tally) const {
+    const unsigned tid = t.thread_idx().x, nt = t.block_dim().x;
+    const int w = K + 1;
+    for (int x = static_cast<int>(tid); x < n * w; x += static_cast<int>(nt)) tally[x] = 0;
+    t.sync();
+    for (int64_t i = tid; i < V; i += nt) {
+      const int c = a[i] - c0;
+      if (c < 0 || c >= n) continue;
+      int32_t* row = tally + c * w;
+      const uint64_t x = code[i];
+      for (int k = 0; k < K; ++k)
+        if ((x >> k) & 1u) atomic_add(row + k, 1);
+      atomic_add(row + K, 1);
+    }
+    t.sync();
+  }
+
   CLUSTR_DEVICE void operator()(const Thread& t) const {
     const unsigned tid = t.thread_idx().x, nt = t.block_dim().x;
     const int64_t bh = t.block_idx().x, V = valid_queries(lengths, bh, H, N);
     const uint64_t* code = codes + bh * N;
     uint64_t* cent = centroids + bh * C;
     int32_t* a = assignment + bh * N;
+    int32_t* tally = reinterpret_cast<int32_t*>(t.shared<int64_t>() + nt);
     const int act = V > 0 ? active[bh] : 0;
     // Each query is always handled by the same thread (i = tid + k nt), so a[i] needs no
     // barrier between its writes and reads by the assign step.
@@ -111,30 +136,31 @@ struct LloydKernel {
       // Also the barrier after the assign: the update reads every a[i].
       changed = block_reduce(t, changed, t.shared<int64_t>(), AddI64{});
       if (round == L || (round > 0 && changed == 0)) break;
-      for (int c = static_cast<int>(tid); c < act; c += static_cast<int>(nt)) {
-        int32_t ones[64];
-        for (int k = 0; k < K; ++k) ones[k] = 0;
-        int32_t members = 0;
-        for (int64_t i = 0; i < V; ++i)
-          if (a[i] == c) {
-            ++members;
-            const uint64_t x = code[i];
-            for (int k = 0; k < K; ++k) ones[k] += static_cast<int32_t>((x >> k) & 1u);
+      // The majority vote of each cluster's members, bit by bit; a tie keeps the bit.
+      for (int c0 = 0; c0 < act; c0 += tile) {
+        const int n = act - c0 < tile ? act - c0 : tile;
+        tally_members(t, code, a, V, c0, n, tally);
+        for (int c = static_cast<int>(tid); c < n; c += static_cast<int>(nt)) {
+          const int32_t* row = tally + c * (K + 1);
+          const int64_t members = row[K];
+          uint64_t cc = cent[c0 + c];
+          for (int k = 0; k < K; ++k) {
+            const int64_t twice = 2 * int64_t{row[k]};
+            if (twice > members) cc |= uint64_t{1} << k;
+            if (twice < members) cc &= ~(uint64_t{1} << k);
           }
-        uint64_t cc = cent[c];
-        for (int k = 0; k < K; ++k) {
-          const int64_t twice = 2 * int64_t{ones[k]};
-          if (twice > members) cc |= uint64_t{1} << k;
-          if (twice < members) cc &= ~(uint64_t{1} << k);
+          cent[c0 + c] = cc;
         }
-        cent[c] = cc;
+        t.sync();  // the tally read before the next pass clears it
       }
       t.sync();  // the new centroids before the next assign
     }
-    for (int c = static_cast<int>(tid); c < C; c += static_cast<int>(nt)) {
-      int32_t n = 0;
-      for (int64_t i = 0; i < V; ++i) n += a[i] == c;
-      counts[bh * C + c] = n;
+    for (int c0 = 0; c0 < C; c0 += tile) {
+      const int n = C - c0 < tile ? C - c0 : tile;
+      tally_members(t, code, a, V, c0, n, tally);
+      for (int c = static_cast<int>(tid); c < n; c += static_cast<int>(nt))
+        counts[bh * C + c0 + c] = tally[c * (K + 1) + K];
+      t.sync();  // the tally read before the next pass clears it
     }
   }
 };
@@ -162,10 +188,18 @@ void cluster_lloyd(const ClusteringDims& d, const uint64_t* codes, const int32_t
   if (BH == 0) return;
   require("cuda::cluster_lloyd");
   const unsigned threads = row_threads(d.N > d.C ? d.N : d.C);
+  // As many clusters' tallies as fit beside the reduction in 48 KiB (the default limit of
+  // dynamic shared memory): 184 with 256 threads and 63 bits, so the usual C takes one pass.
+  constexpr size_t kSharedBytes = 48 * 1024;
+  const size_t reduce_bytes = threads * sizeof(int64_t);
+  const size_t row_bytes = static_cast<size_t>(d.K + 1) * sizeof(int32_t);
+  const size_t fit = (kSharedBytes - reduce_bytes) / row_bytes;
+  const size_t clusters = static_cast<size_t>(d.C);
+  const int tile = static_cast<int>(fit < clusters ? fit : clusters);
   launch("cuda::cluster_lloyd", {static_cast<unsigned>(BH)}, {threads},
-         threads * sizeof(int64_t),
+         reduce_bytes + static_cast<size_t>(tile) * row_bytes,
          LloydKernel{codes, lengths, active, centroids, assignment, counts, d.H, d.N, d.C, d.K,
-                     d.L});
+                     d.L, tile});
 }
 
 }  // namespace clustr::cuda
