@@ -1,0 +1,222 @@
+// The paper's attention as plain autograd expressions (reference.h). Every (b, h) pair is one
+// matrix of a batch: (B, H, N, E) is viewed as (B H, N, E), so that one batched matmul is one
+// product per pair.
+#include "layers/attention/reference.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "autograd/ops.h"
+#include "core/error.h"
+#include "core/ops_check.h"
+
+namespace clustr {
+
+namespace {
+
+// A finite stand-in for -inf in the masks: a row that sees no key stays finite under softmax
+// (it comes out uniform and is then zeroed), where -inf would give NaN and NaN gradients.
+constexpr float kMasked = -1e30f;
+
+struct Sizes {
+  int64_t B, H, N, S, E, M;
+  std::vector<int32_t> len;  // lengths on the host; empty: every key valid
+  int64_t keys(int64_t pair) const { return len.empty() ? S : len[pair / H]; }
+};
+
+Sizes check_inputs(const char* op, const Variable& Q, const Variable& K, const Variable& V,
+                   const Tensor& lengths) {
+  CLUSTR_CHECK(Q.defined() && K.defined() && V.defined(), op, ": use of an undefined Variable");
+  for (const Variable* x : {&Q, &K, &V}) detail::require_cpu(op, x->data());
+  CLUSTR_CHECK(Q.rank() == 4 && K.rank() == 4 && V.rank() == 4, op,
+               ": expected Q (B, H, N, E), K (B, H, S, E), V (B, H, S, M), got Q ",
+               describe(Q.data()), ", K ", describe(K.data()), ", V ", describe(V.data()));
+  Sizes s{Q.size(0), Q.size(1), Q.size(2), K.size(2), Q.size(3), V.size(3), {}};
+  CLUSTR_CHECK(K.size(0) == s.B && K.size(1) == s.H && K.size(3) == s.E && V.size(0) == s.B &&
+                   V.size(1) == s.H && V.size(2) == s.S,
+               op, ": K must be (B, H, S, E) and V (B, H, S, M) for Q ", describe(Q.data()),
+               ", got K ", describe(K.data()), ", V ", describe(V.data()));
+  if (lengths.defined()) {
+    detail::check_lengths(op, lengths, s.B, s.S, "S", "K", K.data());
+    s.len = lengths.to_int_vector();
+  }
+  return s;
+}
+
+float temperature_of(float t, int64_t E) {
+  return t > 0.0f ? t : static_cast<float>(1.0 / std::sqrt(static_cast<double>(E)));
+}
+
+// (B, H, R, D) -> (B H, R, D), one matrix per pair.
+Variable pairs(const Variable& x) {
+  return reshape(x, {x.size(0) * x.size(1), x.size(2), x.size(3)});
+}
+
+Variable constant(std::vector<float> values, const Shape& shape) {
+  return Variable(Tensor::from_vector(values, shape));
+}
+
+// The assignment on the host, checked: (B H N) values in [-1, C).
+std::vector<int32_t> check_assignment(const char* op, const Tensor& assignment, const Sizes& s,
+                                      int64_t C) {
+  CLUSTR_CHECK(C >= 1, op, ": expected clusters >= 1, got ", C);
+  detail::check_dtype(op, "assignment", assignment, DType::i32);
+  CLUSTR_CHECK(assignment.shape() == (Shape{s.B, s.H, s.N}), op,
+               ": expected assignment (B, H, N) = (", s.B, ", ", s.H, ", ", s.N, "), got ",
+               describe(assignment));
+  std::vector<int32_t> a = assignment.to_int_vector();
+  for (size_t i = 0; i < a.size(); ++i)
+    CLUSTR_CHECK(a[i] >= -1 && a[i] < C, op, ": assignment value ", a[i], " at flat index ", i,
+                 " is outside [-1, C = ", C, ")");
+  return a;
+}
+
+// The cluster matrices of every pair: mean (B H, C, N) with 1 / |j| where query i is in
+// cluster j (so mean Q = the centroids, eq. 4-5), and member (B H, N, C) with 1 there (so
+// member X gives each query its cluster's row, eq. 6).
+struct Clusters {
+  Variable mean, member;
+  std::vector<int32_t> count;  // (B H C)
+};
+Clusters clusters_of(const std::vector<int32_t>& a, const Sizes& s, int64_t C) {
+  const int64_t P = s.B * s.H, N = s.N;
+  Clusters r;
+  r.count.assign(static_cast<size_t>(P * C), 0);
+  for (int64_t p = 0; p < P; ++p)
+    for (int64_t i = 0; i < N; ++i)
+      if (a[p * N + i] >= 0) ++r.count[p * C + a[p * N + i]];
+  std::vector<float> mean(static_cast<size_t>(P * C * N), 0.0f), member(mean.size(), 0.0f);
+  for (int64_t p = 0; p < P; ++p)
+    for (int64_t i = 0; i < N; ++i) {
+      const int32_t j = a[p * N + i];
+      if (j < 0) continue;
+      mean[(p * C + j) * N + i] = 1.0f / static_cast<float>(r.count[p * C + j]);
+      member[(p * N + i) * C + j] = 1.0f;
+    }
+  r.mean = constant(mean, {P, C, N});
+  r.member = constant(member, {P, N, C});
+  return r;
+}
+
+// eq. 3: Ac = softmax(t Qc K^T + mask) (B H, C, S), rows of empty clusters and of pairs without
+// keys 0.
+Variable centroid_weights(const Variable& Q, const Variable& K, const Clusters& c,
+                          const Sizes& s, int64_t C, float t) {
+  const int64_t P = s.B * s.H, S = s.S;
+  std::vector<float> mask(static_cast<size_t>(P * S), 0.0f), keep(static_cast<size_t>(P * C));
+  for (int64_t p = 0; p < P; ++p) {
+    for (int64_t l = s.keys(p); l < S; ++l) mask[p * S + l] = kMasked;
+    for (int64_t j = 0; j < C; ++j) keep[p * C + j] = c.count[p * C + j] > 0 && s.keys(p) > 0;
+  }
+  const Variable Qc = matmul(c.mean, pairs(Q));  // eq. 4-5
+  const Variable logits = matmul(Qc, pairs(K), false, true) * t + constant(mask, {P, 1, S});
+  return softmax(logits) * constant(keep, {P, C, 1});
+}
+
+Variable heads_out(const Variable& x, const Sizes& s) { return reshape(x, {s.B, s.H, s.N, s.M}); }
+
+}  // namespace
+
+Variable full_attention_reference(const Variable& Q, const Variable& K, const Variable& V,
+                                  const Tensor& lengths, bool causal, float temperature) {
+  const char* op = "full_attention_reference";
+  const Sizes s = check_inputs(op, Q, K, V, lengths);
+  CLUSTR_CHECK(!causal || s.N == s.S, op, ": causal attention needs N == S, got N = ", s.N,
+               ", S = ", s.S);
+  const int64_t P = s.B * s.H, N = s.N, S = s.S;
+  // mask: the keys query i may not see; keep: 0 for padded queries and rows that see no key.
+  std::vector<float> mask(static_cast<size_t>(P * N * S), 0.0f), keep(static_cast<size_t>(P * N));
+  for (int64_t p = 0; p < P; ++p)
+    for (int64_t i = 0; i < N; ++i) {
+      const int64_t L = s.keys(p), seen = causal ? std::min(L, i + 1) : L;
+      for (int64_t l = seen; l < S; ++l) mask[(p * N + i) * S + l] = kMasked;
+      keep[p * N + i] = seen > 0 && !(N == S && i >= L);
+    }
+  const float t = temperature_of(temperature, s.E);
+  const Variable logits =
+      matmul(pairs(Q), pairs(K), false, true) * t + constant(mask, {P, N, S});  // eq. 1
+  const Variable A = softmax(logits) * constant(keep, {P, N, 1});
+  return heads_out(matmul(A, pairs(V)), s);  // eq. 2
+}
+
+Variable clustered_attention_reference(const Variable& Q, const Variable& K, const Variable& V,
+                                       const Tensor& lengths, const Tensor& assignment,
+                                       int64_t clusters, float temperature) {
+  const char* op = "clustered_attention_reference";
+  const Sizes s = check_inputs(op, Q, K, V, lengths);
+  const Clusters c = clusters_of(check_assignment(op, assignment, s, clusters), s, clusters);
+  const Variable Ac = centroid_weights(Q, K, c, s, clusters, temperature_of(temperature, s.E));
+  const Variable Vc = matmul(Ac, pairs(V));    // (B H, C, M)
+  return heads_out(matmul(c.member, Vc), s);  // eq. 6: out_i = Vc_{j(i)}
+}
+
+Variable improved_clustered_attention_reference(const Variable& Q, const Variable& K,
+                                                const Variable& V, const Tensor& lengths,
+                                                const Tensor& assignment, int64_t clusters,
+                                                int64_t topk, float temperature,
+                                                const Tensor& topk_sets) {
+  const char* op = "improved_clustered_attention_reference";
+  const Sizes s = check_inputs(op, Q, K, V, lengths);
+  CLUSTR_CHECK(topk >= 1, op, ": expected topk >= 1, got ", topk);
+  const std::vector<int32_t> a = check_assignment(op, assignment, s, clusters);
+  const Clusters c = clusters_of(a, s, clusters);
+  const float t = temperature_of(temperature, s.E);
+  const Variable Ac = centroid_weights(Q, K, c, s, clusters, t);
+  const int64_t P = s.B * s.H, N = s.N, S = s.S, C = clusters;
+
+  // in_top (B H, C, S): 1 on the keys of T_j (eq. 9).
+  std::vector<float> in_top(static_cast<size_t>(P * C * S), 0.0f);
+  if (topk_sets.defined()) {
+    detail::check_dtype(op, "topk_sets", topk_sets, DType::i32);
+    CLUSTR_CHECK(topk_sets.rank() == 4 && topk_sets.size(0) == s.B && topk_sets.size(1) == s.H &&
+                     topk_sets.size(2) == C,
+                 op, ": expected topk_sets (B, H, C, w) = (", s.B, ", ", s.H, ", ", C,
+                 ", w), got ", describe(topk_sets));
+    const int64_t w = topk_sets.size(3);
+    const std::vector<int32_t> sets = topk_sets.to_int_vector();
+    for (int64_t pj = 0; pj < P * C; ++pj)
+      for (int64_t x = 0; x < w; ++x) {
+        const int32_t l = sets[pj * w + x];
+        CLUSTR_CHECK(l >= -1 && l < s.keys(pj / C), op, ": topk_sets value ", l,
+                     " is not a valid key of its sequence (or -1)");
+        if (l >= 0) in_top[pj * S + l] = 1.0f;
+      }
+  } else {
+    const std::vector<float> w = Ac.data().to_vector();
+    std::vector<int64_t> keys(static_cast<size_t>(S));
+    for (int64_t pj = 0; pj < P * C; ++pj) {
+      if (c.count[pj] == 0) continue;  // an empty cluster has no T
+      const int64_t L = s.keys(pj / C), k = std::min(topk, L);
+      std::iota(keys.begin(), keys.begin() + L, int64_t{0});
+      const float* row = w.data() + pj * S;
+      std::stable_sort(keys.begin(), keys.begin() + L,
+                       [&](int64_t x, int64_t y) { return row[x] > row[y]; });
+      for (int64_t x = 0; x < k; ++x) in_top[pj * S + keys[x]] = 1.0f;
+    }
+  }
+  const Variable top = constant(in_top, {P, C, S});
+  std::vector<float> off(in_top.size());
+  for (size_t x = 0; x < off.size(); ++x) off[x] = 1.0f - in_top[x];
+
+  // The members' view of their cluster: m_j (eq. 10) and the mask of T_j, per query.
+  const Variable m = sum(Ac * top, 2, /*keepdim=*/true);  // (B H, C, 1)
+  std::vector<float> not_top(static_cast<size_t>(P * N * S), kMasked);
+  for (int64_t p = 0; p < P; ++p)
+    for (int64_t i = 0; i < N; ++i) {
+      const int32_t j = a[p * N + i];
+      if (j < 0) continue;
+      for (int64_t l = 0; l < S; ++l)
+        if (in_top[(p * C + j) * S + l] != 0.0f) not_top[(p * N + i) * S + l] = 0.0f;
+    }
+  // eq. 11: m_j times the exact softmax over T_j, plus Ac_j off T_j. A query without T (padded,
+  // or a pair without keys) has m = 0 there and a zero row of member.
+  const Variable exact =
+      softmax(matmul(pairs(Q), pairs(K), false, true) * t + constant(not_top, {P, N, S}));
+  const Variable A =
+      matmul(c.member, m) * exact + matmul(c.member, Ac * constant(off, {P, C, S}));
+  return heads_out(matmul(A, pairs(V)), s);
+}
+
+}  // namespace clustr
