@@ -33,9 +33,10 @@ AttentionResult run(F f, const AttentionInputs& in) {
   return {out.data().to_vector(), grad(Q), grad(K), grad(V)};
 }
 
-// Both sides sum in float32 in other orders: a few units of rounding on values of order 1.
+// Both sides sum in float32 in other orders: a few units of rounding on values of order 1 (the
+// worst difference seen over these cases was 8e-7).
 void check_same(const AttentionResult& got, const AttentionResult& want) {
-  constexpr double atol = 2e-5, rtol = 2e-4;
+  constexpr double atol = 3e-6, rtol = 3e-5;
   INFO("out");
   CHECK_CLOSE(got.out, want.out, atol, rtol);
   INFO("dQ");
