@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "autograd/variable.h"
 #include "check.h"
 #include "core/philox.h"
 #include "core/tensor.h"
@@ -41,6 +42,21 @@ inline AttentionInputs make_attention_inputs(const AttentionCase& c, uint32_t se
   for (int32_t& x : a) x = pick(rng);
   in.assignment = Tensor::from_int_vector(a, {c.B, c.H, c.N});
   return in;
+}
+
+// The output of f(Q, K, V), Variables of in's tensors that require grad, and the gradients of
+// sum(dO * out) (zeros for an input the output does not reach): a differentiable op or one of
+// layers/attention/reference.h's, run as a test compares them.
+template <class F>
+AttentionResult autograd_result(const AttentionInputs& in, F f) {
+  Variable Q(in.Q, true), K(in.K, true), V(in.V, true);
+  const Variable out = f(Q, K, V);
+  out.backward(in.dO);
+  auto grad = [](const Variable& x) {
+    return x.grad().defined() ? x.grad().to_vector()
+                              : std::vector<float>(static_cast<size_t>(x.numel()), 0.0f);
+  };
+  return {out.data().to_vector(), grad(Q), grad(K), grad(V)};
 }
 
 // What mask element idx of a clustered type's dropout stream (clustered.h) multiplies its weight

@@ -3,7 +3,8 @@
 // 3, 17 and 33 with N != S and E != M, padded keys and queries, empty clusters, a sequence
 // without keys and causal masks; the references against each other where the paper says they
 // agree (one query per cluster is full attention; k >= L makes improved-clustered attention
-// full attention); the references' own top-k sets; argument errors.
+// full attention); full attention's dropout mask; the references' own top-k sets; argument
+// errors.
 #include "attention_cases.h"
 #include "autograd/ops.h"
 #include "check.h"
@@ -21,16 +22,9 @@ using clustr::test::AttentionResult;
 using clustr::test::make_attention_inputs;
 using clustr::test::name_of;
 
-// The output of f(Q, K, V) and the gradients of sum(dO * out).
 template <class F>
 AttentionResult run(F f, const AttentionInputs& in) {
-  Variable Q(in.Q, true), K(in.K, true), V(in.V, true);
-  const Variable out = f(Q, K, V);
-  out.backward(in.dO);
-  auto grad = [](const Variable& x) {
-    return x.grad().defined() ? x.grad().to_vector() : std::vector<float>(x.numel(), 0.0f);
-  };
-  return {out.data().to_vector(), grad(Q), grad(K), grad(V)};
+  return clustr::test::autograd_result(in, f);
 }
 
 // Both sides sum in float32 in other orders: a few units of rounding on values of order 1 (the
@@ -81,11 +75,34 @@ TEST_CASE("attention reference: full attention is the fused op, with masks and c
           in);
       const AttentionResult reference = run(
           [&](const Variable& Q, const Variable& K, const Variable& V) {
-            return clustr::full_attention_reference(Q, K, V, in.lengths, causal);
+            return clustr::full_attention_reference(Q, K, V, in.lengths, o);
           },
           in);
       check_same(fused, reference);
     }
+}
+
+TEST_CASE("attention reference: full attention's dropout mask is the fused op's") {
+  // (The clustered types' masks: test_clustered_attention.cpp, test_improved_clustered.cpp.)
+  for (const AttentionCase& c : {make_case(2, 2, 17, 17, 8, 3, 1, 1, {17, 9}),
+                                 make_case(1, 3, 5, 33, 4, 6, 1, 1)}) {
+    INFO(name_of(c));
+    const AttentionInputs in = make_attention_inputs(c, 15);
+    clustr::FullAttentionOptions o;
+    o.dropout = 0.3f, o.seed = 99, o.offset = 12;
+    o.causal = c.N == c.S;
+    const AttentionResult fused = run(
+        [&](const Variable& Q, const Variable& K, const Variable& V) {
+          return clustr::full_attention(Q, K, V, in.lengths, o);
+        },
+        in);
+    const AttentionResult reference = run(
+        [&](const Variable& Q, const Variable& K, const Variable& V) {
+          return clustr::full_attention_reference(Q, K, V, in.lengths, o);
+        },
+        in);
+    check_same(fused, reference);
+  }
 }
 
 TEST_CASE("attention reference: clustered attention is the fused op") {
@@ -178,7 +195,9 @@ TEST_CASE("attention reference: argument errors name the reference and what was 
   const AttentionCase c = make_case(2, 1, 3, 4, 2, 2, 2, 1, {4, 2});
   const AttentionInputs in = make_attention_inputs(c, 51);
   const Variable Q(in.Q), K(in.K), V(in.V);
-  CHECK_ERROR(clustr::full_attention_reference(Q, K, V, in.lengths, true),
+  clustr::FullAttentionOptions causal;
+  causal.causal = true;
+  CHECK_ERROR(clustr::full_attention_reference(Q, K, V, in.lengths, causal),
               "full_attention_reference", "causal attention needs N == S");
   CHECK_ERROR(clustr::full_attention_reference(K, Q, V, in.lengths),
               "full_attention_reference", "V (B, H, S, M)");

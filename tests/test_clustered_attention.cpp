@@ -1,6 +1,6 @@
 // Clustered attention for a fixed clustering (layers/attention/clustered.h, the paper's eq. 3-6):
-// one query per cluster equals full attention (values and gradients); an explicit
-// double-precision reference for random assignments with padded queries, empty clusters and
+// one query per cluster equals full attention (values and gradients); the plain reference
+// (layers/attention/reference.h) for random assignments with padded queries, empty clusters and
 // sequences without keys over sizes 1, 3, 17, 129 with N != S and E != M; gradcheck; padding
 // invariance (NaN in padded keys and values changes nothing); identical results at 1 and 2
 // threads, also for one sequence and one head with many clusters (the work shared inside the
@@ -21,6 +21,7 @@
 #include "layers/attention/clustered.h"
 #include "layers/attention/clustering.h"
 #include "layers/attention/full.h"
+#include "layers/attention/reference.h"
 #include "layers/multihead_attention.h"
 
 using namespace clustr;
@@ -32,78 +33,12 @@ using Case = AttentionCase;
 using Inputs = AttentionInputs;
 using Result = AttentionResult;
 
-// The explicit reference in double, straight from eq. 3-6 and the chain rule for a fixed
-// assignment: Qc = member mean, Ac = softmax(t Qc K^T) over keys < L, Ad = Ac D (the dropout
-// factors, 1 without dropout), out_i = (Ad V)_{j(i)}; dVc_j = sum of members' dO,
-// dV = Ad^T dVc, dAc = (dVc V^T) D, dS = Ac (dAc - rowsum(Ac dAc)), dQc = t dS K,
-// dK = t dS^T Qc, dQ_i = dQc_{j(i)} / |j(i)|.
+// The plain reference of eq. 3-6 (layers/attention/reference.h), its gradients from autograd.
 Result reference(const Case& c, const Inputs& in, const ClusteredDropout& drop = {}) {
-  const int64_t N = c.N, S = c.S, E = c.E, M = c.M, C = c.C;
-  const double t = c.temperature > 0 ? c.temperature : 1.0 / std::sqrt(double(E));
-  const std::vector<float> Q = in.Q.to_vector(), K = in.K.to_vector(), V = in.V.to_vector(),
-                           dO = in.dO.to_vector();
-  const std::vector<int32_t> a = in.assignment.to_int_vector();
-  Result r;
-  r.out.assign(c.B * c.H * N * M, 0.0f);
-  r.dQ.assign(c.B * c.H * N * E, 0.0f);
-  r.dK.assign(c.B * c.H * S * E, 0.0f);
-  r.dV.assign(c.B * c.H * S * M, 0.0f);
-  for (int64_t bh = 0; bh < c.B * c.H; ++bh) {
-    const int64_t L = c.lengths.empty() ? S : c.lengths[bh / c.H];
-    if (L == 0) continue;
-    std::vector<double> count(C, 0), Qc(C * E, 0), A(C * S, 0), dVc(C * M, 0), dQc(C * E, 0);
-    for (int64_t i = 0; i < N; ++i) {
-      const int32_t j = a[bh * N + i];
-      if (j < 0) continue;
-      count[j] += 1;
-      for (int64_t e = 0; e < E; ++e) Qc[j * E + e] += Q[(bh * N + i) * E + e];
-      for (int64_t m = 0; m < M; ++m) dVc[j * M + m] += dO[(bh * N + i) * M + m];
-    }
-    for (int64_t j = 0; j < C; ++j) {
-      if (count[j] == 0) continue;
-      for (int64_t e = 0; e < E; ++e) Qc[j * E + e] /= count[j];
-      double mx = -INFINITY, sum = 0;
-      for (int64_t s = 0; s < L; ++s) {
-        double dot = 0;
-        for (int64_t e = 0; e < E; ++e) dot += Qc[j * E + e] * K[(bh * S + s) * E + e];
-        A[j * S + s] = t * dot;
-        mx = std::max(mx, t * dot);
-      }
-      for (int64_t s = 0; s < L; ++s) sum += (A[j * S + s] = std::exp(A[j * S + s] - mx));
-      std::vector<double> dA(L), D(L);
-      double rowsum = 0;
-      for (int64_t s = 0; s < L; ++s) {
-        A[j * S + s] /= sum;
-        D[s] = keep_factor(drop, static_cast<uint64_t>((bh * C + j) * S + s));
-        dA[s] = 0;
-        for (int64_t m = 0; m < M; ++m) dA[s] += dVc[j * M + m] * V[(bh * S + s) * M + m];
-        dA[s] *= D[s];
-        rowsum += A[j * S + s] * dA[s];
-      }
-      for (int64_t s = 0; s < L; ++s) {
-        const double ds = A[j * S + s] * (dA[s] - rowsum);
-        for (int64_t e = 0; e < E; ++e) {
-          dQc[j * E + e] += t * ds * K[(bh * S + s) * E + e];
-          r.dK[(bh * S + s) * E + e] += static_cast<float>(t * ds * Qc[j * E + e]);
-        }
-        for (int64_t m = 0; m < M; ++m)
-          r.dV[(bh * S + s) * M + m] += static_cast<float>(A[j * S + s] * D[s] * dVc[j * M + m]);
-      }
-      for (int64_t s = 0; s < L; ++s) A[j * S + s] *= D[s];  // Ad, for the output below
-    }
-    for (int64_t i = 0; i < N; ++i) {
-      const int32_t j = a[bh * N + i];
-      if (j < 0) continue;
-      for (int64_t m = 0; m < M; ++m) {
-        double v = 0;
-        for (int64_t s = 0; s < L; ++s) v += A[j * S + s] * V[(bh * S + s) * M + m];
-        r.out[(bh * N + i) * M + m] = static_cast<float>(v);
-      }
-      for (int64_t e = 0; e < E; ++e)
-        r.dQ[(bh * N + i) * E + e] = static_cast<float>(dQc[j * E + e] / count[j]);
-    }
-  }
-  return r;
+  return autograd_result(in, [&](const Variable& Q, const Variable& K, const Variable& V) {
+    return clustered_attention_reference(Q, K, V, in.lengths, in.assignment, c.C, c.temperature,
+                                         drop);
+  });
 }
 
 Result run(const Case& c, const Inputs& in, const ClusteredDropout& drop = {}) {
@@ -146,7 +81,7 @@ TEST_CASE("clustered attention: one query per cluster is full attention, values 
   }
 }
 
-TEST_CASE("clustered attention: matches the double reference (padding, empty clusters)") {
+TEST_CASE("clustered attention: matches the plain reference (padding, empty clusters)") {
   uint32_t seed = 100;
   for (const Case& c :
        {make_case(1, 1, 1, 1, 1, 1, 1), make_case(2, 3, 3, 17, 5, 3, 4, {17, 1}),
@@ -245,7 +180,7 @@ TEST_CASE("clustered attention: identical results at 1 and 2 threads") {
 TEST_CASE("clustered attention: one sequence, one head, many clusters: shared by the threads") {
   // B = H = 1: with 2 threads every step of the pair is shared (centroids and sums by cluster,
   // products by the GEMM's threads, softmax rows, query rows); results must equal 1 thread's
-  // bit for bit and the double reference.
+  // bit for bit and the plain reference.
   for (const Case& c :
        {make_case(1, 1, 700, 900, 16, 12, 150, {850}), make_case(1, 1, 1500, 1500, 8, 8, 400),
         make_case(1, 1, 64, 2000, 4, 3, 70)}) {

@@ -1,7 +1,7 @@
 // Improved clustered attention for a fixed clustering (layers/attention/improved_clustered.h,
-// the paper's eq. 9-11): topk >= S is full attention (values and gradients); an explicit
-// double-precision reference over sizes 1, 3, 17, 129 with N != S, E != M, empty clusters,
-// padded queries and k > valid keys; gradcheck (with the gradient through m_j and the
+// the paper's eq. 9-11): topk >= S is full attention (values and gradients); the plain
+// reference (layers/attention/reference.h) over sizes 1, 3, 17, 129 with N != S, E != M, empty
+// clusters, padded queries and k > valid keys; gradcheck (with the gradient through m_j and the
 // non-top-k Ac_j) where the top-k sets are stable; Proposition 2 through the analysis matrix;
 // identical results at 1 and 2 threads, also for one sequence and one head with many clusters
 // (the work shared inside the pair); attention dropout (the reference with the documented
@@ -23,6 +23,7 @@
 #include "layers/attention/clustering.h"
 #include "layers/attention/full.h"
 #include "layers/attention/improved_clustered.h"
+#include "layers/attention/reference.h"
 
 using namespace clustr;
 using namespace clustr::test;
@@ -52,128 +53,30 @@ Result run(const Case& c, const Inputs& in, ImprovedClusteredAttentionOutput* sa
   return r;
 }
 
-// The explicit reference in double with dense rows A_i (eq. 9-11), for the top-k sets T the
-// op chose (tk, (B, H, C, kw)); it checks that each T is a top-k set of its own double Ac.
-// Backward by the chain rule on the dense rows: g_i[l] = dO_i . V_l, dV_l = sum_i A_i[l] dO_i;
-// on T: dm_j += sum_l P_i[l] g_i[l], dZ_i = m P_i (g_i - P_i . g_i), dq_i = t dZ_i K_T,
-// dk_l += t dZ_i[l] q_i; dAc_j = sum_{i in j} g_i off T and dm_j on T; dz = Ac (dAc - Ac . dAc),
-// dQc = t dz K, dk += t dz^T Qc, dq_i += dQc_j / |j|.
-// Dropout (improved_clustered.h): the weight A_i[l] that multiplies V_l is A_i[l] D (D the
-// query's factor of slot x for l = T_j[x], the cluster's factor Dc_j[l] off T_j); the gradient
-// reaching A_i[l] (g_i[l], and so P_i and dAc off T) carries the same factor.
-Result reference(const Case& c, const Inputs& in, const std::vector<int32_t>& tk, int64_t kw,
+// The plain reference of eq. 9-11 (layers/attention/reference.h) for the op's top-k sets, its
+// gradients from autograd. First checks that each set holds the min(k, L) keys of largest weight
+// in the op's own Ac (eq. 9; none for an empty cluster).
+Result reference(const Case& c, const Inputs& in, const ImprovedClusteredAttentionOutput& f,
                  const ClusteredDropout& drop = {}) {
-  const int64_t N = c.N, S = c.S, E = c.E, M = c.M, C = c.C;
-  const double t = c.temperature > 0 ? c.temperature : 1.0 / std::sqrt(double(E));
-  const std::vector<float> Q = in.Q.to_vector(), K = in.K.to_vector(), V = in.V.to_vector(),
-                           dO = in.dO.to_vector();
-  const std::vector<int32_t> a = in.assignment.to_int_vector();
-  Result r;
-  r.out.assign(c.B * c.H * N * M, 0.0f);
-  r.dQ.assign(c.B * c.H * N * E, 0.0f);
-  r.dK.assign(c.B * c.H * S * E, 0.0f);
-  r.dV.assign(c.B * c.H * S * M, 0.0f);
-  auto dot = [&](const float* x, const float* y, int64_t n) {
-    double s = 0;
-    for (int64_t e = 0; e < n; ++e) s += double(x[e]) * y[e];
-    return s;
-  };
-  for (int64_t bh = 0; bh < c.B * c.H; ++bh) {
-    const int64_t L = c.lengths.empty() ? S : c.lengths[bh / c.H];
-    if (L == 0) continue;
-    const float* q = &Q[bh * N * E];
-    const float* k = &K[bh * S * E];
-    const float* v = &V[bh * S * M];
-    std::vector<double> count(C, 0), Qc(C * E, 0), dQc(C * E, 0), Ac(C * S, 0), dAc(C * S, 0),
-        dm(C, 0), mass(C, 0), dq(N * E, 0), dk(S * E, 0), dv(S * M, 0);
-    std::vector<std::vector<int64_t>> T(C);
-    for (int64_t i = 0; i < N; ++i)
-      if (a[bh * N + i] >= 0) {
-        count[a[bh * N + i]] += 1;
-        for (int64_t e = 0; e < E; ++e) Qc[a[bh * N + i] * E + e] += q[i * E + e];
-      }
-    for (int64_t j = 0; j < C; ++j) {
-      if (count[j] == 0) continue;
-      double mx = -INFINITY, sum = 0;
-      for (int64_t e = 0; e < E; ++e) Qc[j * E + e] /= count[j];
-      for (int64_t l = 0; l < L; ++l) {
-        double s = 0;
-        for (int64_t e = 0; e < E; ++e) s += Qc[j * E + e] * k[l * E + e];
-        mx = std::max(mx, Ac[j * S + l] = t * s);
-      }
-      for (int64_t l = 0; l < L; ++l) sum += (Ac[j * S + l] = std::exp(Ac[j * S + l] - mx));
-      for (int64_t l = 0; l < L; ++l) Ac[j * S + l] /= sum;
-      std::vector<bool> in_t(L, false);
-      for (int64_t x = 0; x < kw; ++x) {
-        const int32_t l = tk[(bh * C + j) * kw + x];
-        if (l < 0) break;
-        T[j].push_back(l), in_t[l] = true, mass[j] += Ac[j * S + l];
-      }
-      REQUIRE(int64_t(T[j].size()) == std::min(c.k, L));
-      double lowest_in = INFINITY, highest_out = -INFINITY;
-      for (int64_t l = 0; l < L; ++l)
-        (in_t[l] ? lowest_in = std::min(lowest_in, Ac[j * S + l])
-                 : highest_out = std::max(highest_out, Ac[j * S + l]));
-      CHECK(lowest_in >= highest_out - 1e-7);  // T is a top-k set (eq. 9)
-    }
-    for (int64_t i = 0; i < N; ++i) {
-      const int32_t j = a[bh * N + i];
-      if (j < 0) continue;
-      const std::vector<int64_t>& Tj = T[j];
-      std::vector<double> A(Ac.begin() + j * S, Ac.begin() + j * S + S), P(Tj.size()),
-          g(L);
-      double mx = -INFINITY, sum = 0, pg = 0;
-      for (size_t x = 0; x < Tj.size(); ++x) mx = std::max(mx, P[x] = t * dot(q + i * E, k + Tj[x] * E, E));
-      for (double& p : P) sum += (p = std::exp(p - mx));
-      std::vector<double> D(L);  // the dropout factor of each key's weight for this query
-      for (int64_t l = 0; l < L; ++l)
-        D[l] = keep_factor(drop, static_cast<uint64_t>((bh * C + j) * S + l));
-      for (size_t x = 0; x < Tj.size(); ++x) {
-        A[Tj[x]] = mass[j] * (P[x] /= sum);
-        const int64_t idx = c.B * c.H * C * S + (bh * N + i) * kw + int64_t(x);
-        D[Tj[x]] = keep_factor(drop, static_cast<uint64_t>(idx));
-      }
-      for (int64_t l = 0; l < L; ++l) {
-        g[l] = dot(&dO[(bh * N + i) * M], v + l * M, M) * D[l];
-        for (int64_t m = 0; m < M; ++m) {
-          r.out[(bh * N + i) * M + m] += static_cast<float>(A[l] * D[l] * v[l * M + m]);
-          dv[l * M + m] += A[l] * D[l] * dO[(bh * N + i) * M + m];
-        }
-        dAc[j * S + l] += g[l];
-      }
-      for (size_t x = 0; x < Tj.size(); ++x) pg += P[x] * g[Tj[x]];
-      dm[j] += pg;
-      for (size_t x = 0; x < Tj.size(); ++x) {
-        const double dz = mass[j] * P[x] * (g[Tj[x]] - pg);
-        for (int64_t e = 0; e < E; ++e) {
-          dq[i * E + e] += t * dz * k[Tj[x] * E + e];
-          dk[Tj[x] * E + e] += t * dz * q[i * E + e];
-        }
-      }
-    }
-    for (int64_t j = 0; j < C; ++j) {
-      if (count[j] == 0) continue;
-      for (int64_t l : T[j]) dAc[j * S + l] = dm[j];
-      double s = 0;
-      for (int64_t l = 0; l < L; ++l) s += Ac[j * S + l] * dAc[j * S + l];
-      for (int64_t l = 0; l < L; ++l) {
-        const double dz = Ac[j * S + l] * (dAc[j * S + l] - s);
-        for (int64_t e = 0; e < E; ++e) {
-          dk[l * E + e] += t * dz * Qc[j * E + e];
-          dQc[j * E + e] += t * dz * k[l * E + e];
-        }
-      }
-    }
-    for (int64_t i = 0; i < N; ++i) {
-      const int32_t j = a[bh * N + i];
-      if (j >= 0)
-        for (int64_t e = 0; e < E; ++e) dq[i * E + e] += dQc[j * E + e] / count[j];
-    }
-    for (int64_t x = 0; x < N * E; ++x) r.dQ[bh * N * E + x] = static_cast<float>(dq[x]);
-    for (int64_t x = 0; x < S * E; ++x) r.dK[bh * S * E + x] = static_cast<float>(dk[x]);
-    for (int64_t x = 0; x < S * M; ++x) r.dV[bh * S * M + x] = static_cast<float>(dv[x]);
+  const std::vector<int32_t> tk = f.topk.to_int_vector(), count = f.counts.to_int_vector();
+  const std::vector<float> w = f.weights.to_vector();
+  const int64_t S = c.S, kw = f.topk.size(3);
+  for (int64_t pj = 0; pj < c.B * c.H * c.C; ++pj) {
+    const int64_t L = c.lengths.empty() ? S : c.lengths[pj / (c.H * c.C)];
+    std::vector<bool> in_t(static_cast<size_t>(S), false);
+    int64_t size = 0;
+    for (int64_t x = 0; x < kw && tk[pj * kw + x] >= 0; ++x) in_t[tk[pj * kw + x]] = true, ++size;
+    REQUIRE(size == (count[pj] == 0 ? 0 : std::min(c.k, L)));
+    float lowest_in = INFINITY, highest_out = -INFINITY;
+    for (int64_t l = 0; l < L; ++l)
+      (in_t[l] ? lowest_in = std::min(lowest_in, w[pj * S + l])
+               : highest_out = std::max(highest_out, w[pj * S + l]));
+    if (size > 0) CHECK(lowest_in >= highest_out);
   }
-  return r;
+  return autograd_result(in, [&](const Variable& Q, const Variable& K, const Variable& V) {
+    return improved_clustered_attention_reference(Q, K, V, in.lengths, in.assignment, c.C, c.k,
+                                                  c.temperature, f.topk, drop);
+  });
 }
 
 // Every query of every (b, h) in cluster i % C, padded queries (i >= lengths[b], N == S) -1.
@@ -207,7 +110,7 @@ TEST_CASE("improved clustered attention: topk >= S is full attention, values and
   }
 }
 
-TEST_CASE("improved clustered attention: matches the double reference (padding, empty clusters)") {
+TEST_CASE("improved clustered attention: matches the plain reference (padding, empty clusters)") {
   uint32_t seed = 100;
   for (const Case& c :
        {make_case(1, 1, 1, 1, 1, 1, 1, 1), make_case(2, 3, 3, 17, 5, 3, 4, 2, {17, 1}),
@@ -219,7 +122,7 @@ TEST_CASE("improved clustered attention: matches the double reference (padding, 
     ImprovedClusteredAttentionOutput f;
     const Result r = run(c, in, &f);
     CHECK(f.topk.shape() == (Shape{c.B, c.H, c.C, std::min(c.k, c.S)}));
-    const Result e = reference(c, in, f.topk.to_int_vector(), f.topk.size(3));
+    const Result e = reference(c, in, f);
     CHECK_CLOSE(r.out, e.out, 2e-6, 2e-5);
     CHECK_CLOSE(r.dQ, e.dQ, 1e-5, 1e-4);
     CHECK_CLOSE(r.dK, e.dK, 1e-5, 1e-4);
@@ -229,7 +132,7 @@ TEST_CASE("improved clustered attention: matches the double reference (padding, 
   c.temperature = 0.7f;
   const Inputs in = make_attention_inputs(c, 5);
   ImprovedClusteredAttentionOutput f;
-  const Result r = run(c, in, &f), e = reference(c, in, f.topk.to_int_vector(), f.topk.size(3));
+  const Result r = run(c, in, &f), e = reference(c, in, f);
   CHECK_CLOSE(r.out, e.out, 2e-6, 2e-5);
   CHECK_CLOSE(r.dQ, e.dQ, 1e-5, 1e-4);
   CHECK_CLOSE(r.dK, e.dK, 1e-5, 1e-4);
@@ -427,7 +330,7 @@ TEST_CASE("improved clustered attention: identical results at 1 and 2 threads") 
 TEST_CASE("improved clustered attention: one sequence, one head, many clusters: shared") {
   // B = H = 1: with 2 threads the top-k selections, the members' softmax and the dK, dV slots
   // are shared cluster by cluster (overlapping top-k sets: many clusters, few keys); results
-  // must equal 1 thread's bit for bit and the double reference.
+  // must equal 1 thread's bit for bit and the plain reference.
   for (const Case& c : {make_case(1, 1, 700, 300, 16, 12, 150, 9, {280}),
                         make_case(1, 1, 1500, 1500, 8, 8, 300, 32),
                         make_case(1, 1, 64, 2000, 4, 3, 70, 40)}) {
@@ -436,7 +339,7 @@ TEST_CASE("improved clustered attention: one sequence, one head, many clusters: 
     check_thread_independent([&] { return run(c, in); });
     ImprovedClusteredAttentionOutput f;
     const Result r = run(c, in, &f);
-    const Result e = reference(c, in, f.topk.to_int_vector(), f.topk.size(3));
+    const Result e = reference(c, in, f);
     CHECK_CLOSE(r.out, e.out, 2e-6, 2e-5);
     CHECK_CLOSE(r.dQ, e.dQ, 1e-5, 1e-4);
     CHECK_CLOSE(r.dK, e.dK, 1e-5, 1e-4);
@@ -455,7 +358,7 @@ TEST_CASE("improved clustered attention dropout: the documented masks, top-k and
     const Inputs in = make_attention_inputs(c, seed += 10);
     ImprovedClusteredAttentionOutput f;
     const Result r = run(c, in, &f, drop);
-    const Result e = reference(c, in, f.topk.to_int_vector(), f.topk.size(3), drop);
+    const Result e = reference(c, in, f, drop);
     CHECK_CLOSE(r.out, e.out, 2e-6, 2e-5);
     CHECK_CLOSE(r.dQ, e.dQ, 1e-5, 1e-4);
     CHECK_CLOSE(r.dK, e.dK, 1e-5, 1e-4);

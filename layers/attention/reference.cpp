@@ -11,6 +11,7 @@
 #include "autograd/ops.h"
 #include "core/error.h"
 #include "core/ops_check.h"
+#include "core/philox.h"
 
 namespace clustr {
 
@@ -43,6 +44,14 @@ Sizes check_inputs(const char* op, const Variable& Q, const Variable& K, const V
     s.len = lengths.to_int_vector();
   }
   return s;
+}
+
+// What element idx of a dropout mask (seed, offset) multiplies its weight by: 1 / (1 - p) when
+// kept, 0 when dropped (the definition in clustered.h and full.h); 1 without dropout.
+float keep_factor(float p, uint64_t seed, uint64_t offset, uint64_t idx) {
+  if (p <= 0.0f) return 1.0f;
+  const Philox4 r = philox4x32(seed, offset + idx / 4);
+  return uint_to_unit(r.v[idx % 4]) >= p ? 1.0f / (1.0f - p) : 0.0f;
 }
 
 float temperature_of(float t, int64_t E) {
@@ -117,37 +126,54 @@ Variable centroid_weights(const Variable& Q, const Variable& K, const Clusters& 
 
 Variable heads_out(const Variable& x, const Sizes& s) { return reshape(x, {s.B, s.H, s.N, s.M}); }
 
+// Ac's dropout factors Dc (B H, C, S), element ((b H + h) C + j) S + l of the stream.
+Variable cluster_dropout(const ClusteredDropout& d, const Sizes& s, int64_t C) {
+  const int64_t n = s.B * s.H * C * s.S;
+  std::vector<float> f(static_cast<size_t>(n));
+  for (int64_t x = 0; x < n; ++x) f[x] = keep_factor(d.p, d.seed, d.offset, uint64_t(x));
+  return constant(f, {s.B * s.H, C, s.S});
+}
+
 }  // namespace
 
 Variable full_attention_reference(const Variable& Q, const Variable& K, const Variable& V,
-                                  const Tensor& lengths, bool causal, float temperature) {
+                                  const Tensor& lengths, const FullAttentionOptions& options) {
   const char* op = "full_attention_reference";
   const Sizes s = check_inputs(op, Q, K, V, lengths);
+  const bool causal = options.causal;
   CLUSTR_CHECK(!causal || s.N == s.S, op, ": causal attention needs N == S, got N = ", s.N,
                ", S = ", s.S);
   const int64_t P = s.B * s.H, N = s.N, S = s.S;
-  // mask: the keys query i may not see; keep: 0 for padded queries and rows that see no key.
-  std::vector<float> mask(static_cast<size_t>(P * N * S), 0.0f), keep(static_cast<size_t>(P * N));
+  // mask: the keys query i may not see; keep: 0 for padded queries and rows that see no key,
+  // else the dropout factor of element ((b H + h) N + i) S + l.
+  std::vector<float> mask(static_cast<size_t>(P * N * S), 0.0f), keep(mask.size());
   for (int64_t p = 0; p < P; ++p)
     for (int64_t i = 0; i < N; ++i) {
       const int64_t L = s.keys(p), seen = causal ? std::min(L, i + 1) : L;
-      for (int64_t l = seen; l < S; ++l) mask[(p * N + i) * S + l] = kMasked;
-      keep[p * N + i] = seen > 0 && !(N == S && i >= L);
+      const bool row = seen > 0 && !(N == S && i >= L);
+      for (int64_t l = 0; l < S; ++l) {
+        const int64_t x = (p * N + i) * S + l;
+        if (l >= seen) mask[x] = kMasked;
+        keep[x] = row ? keep_factor(options.dropout, options.seed, options.offset, uint64_t(x))
+                      : 0.0f;
+      }
     }
-  const float t = temperature_of(temperature, s.E);
+  const float t = temperature_of(options.temperature, s.E);
   const Variable logits =
       matmul(pairs(Q), pairs(K), false, true) * t + constant(mask, {P, N, S});  // eq. 1
-  const Variable A = softmax(logits) * constant(keep, {P, N, 1});
+  const Variable A = softmax(logits) * constant(keep, {P, N, S});
   return heads_out(matmul(A, pairs(V)), s);  // eq. 2
 }
 
 Variable clustered_attention_reference(const Variable& Q, const Variable& K, const Variable& V,
                                        const Tensor& lengths, const Tensor& assignment,
-                                       int64_t clusters, float temperature) {
+                                       int64_t clusters, float temperature,
+                                       const ClusteredDropout& dropout) {
   const char* op = "clustered_attention_reference";
   const Sizes s = check_inputs(op, Q, K, V, lengths);
   const Clusters c = clusters_of(check_assignment(op, assignment, s, clusters), s, clusters);
-  const Variable Ac = centroid_weights(Q, K, c, s, clusters, temperature_of(temperature, s.E));
+  Variable Ac = centroid_weights(Q, K, c, s, clusters, temperature_of(temperature, s.E));
+  if (dropout.p > 0.0f) Ac = Ac * cluster_dropout(dropout, s, clusters);
   const Variable Vc = matmul(Ac, pairs(V));    // (B H, C, M)
   return heads_out(matmul(c.member, Vc), s);  // eq. 6: out_i = Vc_{j(i)}
 }
@@ -156,7 +182,8 @@ Variable improved_clustered_attention_reference(const Variable& Q, const Variabl
                                                 const Variable& V, const Tensor& lengths,
                                                 const Tensor& assignment, int64_t clusters,
                                                 int64_t topk, float temperature,
-                                                const Tensor& topk_sets) {
+                                                const Tensor& topk_sets,
+                                                const ClusteredDropout& dropout) {
   const char* op = "improved_clustered_attention_reference";
   const Sizes s = check_inputs(op, Q, K, V, lengths);
   CLUSTR_CHECK(topk >= 1, op, ": expected topk >= 1, got ", topk);
@@ -164,58 +191,67 @@ Variable improved_clustered_attention_reference(const Variable& Q, const Variabl
   const Clusters c = clusters_of(a, s, clusters);
   const float t = temperature_of(temperature, s.E);
   const Variable Ac = centroid_weights(Q, K, c, s, clusters, t);
-  const int64_t P = s.B * s.H, N = s.N, S = s.S, C = clusters;
+  const int64_t P = s.B * s.H, N = s.N, S = s.S, C = clusters, w = std::min(topk, S);
 
-  // in_top (B H, C, S): 1 on the keys of T_j (eq. 9).
-  std::vector<float> in_top(static_cast<size_t>(P * C * S), 0.0f);
+  // T_j (eq. 9), each in ascending key order.
+  std::vector<std::vector<int64_t>> T(static_cast<size_t>(P * C));
   if (topk_sets.defined()) {
     detail::check_dtype(op, "topk_sets", topk_sets, DType::i32);
-    CLUSTR_CHECK(topk_sets.rank() == 4 && topk_sets.size(0) == s.B && topk_sets.size(1) == s.H &&
-                     topk_sets.size(2) == C,
-                 op, ": expected topk_sets (B, H, C, w) = (", s.B, ", ", s.H, ", ", C,
-                 ", w), got ", describe(topk_sets));
-    const int64_t w = topk_sets.size(3);
+    CLUSTR_CHECK(topk_sets.shape() == (Shape{s.B, s.H, C, w}), op,
+                 ": expected topk_sets (B, H, C, min(k, S)) = (", s.B, ", ", s.H, ", ", C,
+                 ", ", w, "), got ", describe(topk_sets));
     const std::vector<int32_t> sets = topk_sets.to_int_vector();
     for (int64_t pj = 0; pj < P * C; ++pj)
       for (int64_t x = 0; x < w; ++x) {
         const int32_t l = sets[pj * w + x];
         CLUSTR_CHECK(l >= -1 && l < s.keys(pj / C), op, ": topk_sets value ", l,
                      " is not a valid key of its sequence (or -1)");
-        if (l >= 0) in_top[pj * S + l] = 1.0f;
+        if (l >= 0) T[pj].push_back(l);
       }
   } else {
-    const std::vector<float> w = Ac.data().to_vector();
-    std::vector<int64_t> keys(static_cast<size_t>(S));
+    const std::vector<float> weights = Ac.data().to_vector();
     for (int64_t pj = 0; pj < P * C; ++pj) {
       if (c.count[pj] == 0) continue;  // an empty cluster has no T
-      const int64_t L = s.keys(pj / C), k = std::min(topk, L);
-      std::iota(keys.begin(), keys.begin() + L, int64_t{0});
-      const float* row = w.data() + pj * S;
-      std::stable_sort(keys.begin(), keys.begin() + L,
+      const int64_t L = s.keys(pj / C);
+      std::vector<int64_t>& keys = T[pj];
+      keys.resize(static_cast<size_t>(L));
+      std::iota(keys.begin(), keys.end(), int64_t{0});
+      const float* row = weights.data() + pj * S;
+      std::stable_sort(keys.begin(), keys.end(),
                        [&](int64_t x, int64_t y) { return row[x] > row[y]; });
-      for (int64_t x = 0; x < k; ++x) in_top[pj * S + keys[x]] = 1.0f;
+      keys.resize(static_cast<size_t>(std::min(topk, L)));
+      std::sort(keys.begin(), keys.end());
     }
   }
-  const Variable top = constant(in_top, {P, C, S});
-  std::vector<float> off(in_top.size());
-  for (size_t x = 0; x < off.size(); ++x) off[x] = 1.0f - in_top[x];
+  // top: 1 on T_j; off: 1 elsewhere (eq. 11's second term, where the cluster's mask falls).
+  std::vector<float> top(static_cast<size_t>(P * C * S), 0.0f), off(top.size(), 1.0f);
+  for (int64_t pj = 0; pj < P * C; ++pj)
+    for (int64_t l : T[pj]) top[pj * S + l] = 1.0f, off[pj * S + l] = 0.0f;
+  Variable rest = Ac * constant(off, {P, C, S});
+  if (dropout.p > 0.0f) rest = rest * cluster_dropout(dropout, s, C);
 
-  // The members' view of their cluster: m_j (eq. 10) and the mask of T_j, per query.
-  const Variable m = sum(Ac * top, 2, /*keepdim=*/true);  // (B H, C, 1)
-  std::vector<float> not_top(static_cast<size_t>(P * N * S), kMasked);
+  // Each member's view of T_j: not_top masks the other keys of its exact softmax; slot holds
+  // the query's dropout factor of T_j's c-th key, element B H C S + ((b H + h) N + i) w + c.
+  std::vector<float> not_top(static_cast<size_t>(P * N * S), kMasked), slot(not_top.size(), 1.0f);
   for (int64_t p = 0; p < P; ++p)
     for (int64_t i = 0; i < N; ++i) {
       const int32_t j = a[p * N + i];
       if (j < 0) continue;
-      for (int64_t l = 0; l < S; ++l)
-        if (in_top[(p * C + j) * S + l] != 0.0f) not_top[(p * N + i) * S + l] = 0.0f;
+      const std::vector<int64_t>& keys = T[p * C + j];
+      for (size_t x = 0; x < keys.size(); ++x) {
+        const int64_t at = (p * N + i) * S + keys[x];
+        not_top[at] = 0.0f;
+        slot[at] = keep_factor(dropout.p, dropout.seed, dropout.offset,
+                               uint64_t(P * C * S + (p * N + i) * w) + x);
+      }
     }
-  // eq. 11: m_j times the exact softmax over T_j, plus Ac_j off T_j. A query without T (padded,
-  // or a pair without keys) has m = 0 there and a zero row of member.
+  // eq. 10-11: m_j times the members' exact softmax over T_j, plus Ac_j off T_j. A query without
+  // T (padded, or a pair without keys) has m = 0 there and a zero row of member.
+  const Variable m = sum(Ac * constant(top, {P, C, S}), 2, /*keepdim=*/true);  // (B H, C, 1)
   const Variable exact =
       softmax(matmul(pairs(Q), pairs(K), false, true) * t + constant(not_top, {P, N, S}));
   const Variable A =
-      matmul(c.member, m) * exact + matmul(c.member, Ac * constant(off, {P, C, S}));
+      matmul(c.member, m) * exact * constant(slot, {P, N, S}) + matmul(c.member, rest);
   return heads_out(matmul(A, pairs(V)), s);
 }
 

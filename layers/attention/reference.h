@@ -11,38 +11,45 @@
 //   assignment i32 (B, H, N) in [-1, C): each query's cluster, -1 for a padded query
 //   -> out (B, H, N, M).
 // t is the temperature (<= 0: 1 / sqrt(E)). As in the fused ops: keys l >= L are masked, and
-// rows that see no key, padded queries and empty clusters give zero rows. No dropout.
+// rows that see no key, padded queries and empty clusters give zero rows. Attention dropout
+// multiplies the weights by the fused ops' documented masks (full.h, clustered.h,
+// improved_clustered.h), drawn here from their definition.
 #pragma once
 
 #include <cstdint>
 
 #include "autograd/variable.h"
 #include "core/tensor.h"
+#include "layers/attention/clustered.h"
+#include "layers/attention/full.h"
 
 namespace clustr {
 
-// eq. 1-2: out = softmax(t Q K^T + mask) V. With causal, query i sees the keys l <= i (N == S);
-// with N == S, queries i >= L are padding (zero rows).
+// eq. 1-2: out = softmax(t Q K^T + mask) V. With options.causal, query i sees the keys l <= i
+// (N == S); with N == S, queries i >= L are padding (zero rows). options: temperature, causal
+// and dropout as for full_attention (the products in f32 whatever options.precision says).
 Variable full_attention_reference(const Variable& Q, const Variable& K, const Variable& V,
-                                  const Tensor& lengths, bool causal = false,
-                                  float temperature = 0.0f);
+                                  const Tensor& lengths, const FullAttentionOptions& options = {});
 
 // eq. 3-6: Qc_j = the mean of cluster j's queries, Ac = softmax(t Qc K^T + mask) (C x S),
 // out_i = (Ac V)_{j(i)}.
 Variable clustered_attention_reference(const Variable& Q, const Variable& K, const Variable& V,
                                        const Tensor& lengths, const Tensor& assignment,
-                                       int64_t clusters, float temperature = 0.0f);
+                                       int64_t clusters, float temperature = 0.0f,
+                                       const ClusteredDropout& dropout = {});
 
 // eq. 9-11: with Ac as above, T_j = the min(k, L) keys of largest Ac_j (ties: the lower key),
 // m_j = sum_{l in T_j} Ac_j[l], and for a member i of cluster j
 //   out_i = m_j softmax_{l in T_j}(t q_i . k_l) V_l + sum_{l not in T_j} Ac_j[l] V_l.
-// topk_sets i32 (B, H, C, w), T_j's keys then -1 (improved_clustered_attention_forward's topk),
-// gives the sets; undefined, they are chosen from this function's own Ac. Either way they are
-// constants: the gradient is the one for fixed sets, as the fused op's.
+// topk_sets i32 (B, H, C, min(k, S)), T_j's keys in ascending order then -1
+// (improved_clustered_attention_forward's topk), gives the sets; undefined, they are chosen
+// from this function's own Ac. Either way they are constants: the gradient is the one for
+// fixed sets, as the fused op's.
 Variable improved_clustered_attention_reference(const Variable& Q, const Variable& K,
                                                 const Variable& V, const Tensor& lengths,
                                                 const Tensor& assignment, int64_t clusters,
                                                 int64_t topk, float temperature = 0.0f,
-                                                const Tensor& topk_sets = {});
+                                                const Tensor& topk_sets = {},
+                                                const ClusteredDropout& dropout = {});
 
 }  // namespace clustr
