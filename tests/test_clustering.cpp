@@ -1,14 +1,16 @@
 // Query clustering (layers/attention/clustering.h, the paper's sec. 3.2.2): planted groups are
 // recovered exactly; a seed fixes the result, bit for bit at 1 and 2 threads on both parallel
 // paths; padded queries get -1 and do not matter; edge cases (C = 1, C > N, N = 1, lengths 0,
-// identical queries); counts agree with the assignment; the generator advances by the
-// documented number of blocks; argument errors.
+// identical queries); counts agree with the assignment; the plain reference
+// (layers/attention/reference.h) gives the same clusters from the same generator; the generator
+// advances by the documented number of blocks; argument errors.
 #include <cstdint>
 #include <set>
 #include <vector>
 
 #include "check.h"
 #include "layers/attention/clustering.h"
+#include "layers/attention/reference.h"
 
 using namespace clustr;
 using clustr::test::random_tensor;
@@ -168,6 +170,45 @@ TEST_CASE("edge cases: C = 1, C > N, N = 1, lengths 0, identical queries, iterat
     Clustering c = run(big, Tensor::from_int_vector({50, 17}, {2}), {6, 1, 0}, 1);
     check_consistent(c, big, {50, 17}, 6);
   }
+}
+
+TEST_CASE("cluster_queries is the plain reference of sec. 3.2.2, at 1 and 2 threads") {
+  struct Shape4 {
+    int64_t B, H, N, E;
+    int C, bits, iterations;
+    std::vector<int32_t> lengths;
+  };
+  // Both paths of the threads (over pairs; inside one pair from N = 256), lengths, C > N,
+  // few bits (ties), no Lloyd round, identical queries (fewer distinct codes than C).
+  const std::vector<Shape4> shapes = {{2, 3, 17, 8, 4, 63, 10, {17, 5}},
+                                      {1, 1, 700, 16, 30, 63, 10, {}},
+                                      {2, 1, 300, 5, 9, 7, 3, {300, 0}},
+                                      {1, 2, 5, 4, 8, 63, 10, {}},
+                                      {1, 1, 64, 3, 5, 63, 0, {}}};
+  uint32_t seed = 3;
+  for (const Shape4& c : shapes) {
+    INFO("(B, H, N, E) = (", c.B, ", ", c.H, ", ", c.N, ", ", c.E, "), C = ", c.C,
+         ", bits = ", c.bits, ", L = ", c.iterations);
+    const Tensor Q = random_tensor({c.B, c.H, c.N, c.E}, seed++);
+    const Tensor L =
+        c.lengths.empty() ? Tensor() : Tensor::from_int_vector(c.lengths, {c.B});
+    const ClusteringOptions o{c.C, c.bits, c.iterations};
+    Generator g(77);
+    const Clustering want = cluster_queries_reference(Q, L, o, g);
+    for (int threads : {1, 2}) {
+      const clustr::test::ThreadCount scope(threads);
+      const Clustering got = run(Q, L, o, 77);
+      CHECK(got.assignment.to_int_vector() == want.assignment.to_int_vector());
+      CHECK(got.counts.to_int_vector() == want.counts.to_int_vector());
+    }
+  }
+  // Identical queries: one distinct code, so one seeded cluster.
+  const Tensor same = Tensor::full({1, 1, 9, 4}, 0.5f);
+  Generator g(5);
+  const Clustering one = cluster_queries_reference(same, Tensor(), {3, 63, 10}, g);
+  CHECK(one.counts.to_int_vector() == std::vector<int32_t>{9, 0, 0});
+  CHECK(one.assignment.to_int_vector() ==
+        run(same, Tensor(), {3, 63, 10}, 5).assignment.to_int_vector());
 }
 
 TEST_CASE("the generator advances by the documented number of blocks") {

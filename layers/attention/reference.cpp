@@ -10,6 +10,7 @@
 
 #include "autograd/ops.h"
 #include "core/error.h"
+#include "core/math.h"
 #include "core/ops_check.h"
 #include "core/philox.h"
 
@@ -253,6 +254,101 @@ Variable improved_clustered_attention_reference(const Variable& Q, const Variabl
   const Variable A =
       matmul(c.member, m) * exact * constant(slot, {P, N, S}) + matmul(c.member, rest);
   return heads_out(matmul(A, pairs(V)), s);
+}
+
+Clustering cluster_queries_reference(const Tensor& Q, const Tensor& lengths,
+                                     const ClusteringOptions& options, Generator& gen) {
+  const char* op = "cluster_queries_reference";
+  detail::check_f32(op, "Q", Q);
+  detail::require_cpu(op, Q);
+  CLUSTR_CHECK(Q.rank() == 4, op, ": expected Q (B, H, N, E), got ", describe(Q));
+  const int64_t B = Q.size(0), H = Q.size(1), N = Q.size(2), E = Q.size(3);
+  const int C = options.clusters, K = options.bits;
+  CLUSTR_CHECK(C >= 1 && K >= 1 && K <= 63 && options.iterations >= 0, op,
+               ": expected clusters >= 1, bits in [1, 63] and iterations >= 0, got ", C, ", ", K,
+               ", ", options.iterations);
+  std::vector<int32_t> len;
+  if (lengths.defined()) {
+    detail::check_lengths(op, lengths, B, N, "N", "Q", Q);
+    len = lengths.to_int_vector();
+  }
+  // The draws, in cluster_queries' order: the planes, then a threshold block per (b, h, k),
+  // then a seeding block per (b, h, j).
+  Tensor planes = Tensor::empty({K, E});
+  normal_(planes, gen);
+  const uint64_t seed = gen.seed(), threshold_base = gen.reserve(uint64_t(B * H * K)),
+                 seed_base = gen.reserve(uint64_t(B * H * C));
+  auto draw64 = [&](uint64_t block) {
+    const Philox4 r = philox4x32(seed, block);
+    return (uint64_t{r.v[0]} << 32) | r.v[1];
+  };
+  auto distance = [](uint64_t x, uint64_t y) { return math::popcount64(x ^ y); };
+
+  Clustering out;
+  out.assignment = Tensor::zeros({B, H, N}, DType::i32);
+  out.counts = Tensor::zeros({B, H, C}, DType::i32);
+  int32_t* assignment = out.assignment.i32();
+  int32_t* counts = out.counts.i32();
+  const std::vector<float> proj_all =
+      matmul(Q.reshape({B * H * N, E}), planes, false, true).to_vector();  // w_k . q
+  for (int64_t p = 0; p < B * H; ++p) {
+    const int64_t V = len.empty() ? N : len[p / H];
+    int32_t* a = assignment + p * N;
+    std::fill(a, a + N, -1);
+    if (V == 0) continue;
+    const float* proj = proj_all.data() + p * N * K;
+    // Hashing: each plane's threshold drawn uniformly over its range on the valid queries.
+    std::vector<uint64_t> code(static_cast<size_t>(V), 0);
+    for (int k = 0; k < K; ++k) {
+      float lo = proj[k], hi = proj[k];
+      for (int64_t i = 1; i < V; ++i)
+        lo = std::min(lo, proj[i * K + k]), hi = std::max(hi, proj[i * K + k]);
+      const float u = uint_to_unit(philox4x32(seed, threshold_base + uint64_t(p * K + k)).v[0]);
+      const float t = math::clustering_threshold(lo, hi, u);
+      for (int64_t i = 0; i < V; ++i)
+        if (proj[i * K + k] > t) code[i] |= uint64_t{1} << k;
+    }
+    // k-means++ seeding: a uniform first code, then codes drawn with probability ~ d^2, d the
+    // distance to the nearest centroid so far, until C are seeded or every code is one.
+    std::vector<uint64_t> centroid{code[draw64(seed_base + uint64_t(p * C)) % uint64_t(V)]};
+    while (static_cast<int>(centroid.size()) < C) {
+      std::vector<uint64_t> weight(static_cast<size_t>(V));
+      uint64_t total = 0;
+      for (int64_t i = 0; i < V; ++i) {
+        int d = K + 1;
+        for (uint64_t c : centroid) d = std::min(d, distance(code[i], c));
+        total += weight[i] = uint64_t(d) * uint64_t(d);
+      }
+      if (total == 0) break;
+      uint64_t x = draw64(seed_base + uint64_t(p * C) + centroid.size()) % total;
+      int64_t pick = 0;
+      while (x >= weight[pick]) x -= weight[pick++];
+      centroid.push_back(code[pick]);
+    }
+    // Lloyd rounds.
+    const int active = static_cast<int>(centroid.size());
+    for (int round = 0;; ++round) {
+      int64_t changed = 0;
+      for (int64_t i = 0; i < V; ++i) {
+        int best = 0;
+        for (int c = 1; c < active; ++c)
+          if (distance(code[i], centroid[c]) < distance(code[i], centroid[best])) best = c;
+        changed += a[i] != best;
+        a[i] = best;
+      }
+      if (round == options.iterations || (round > 0 && changed == 0)) break;
+      for (int c = 0; c < active; ++c)
+        for (int k = 0; k < K; ++k) {
+          int64_t members = 0, ones = 0;
+          for (int64_t i = 0; i < V; ++i)
+            if (a[i] == c) ++members, ones += (code[i] >> k) & 1u;
+          if (2 * ones > members) centroid[c] |= uint64_t{1} << k;
+          if (2 * ones < members) centroid[c] &= ~(uint64_t{1} << k);
+        }
+    }
+    for (int64_t i = 0; i < V; ++i) ++counts[p * C + a[i]];
+  }
+  return out;
 }
 
 }  // namespace clustr

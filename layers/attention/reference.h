@@ -1,4 +1,5 @@
-// The paper's three attention types written as plainly as its equations: a few matrix products,
+// The paper's three attention types (and its clustering of the queries) written as plainly as
+// its equations: a few matrix products,
 // softmaxes and sums of autograd (autograd/ops.h), the masks and the cluster memberships as
 // constant matrices. Their gradients come from the autograd engine, not from a derivation by
 // hand. Read these first; full.h, clustered.h and improved_clustered.h are the same functions
@@ -20,7 +21,9 @@
 
 #include "autograd/variable.h"
 #include "core/tensor.h"
+#include "core/random.h"
 #include "layers/attention/clustered.h"
+#include "layers/attention/clustering.h"
 #include "layers/attention/full.h"
 
 namespace clustr {
@@ -51,5 +54,15 @@ Variable improved_clustered_attention_reference(const Variable& Q, const Variabl
                                                 int64_t topk, float temperature = 0.0f,
                                                 const Tensor& topk_sets = {},
                                                 const ClusteredDropout& dropout = {});
+
+// sec. 3.2.2, the queries' clusters: per (b, h), bit k of a valid query q is (w_k . q > t_k), w_k
+// ~ N(0, I_E), t_k uniform over the range of w_k . q on the pair's valid queries; k-means++
+// seeds in Hamming distance (the first code uniform, each next one with probability ~ d^2);
+// then Lloyd rounds: each query to the nearest centroid (ties: the lower index), each centroid
+// bit the majority of its members' (a tie keeps it), up to options.iterations times, stopping
+// when nothing moves; padded queries get -1. The draws are cluster_queries' (clustering.h), so
+// the same generator state gives the same clusters: plain loops, one query and one bit at a time.
+Clustering cluster_queries_reference(const Tensor& Q, const Tensor& lengths,
+                                     const ClusteringOptions& options, Generator& gen);
 
 }  // namespace clustr
