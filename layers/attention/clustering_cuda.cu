@@ -7,9 +7,9 @@
 //   proj: scratch (B H N, K), the projections of every query on every plane.
 //
 // Hashing: proj = Q planes^T is one GEMM over all queries (padded ones too: each element is its
-// own dot product, and padded rows are never read). Then one CUDA block per (b, h): a thread per
-// plane scans the pair's valid projections for [lo_k, hi_k] (min and max are exact in any
-// order), draws its threshold, and the block sets the bits. Only a projection within an ulp of
+// own dot product, and padded rows are never read). Then one CUDA block per (b, h, plane)
+// reduces the pair's valid projections to [lo_k, hi_k] (min and max are exact in any order) and
+// draws its threshold, and a thread per query sets its bits. Only a projection within an ulp of
 // its threshold could hash differently from the CPU (the GEMMs sum in other orders).
 // Lloyd (sec. 3.2.2): one CUDA block per (b, h) runs every round. Assign: a thread per query,
 // the nearest seeded centroid by popcount of XOR, ties to the lowest index; the number of
@@ -40,39 +40,59 @@ CLUSTR_DEVICE int64_t valid_queries(const int32_t* lengths, int64_t bh, int64_t 
 }
 
 // One block per (b, h); shared: K floats (the thresholds).
-struct HashKernel {
+// Each plane's threshold, one CUDA block per (b, h, plane k) = block bh K + k: the range
+// [lo_k, hi_k] of the pair's valid projections on the plane (min and max are exact in any order)
+// and the threshold drawn in it. Shared: block_dim floats.
+struct ThresholdKernel {
   static constexpr bool kUsesBarrier = true;
   const float* proj;  // (B H N, K)
   const int32_t* lengths;
-  uint64_t* codes;  // (B H N)
+  float* threshold;  // (B H, K)
   int64_t H, N;
   int K;
   uint64_t seed, threshold_base;
   CLUSTR_DEVICE void operator()(const Thread& t) const {
     const unsigned tid = t.thread_idx().x, nt = t.block_dim().x;
-    const int64_t bh = t.block_idx().x, V = valid_queries(lengths, bh, H, N);
-    const float* p = proj + bh * N * K;
-    float* threshold = t.shared<float>();
-    if (V > 0)
-      for (int k = static_cast<int>(tid); k < K; k += static_cast<int>(nt)) {
-        // std::min / std::max's comparisons, as the CPU's range scan.
-        float lo = p[k], hi = p[k];
-        for (int64_t i = 1; i < V; ++i) {
-          const float x = p[i * K + k];
-          lo = x < lo ? x : lo;
-          hi = hi < x ? x : hi;
-        }
-        const float u = uint_to_unit(
-            philox4x32(seed, threshold_base + static_cast<uint64_t>(bh * K + k)).v[0]);
-        threshold[k] = math::clustering_threshold(lo, hi, u);
-      }
-    t.sync();
-    for (int64_t i = tid; i < N; i += nt) {
+    const int64_t bh = t.block_idx().x / K, V = valid_queries(lengths, bh, H, N);
+    const int k = static_cast<int>(t.block_idx().x % K);
+    if (V == 0) return;  // the same for the whole block: no barrier is reached
+    const float* p = proj + bh * N * K + k;
+    float lo = p[0], hi = p[0];
+    for (int64_t i = tid; i < V; i += nt) {
+      const float x = p[i * K];
+      lo = x < lo ? x : lo;
+      hi = hi < x ? x : hi;
+    }
+    lo = block_reduce(t, lo, t.shared<float>(), math::Minimum{});
+    hi = block_reduce(t, hi, t.shared<float>(), math::Maximum{});
+    if (tid != 0) return;
+    const float u =
+        uint_to_unit(philox4x32(seed, threshold_base + static_cast<uint64_t>(bh * K + k)).v[0]);
+    threshold[bh * K + k] = math::clustering_threshold(lo, hi, u);
+  }
+};
+
+// The codes, a thread per query of any pair: bit k set where the projection passes plane k's
+// threshold; 0 for padded queries.
+struct CodeKernel {
+  static constexpr bool kUsesBarrier = false;
+  const float* proj;  // (B H N, K)
+  const int32_t* lengths;
+  const float* threshold;  // (B H, K)
+  uint64_t* codes;         // (B H N)
+  int64_t H, N, total;
+  int K;
+  CLUSTR_DEVICE void operator()(const Thread& t) const {
+    for (int64_t q = global_x(t); q < total; q += grid_stride_x(t)) {
+      const int64_t bh = q / N, i = q % N;
       uint64_t code = 0;
-      if (i < V)
+      if (i < valid_queries(lengths, bh, H, N)) {
+        const float* p = proj + q * K;
+        const float* th = threshold + bh * K;
         for (int k = 0; k < K; ++k)
-          if (p[i * K + k] > threshold[k]) code |= uint64_t{1} << k;
-      codes[bh * N + i] = code;
+          if (p[k] > th[k]) code |= uint64_t{1} << k;
+      }
+      codes[q] = code;
     }
   }
 };
@@ -173,12 +193,16 @@ void cluster_hash(const ClusteringDims& d, const float* Q, const float* planes,
   const int64_t BH = d.B * d.H;
   if (BH * d.N == 0) return;
   require("cuda::cluster_hash");
-  Scratch<float> proj(BH * d.N * d.K);
+  Scratch<float> proj(BH * d.N * d.K), threshold(BH * d.K);
   gemm(false, true, BH * d.N, d.K, d.E, 1.0f, Q, d.E, planes, d.E, 0.0f, proj.get(), d.K);
-  const unsigned threads = 64;  // K <= 63: a thread per plane for the ranges
-  launch("cuda::cluster_hash", {static_cast<unsigned>(BH)}, {threads},
-         static_cast<size_t>(d.K) * sizeof(float),
-         HashKernel{proj.get(), lengths, codes, d.H, d.N, d.K, seed, threshold_base});
+  const unsigned threads = row_threads(d.N);
+  launch("cuda::cluster_hash (thresholds)", {static_cast<unsigned>(BH * d.K)}, {threads},
+         threads * sizeof(float),
+         ThresholdKernel{proj.get(), lengths, threshold.get(), d.H, d.N, d.K, seed,
+                         threshold_base});
+  const int64_t total = BH * d.N;
+  launch("cuda::cluster_hash (codes)", {elementwise_blocks(total)}, {kElementwiseThreads}, 0,
+         CodeKernel{proj.get(), lengths, threshold.get(), codes, d.H, d.N, total, d.K});
 }
 
 void cluster_lloyd(const ClusteringDims& d, const uint64_t* codes, const int32_t* lengths,

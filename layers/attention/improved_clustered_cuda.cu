@@ -13,10 +13,11 @@
 // member sums in query order, the masked softmax rows of Ac (eq. 3-5), their backward, and the
 // per-sequence batched GEMMs sized by L, so masked keys never enter a product. Own kernels:
 //  - eq. 9-10, one CUDA block per row of Ac: a radix select over the order-preserving bits of
-//    the weights finds the kk-th largest value (32 block-wide counts), then one thread walks the
-//    row in key order, taking the keys above it and the lowest-indexed keys equal to it, and sums
-//    m_j over them in ascending key order, as the CPU does: given the same Ac, T_j and m_j are
-//    the CPU's bit for bit (the order "weight descending, then index ascending" is total).
+//    the weights finds the kk-th largest value (32 block-wide counts), then the threads split
+//    the row into spans and write, in key order, the keys above it and the lowest-indexed keys
+//    equal to it (offsets from a scan of the spans' counts), and one thread sums m_j over them
+//    in ascending key order, as the CPU does: given the same Ac, T_j and m_j are the CPU's bit
+//    for bit (the order "weight descending, then index ascending" is total).
 //  - eq. 11, second term: Ac with T_j zeroed (and the cluster's dropout mask) times V, once per
 //    cluster, by GEMM.
 //  - eq. 11, first term, one CUDA block per query: the kk scores, their softmax, the query's
@@ -88,18 +89,56 @@ struct TopkKernel {
       for (int64_t c = tid; c < L; c += nt) above += math::order_key(w[c]) > bar ? 1 : 0;
       take_equal = kk - block_reduce(t, above, t.shared<int>(), AddInt{});
     }
-    if (tid != 0) return;  // no barrier below
-    int32_t* T = tk + row * kw;
-    int64_t n = 0, equal = 0;
-    float m = 0.0f;
-    for (int64_t c = 0; c < L && n < kk; ++c) {
-      const uint32_t key = math::order_key(w[c]);
-      const bool take = kk == L || key > bar || (key == bar && equal++ < take_equal);
-      if (!take) continue;
-      T[n++] = static_cast<int32_t>(c);
-      m += w[c];
+    // The write-out, in key order: each thread takes a contiguous span of the row, counts what
+    // it takes (the keys above the bar, and equal ones while the row's first take_equal last),
+    // and writes them at the offset that the threads before it leave.
+    int* taken = t.shared<int>() + nt;  // (nt): each span's keys taken
+    int* equal = taken + nt;            // (nt): each span's keys equal to the bar
+    const int64_t span = (L + nt - 1) / nt, c0 = tid * span < L ? tid * span : L,
+                  c1 = c0 + span < L ? c0 + span : L;
+    int n_above = 0, n_equal = 0;
+    if (kk > 0)
+      for (int64_t c = c0; c < c1; ++c) {
+        const uint32_t key = math::order_key(w[c]);
+        n_above += kk == L || key > bar;
+        n_equal += kk != L && key == bar;
+      }
+    equal[tid] = n_equal;
+    t.sync();
+    if (tid == 0) {  // equal[x] becomes the equal keys before span x, then taken[x] its count
+      int before = 0;
+      for (unsigned x = 0; x < nt; ++x) {
+        const int e = equal[x];
+        equal[x] = before;
+        before += e;
+      }
     }
-    for (int64_t c = n; c < kw; ++c) T[c] = -1;
+    t.sync();
+    int64_t quota = take_equal - equal[tid];  // equal keys this span may still take
+    taken[tid] = n_above + static_cast<int>(quota < 0 ? 0 : quota < n_equal ? quota : n_equal);
+    t.sync();
+    if (tid == 0) {
+      int before = 0;
+      for (unsigned x = 0; x < nt; ++x) {
+        const int n = taken[x];
+        taken[x] = before;
+        before += n;
+      }
+    }
+    t.sync();
+    int32_t* T = tk + row * kw;
+    int64_t at = taken[tid];
+    if (kk > 0)
+      for (int64_t c = c0; c < c1; ++c) {
+        const uint32_t key = math::order_key(w[c]);
+        const bool take = kk == L || key > bar || (key == bar && quota-- > 0);
+        if (take) T[at++] = static_cast<int32_t>(c);
+      }
+    t.sync();  // T whole before thread 0 sums it
+    if (tid != 0) return;  // no barrier below
+    for (int64_t c = kk; c < kw; ++c) T[c] = -1;
+    float m = 0.0f;  // in ascending key order, as the CPU sums it
+    for (int64_t x = 0; x < kk; ++x) m += w[T[x]];
     mass[row] = m;
   }
 };
@@ -418,7 +457,7 @@ void improved_clustered_attention_forward(const ClusteredDims& d, const Clustere
   // eq. 9-10: T_j, m_j
   if (S > 0)
     launch("cuda::improved_clustered_attention_forward (top-k)", {grid_of(BH * C)}, {threads},
-           threads * sizeof(int),
+           3 * threads * sizeof(int),
            TopkKernel{weights, p.count, p.lengths, tk, mass, H, C, S, topk, kw});
   // eq. 11, second term once per cluster: rc = (Ac with T_j zeroed, cluster mask) V
   if (S > 0)
