@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/cpu/kernels.h"
 #include "core/cpu/nn.h"
 #include "core/cuda/cuda.h"
 #include "core/error.h"

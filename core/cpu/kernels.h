@@ -26,6 +26,10 @@ void argmax(const float* x, int32_t* y, int64_t outer, int64_t len, int64_t inne
 // x, y (rows, cols); per row over cols.
 void softmax(const float* x, float* y, int64_t rows, int64_t cols);
 void log_softmax(const float* x, float* y, int64_t rows, int64_t cols);
+// y, dy, dx (rows, cols): the gradient of softmax / log-softmax (core/cpu/softmax.cpp).
+void softmax_backward(const float* y, const float* dy, float* dx, int64_t rows, int64_t cols);
+void log_softmax_backward(const float* y, const float* dy, float* dx, int64_t rows,
+                          int64_t cols);
 
 // y = x with axes permuted: y.shape[i] = in_shape[perm[i]]. Elements are 4-byte words, so the
 // same kernel moves f32 and i32 data.

@@ -1,8 +1,8 @@
-// CPU kernels of the nn ops (see core/cpu/nn.h for shapes): the unary derivatives, softmax and
-// log-softmax backward, fused layer norm forward and backward, cross-entropy forward and
-// backward, and dropout. The per-element formulas live in core/math.h.
+// CPU kernels of the nn ops (see core/cpu/nn.h for shapes): the unary derivatives, fused layer
+// norm forward and backward, cross-entropy forward and backward, and dropout (softmax's
+// backward is in core/cpu/softmax.cpp). The per-element formulas live in core/math.h.
 //
-// Row sums are accumulated in double over kLanes partial sums in a fixed order (row_sum), so a
+// Row sums are accumulated in double over 8 partial sums in a fixed order (row_sum.h), so a
 // row's result is the same whichever thread computes it. The one sum across rows, layer norm's
 // dgamma and dbeta, is split into row blocks whose number depends only on R, and the block
 // partials are added in block order.
@@ -19,6 +19,7 @@
 
 #include "core/cpu/nn.h"
 #include "core/cpu/row_clones.h"
+#include "core/cpu/row_sum.h"
 #include "core/math.h"
 #include "core/philox.h"
 
@@ -27,19 +28,6 @@ namespace clustr::cpu {
 namespace {
 
 constexpr int64_t kParallelMin = 16384;  // elements; below this a parallel region costs more
-constexpr int kLanes = 8;                // independent partial sums (ILP, SIMD)
-
-// sum over j < n of term(j), in double, with kLanes partial sums combined in a fixed order.
-// Always inlined, so that it is compiled for the instruction set of the clone that calls it.
-template <class Term>
-__attribute__((always_inline)) inline double row_sum(int64_t n, Term term) {
-  double acc[kLanes] = {};
-  int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes)
-    for (int k = 0; k < kLanes; ++k) acc[k] += term(j + k);
-  for (int k = 0; j < n; ++j, ++k) acc[k] += term(j);
-  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-}
 
 // NaN-propagating, so that a row holding a NaN gives NaN rather than passing as masked.
 float row_max(const float* x, int64_t n) {
@@ -131,30 +119,6 @@ void unary_backward(UnaryOp op, const float* x, const float* y, const float* dy,
     for (int64_t i = 0; i < n; ++i)
       dx[i] = f(F::kUsesX ? x[i] : 0.0f, F::kUsesY ? y[i] : 0.0f, dy[i]);
   });
-}
-
-void softmax_backward(const float* y, const float* dy, float* dx, int64_t rows, int64_t cols) {
-#pragma omp parallel for schedule(static) if (rows * cols >= kParallelMin)
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* yr = y + r * cols;
-    const float* gr = dy + r * cols;
-    float* out = dx + r * cols;
-    const float s =
-        static_cast<float>(row_sum(cols, [&](int64_t j) { return double(gr[j]) * yr[j]; }));
-    for (int64_t j = 0; j < cols; ++j) out[j] = math::softmax_dx(yr[j], gr[j], s);
-  }
-}
-
-void log_softmax_backward(const float* y, const float* dy, float* dx, int64_t rows,
-                          int64_t cols) {
-#pragma omp parallel for schedule(static) if (rows * cols >= kParallelMin)
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* yr = y + r * cols;
-    const float* gr = dy + r * cols;
-    float* out = dx + r * cols;
-    const float s = static_cast<float>(row_sum(cols, [&](int64_t j) { return double(gr[j]); }));
-    for (int64_t j = 0; j < cols; ++j) out[j] = math::log_softmax_dx(yr[j], gr[j], s);
-  }
 }
 
 namespace {

@@ -22,11 +22,6 @@ UnaryGradInputs unary_grad_inputs(UnaryOp op);
 void unary_backward(UnaryOp op, const float* x, const float* y, const float* dy, float* dx,
                     int64_t n);
 
-// y, dy, dx (rows, cols), per row over cols.
-void softmax_backward(const float* y, const float* dy, float* dx, int64_t rows, int64_t cols);
-void log_softmax_backward(const float* y, const float* dy, float* dx, int64_t rows,
-                          int64_t cols);
-
 // x, y (R, D); gamma, beta (D); mean, rstd (R). y = (x - mean) * rstd * gamma + beta with the
 // biased variance; mean and rstd are written for backward.
 void layer_norm(const float* x, const float* gamma, const float* beta, float eps, float* y,

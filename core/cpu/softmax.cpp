@@ -1,4 +1,5 @@
-// CPU softmax and log-softmax over the last axis: x, y (rows, cols), one row per thread.
+// CPU softmax and log-softmax over the last axis, forward and backward: x, y, dy, dx (rows,
+// cols), one row per thread.
 //
 // Per row: the max m (so every exp(x - m) <= 1 and nothing overflows, even for x = 1e30);
 // y = exp(x - m); s = sum(y); then y = y / s, or y = x - m - log(s). Each pass is a simple loop
@@ -11,6 +12,7 @@
 #include <cmath>
 
 #include "core/cpu/kernels.h"
+#include "core/cpu/row_sum.h"
 #include "core/math.h"
 
 namespace clustr::cpu {
@@ -73,6 +75,30 @@ void log_softmax(const float* x, float* y, int64_t rows, int64_t cols) {
     }
     const float log_s = static_cast<float>(std::log(exp_shifted(xr, m, yr, cols)));
     for (int64_t j = 0; j < cols; ++j) yr[j] = math::log_softmax_value(xr[j], m, log_s);
+  }
+}
+
+void softmax_backward(const float* y, const float* dy, float* dx, int64_t rows, int64_t cols) {
+#pragma omp parallel for schedule(static) if (rows * cols >= kParallelMin)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* yr = y + r * cols;
+    const float* gr = dy + r * cols;
+    float* out = dx + r * cols;
+    const float s =
+        static_cast<float>(row_sum(cols, [&](int64_t j) { return double(gr[j]) * yr[j]; }));
+    for (int64_t j = 0; j < cols; ++j) out[j] = math::softmax_dx(yr[j], gr[j], s);
+  }
+}
+
+void log_softmax_backward(const float* y, const float* dy, float* dx, int64_t rows,
+                          int64_t cols) {
+#pragma omp parallel for schedule(static) if (rows * cols >= kParallelMin)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* yr = y + r * cols;
+    const float* gr = dy + r * cols;
+    float* out = dx + r * cols;
+    const float s = static_cast<float>(row_sum(cols, [&](int64_t j) { return double(gr[j]); }));
+    for (int64_t j = 0; j < cols; ++j) out[j] = math::log_softmax_dx(yr[j], gr[j], s);
   }
 }
 

@@ -1,8 +1,8 @@
-// CUDA kernels of the nn ops; the twins of core/cpu/nn.cpp: the unary derivatives, softmax and
-// log-softmax backward, and dropout. Layer norm is in core/cuda/layer_norm.cu, cross-entropy in
+// CUDA kernels of the nn ops; the twins of core/cpu/nn.cpp: the unary derivatives and dropout.
+// Softmax is in core/cuda/softmax.cu, layer norm in core/cuda/layer_norm.cu, cross-entropy in
 // core/cuda/cross_entropy.cu. Every per-element formula comes from core/math.h.
 //
-// Legend: n elements; rows, cols of a softmax.
+// Legend: n elements.
 #include <cstdint>
 
 #include "core/cuda/cuda.h"
@@ -14,10 +14,6 @@
 namespace clustr::cuda {
 
 namespace {
-
-struct AddDouble {
-  CLUSTR_HD double operator()(double a, double b) const { return a + b; }
-};
 
 // Calls fn(functor) with the derivative functor of op (core/math.h), as core/cpu/nn.cpp does.
 template <class Fn>
@@ -53,42 +49,6 @@ struct UnaryGradKernel {
   }
 };
 
-// Per row r of y, dy, dx (rows, cols), one block per row: s = sum(dy * y) for softmax, sum(dy)
-// for log-softmax, in double over a block_reduce (the CPU sums the same terms in double in
-// another order), then dx = math::softmax_dx / math::log_softmax_dx per element.
-struct SoftmaxBackwardKernel {
-  static constexpr bool kUsesBarrier = true;
-  const float* y;
-  const float* dy;
-  float* dx;
-  int64_t rows, cols;
-  bool as_log;
-  CLUSTR_DEVICE void operator()(const Thread& t) const {
-    const unsigned tid = t.thread_idx().x, nt = t.block_dim().x;
-    for (int64_t r = t.block_idx().x; r < rows; r += t.grid_dim().x) {
-      const float* yr = y + r * cols;
-      const float* gr = dy + r * cols;
-      float* out = dx + r * cols;
-      double acc = 0.0;
-      for (int64_t j = tid; j < cols; j += nt)
-        acc += as_log ? double(gr[j]) : double(gr[j]) * yr[j];
-      const float s = static_cast<float>(block_reduce(t, acc, t.shared<double>(), AddDouble{}));
-      for (int64_t j = tid; j < cols; j += nt)
-        out[j] =
-            as_log ? math::log_softmax_dx(yr[j], gr[j], s) : math::softmax_dx(yr[j], gr[j], s);
-    }
-  }
-};
-
-void softmax_backward_like(const char* name, const float* y, const float* dy, float* dx,
-                           int64_t rows, int64_t cols, bool as_log) {
-  if (rows == 0 || cols == 0) return;
-  require(name);
-  const unsigned threads = row_threads(cols);
-  launch(name, {row_blocks(rows)}, {threads}, threads * sizeof(double),
-         SoftmaxBackwardKernel{y, dy, dx, rows, cols, as_log});
-}
-
 // Element i keeps with probability 1 - p from word i % 4 of Philox block offset + i / 4 of the
 // stream `seed`, exactly as cpu::dropout: one thread per Philox block, so each block of four
 // random words is computed once. The mask is integer arithmetic and one float compare, so it is
@@ -122,15 +82,6 @@ void unary_backward(UnaryOp op, const float* x, const float* y, const float* dy,
     launch("cuda::unary_backward", {elementwise_blocks(n)}, {kElementwiseThreads}, 0,
            UnaryGradKernel<decltype(f)>{f, x, y, dy, dx, n});
   });
-}
-
-// y, dy, dx (rows, cols).
-void softmax_backward(const float* y, const float* dy, float* dx, int64_t rows, int64_t cols) {
-  softmax_backward_like("cuda::softmax_backward", y, dy, dx, rows, cols, false);
-}
-void log_softmax_backward(const float* y, const float* dy, float* dx, int64_t rows,
-                          int64_t cols) {
-  softmax_backward_like("cuda::log_softmax_backward", y, dy, dx, rows, cols, true);
 }
 
 // x, y (n).

@@ -1,7 +1,7 @@
-// CUDA reductions over the middle axis of x viewed as (outer, len, inner), and softmax /
-// log-softmax over the last axis; the twins of core/cpu/reduce.cpp and core/cpu/softmax.cpp.
+// CUDA reductions over the middle axis of x viewed as (outer, len, inner); the twins of
+// core/cpu/reduce.cpp. (Softmax and log-softmax: core/cuda/softmax.cu.)
 //
-// A reduction over the last axis (inner == 1), and each row of softmax, is one block per row:
+// A reduction over the last axis (inner == 1) is one block per row:
 // its threads stride over the row, each keeping a partial result, and block_reduce
 // (core/cuda/kernel.h) combines the partials in a fixed tree. A reduction over another axis
 // (inner > 1) is one thread per output, looping over the axis; that leaves a GPU underused when
@@ -21,10 +21,6 @@
 namespace clustr::cuda {
 
 namespace {
-
-struct AddDouble {
-  CLUSTR_HD double operator()(double a, double b) const { return a + b; }
-};
 
 // The op's partial result over the elements xr[l * stride] of this thread's share, and the
 // combination of two partial results: sums in double, max and min in float.
@@ -171,50 +167,6 @@ struct ColumnArgmaxKernel {
   }
 };
 
-// Per row r of x (rows, cols): m = max, s = sum exp(x - m) (double); softmax exp(x - m) / s or
-// log-softmax x - m - log(s). A fully masked row (m = -inf) gives 0 / -inf, as on the CPU;
-// every thread sees the same m, so the branch is taken by the whole block.
-struct SoftmaxKernel {
-  static constexpr bool kUsesBarrier = true;
-  const float* x;
-  float* y;
-  int64_t rows, cols;
-  bool as_log;
-  CLUSTR_DEVICE void operator()(const Thread& t) const {
-    const unsigned tid = t.thread_idx().x, nt = t.block_dim().x;
-    for (int64_t r = t.block_idx().x; r < rows; r += t.grid_dim().x) {
-      const float* xr = x + r * cols;
-      float* yr = y + r * cols;
-      float m = -INFINITY;
-      for (int64_t j = tid; j < cols; j += nt) m = math::Maximum{}(m, xr[j]);
-      m = block_reduce(t, m, t.shared<float>(), math::Maximum{});
-      if (math::fully_masked(m)) {
-        for (int64_t j = tid; j < cols; j += nt) yr[j] = as_log ? -INFINITY : 0.0f;
-        continue;
-      }
-      double acc = 0.0;
-      for (int64_t j = tid; j < cols; j += nt) acc += math::exp(xr[j] - m);
-      const double s = block_reduce(t, acc, t.shared<double>(), AddDouble{});
-      if (as_log) {
-        const float log_s = static_cast<float>(::log(s));
-        for (int64_t j = tid; j < cols; j += nt) yr[j] = math::log_softmax_value(xr[j], m, log_s);
-      } else {
-        const float inv = static_cast<float>(1.0 / s);  // s >= 1: the max itself contributes 1
-        for (int64_t j = tid; j < cols; j += nt) yr[j] = math::exp(xr[j] - m) * inv;
-      }
-    }
-  }
-};
-
-void softmax_like(const char* name, const float* x, float* y, int64_t rows, int64_t cols,
-                  bool as_log) {
-  if (rows == 0 || cols == 0) return;
-  require(name);
-  const unsigned threads = row_threads(cols);
-  launch(name, {row_blocks(rows)}, {threads}, threads * sizeof(double),
-         SoftmaxKernel{x, y, rows, cols, as_log});
-}
-
 }  // namespace
 
 void reduce(ReduceOp op, const float* x, float* y, int64_t outer, int64_t len, int64_t inner) {
@@ -244,14 +196,6 @@ void argmax(const float* x, int32_t* y, int64_t outer, int64_t len, int64_t inne
     launch("cuda::argmax (columns)", {elementwise_blocks(outer * inner)}, {kElementwiseThreads}, 0,
            ColumnArgmaxKernel{x, y, outer, len, inner});
   }
-}
-
-void softmax(const float* x, float* y, int64_t rows, int64_t cols) {
-  softmax_like("cuda::softmax", x, y, rows, cols, false);
-}
-
-void log_softmax(const float* x, float* y, int64_t rows, int64_t cols) {
-  softmax_like("cuda::log_softmax", x, y, rows, cols, true);
 }
 
 }  // namespace clustr::cuda
