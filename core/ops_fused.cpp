@@ -16,6 +16,7 @@
 
 #include "core/cpu/gemm.h"
 #include "core/cpu/gemm_bf16.h"
+#include "core/cpu/layer_norm.h"
 #include "core/cpu/nn.h"
 #include "core/cuda/cuda.h"
 #include "core/error.h"

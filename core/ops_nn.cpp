@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/cpu/kernels.h"
+#include "core/cpu/layer_norm.h"
 #include "core/cpu/nn.h"
 #include "core/cuda/cuda.h"
 #include "core/error.h"

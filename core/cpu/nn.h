@@ -3,7 +3,7 @@
 // nothing here accumulates. Results never depend on the thread count: each output element or
 // row is computed by one thread, and sums across rows are combined in a fixed order.
 //
-// Legend: n elements, R rows, D layer-norm width, V classes (vocabulary).
+// Legend: n elements, R rows, V classes (vocabulary). (Layer norm: core/cpu/layer_norm.h.)
 #pragma once
 
 #include <cstdint>
@@ -21,23 +21,6 @@ UnaryGradInputs unary_grad_inputs(UnaryOp op);
 // x, y, dy, dx (n): dx = dy * f'(x) for y = unary(op, x).
 void unary_backward(UnaryOp op, const float* x, const float* y, const float* dy, float* dx,
                     int64_t n);
-
-// x, y (R, D); gamma, beta (D); mean, rstd (R). y = (x - mean) * rstd * gamma + beta with the
-// biased variance; mean and rstd are written for backward.
-void layer_norm(const float* x, const float* gamma, const float* beta, float eps, float* y,
-                float* mean, float* rstd, int64_t R, int64_t D);
-// dy, x, dx (R, D); mean, rstd (R); gamma, dgamma, dbeta (D). dx, dgamma and dbeta are
-// overwritten (dgamma = sum over rows of dy * xhat, dbeta = sum over rows of dy).
-void layer_norm_backward(const float* dy, const float* x, const float* mean, const float* rstd,
-                         const float* gamma, float* dx, float* dgamma, float* dbeta, int64_t R,
-                         int64_t D);
-// The same for the residual sum x = a + b (a, b (R, D); float sums, as the add op gives them),
-// which is never stored: backward recomputes it. dx is the gradient of both a and b.
-void add_layer_norm(const float* a, const float* b, const float* gamma, const float* beta,
-                    float eps, float* y, float* mean, float* rstd, int64_t R, int64_t D);
-void add_layer_norm_backward(const float* dy, const float* a, const float* b, const float* mean,
-                             const float* rstd, const float* gamma, float* dx, float* dgamma,
-                             float* dbeta, int64_t R, int64_t D);
 
 // logits (R, V); target (R), each in [0, V) or ignore_index (checked by the caller); weight (R)
 // or null (every w_r = 1); lse (R) = logsumexp of each row. Returns the sums over the rows

@@ -219,7 +219,7 @@ void reduce(ReduceOp op, const float* x, float* y, int64_t outer, int64_t len, i
 // x (outer, len, inner) -> y (outer, inner) i32 (=): the first index of the maximum, NaN
 // counting as the largest (math::argmax_beats); len >= 1.
 void argmax(const float* x, int32_t* y, int64_t outer, int64_t len, int64_t inner);
-// x, y (rows, cols); per row over cols.
+// x, y (rows, cols); per row over cols (core/cuda/softmax.cu).
 void softmax(const float* x, float* y, int64_t rows, int64_t cols);
 void log_softmax(const float* x, float* y, int64_t rows, int64_t cols);
 
@@ -227,12 +227,12 @@ void log_softmax(const float* x, float* y, int64_t rows, int64_t cols);
 // (core/cuda/nn.cu)
 void dropout(const float* x, float p, uint64_t seed, uint64_t offset, float* y, int64_t n);
 
-// The backward kernels of core/cpu/nn.h. (core/cuda/nn.cu)
+// The unary derivatives of core/cpu/nn.h (core/cuda/nn.cu).
 // x, y, dy, dx (n): dx = dy * f'(x) for y = unary(op, x); the one of x and y that the
 // derivative does not read may be null (cpu::unary_grad_inputs).
 void unary_backward(UnaryOp op, const float* x, const float* y, const float* dy, float* dx,
                     int64_t n);
-// y, dy, dx (rows, cols), per row over cols.
+// y, dy, dx (rows, cols), per row over cols (core/cuda/softmax.cu).
 void softmax_backward(const float* y, const float* dy, float* dx, int64_t rows, int64_t cols);
 void log_softmax_backward(const float* y, const float* dy, float* dx, int64_t rows,
                           int64_t cols);
