@@ -9,8 +9,8 @@
 #include "apps/common/plot.h"
 #include "core/error.h"
 #include "core/ops.h"
+#include "layers/attention/attention.h"
 #include "layers/attention/clustering.h"
-#include "layers/attention/improved_clustered.h"
 
 namespace clustr::speech {
 

@@ -1,4 +1,5 @@
-// The attention kernel of a multi-head attention layer, chosen by AttentionConfig.
+// The attention kernel of a multi-head attention layer, chosen by AttentionConfig, and the dense
+// weights each type applies (attention_matrix, for analysis).
 //
 // Shapes: Q (B, H, N, E), K (B, H, S, E), V (B, H, S, M) -> (B, H, N, M).
 // lengths: i32 (B) with the number of valid keys of each sequence (keys at positions >=
@@ -11,6 +12,7 @@
 
 #include "autograd/variable.h"
 #include "core/random.h"
+#include "core/tensor.h"
 #include "layers/attention/config.h"
 
 namespace clustr {
@@ -18,5 +20,14 @@ namespace clustr {
 Variable attention(const AttentionConfig& config, const Variable& Q, const Variable& K,
                    const Variable& V, const Tensor& lengths, Generator& gen, bool training,
                    float temperature = 0.0f);
+
+// Analysis (small N only): the dense attention weights (B, H, N, S) that `type` applies, so that
+// out = weights V. full: softmax(t Q K^T + mask), rows of padded queries (N == S, i >=
+// lengths[b]) 0, assignment, clusters and topk unused; clustered: row i is Ac_{j(i)} (eq. 3-6);
+// improved_clustered: A_i of eq. 11. Rows of queries with assignment -1 are 0 for the
+// clustered types.
+Tensor attention_matrix(AttentionType type, const Tensor& Q, const Tensor& K,
+                        const Tensor& lengths, const Tensor& assignment, int64_t clusters,
+                        int64_t topk, float temperature = 0.0f);
 
 }  // namespace clustr

@@ -158,6 +158,13 @@ inline void softmax_row(float* x, int64_t n, int64_t S) {
   fill(x + n, S - n, 0.0f);
 }
 
+// The keys of a top-k row T (kw entries, -1 padded): its entries before the first -1.
+inline int64_t topk_size(const int32_t* T, int64_t kw) {
+  int64_t kk = 0;
+  while (kk < kw && T[kk] >= 0) ++kk;
+  return kk;
+}
+
 // The queries of each cluster of one pair, in query order: order[start[j] .. start[j + 1]).
 struct Members {
   int32_t* count = nullptr;  // (C) |j|

@@ -1,5 +1,5 @@
 // Improved clustered attention for a fixed clustering (improved_clustered.h, eq. 9-11): the CPU
-// kernels, the front doors, the autograd node and the dense analysis matrix.
+// kernels, the front doors and the autograd node.
 //
 // Legend: B batch, H heads, N queries, S keys, E query/key dim, M value dim, C clusters; L the
 // valid keys of a sequence; kk = min(k, L) the top keys of a cluster, kw = min(k, S) the saved
@@ -209,12 +209,6 @@ float select_topk(const float* row, int64_t L, int64_t k, int64_t kw, bool empty
     if (c < kk) m += row[sel[c]];
   }
   return m;
-}
-
-int64_t topk_size(const int32_t* tk, int64_t kw) {
-  int64_t kk = 0;
-  while (kk < kw && tk[kk] >= 0) ++kk;
-  return kk;
 }
 
 // Gathers rows idx[0..n) of x (., width) into y (n, width).
@@ -598,59 +592,6 @@ Variable improved_clustered_attention(const Variable& Q, const Variable& K, cons
   node->saved_ = std::move(r);  // out left undefined
   node->temperature_ = temperature;
   return attach(std::move(out), std::move(node), {&Q, &K, &V});
-}
-
-Tensor attention_matrix(AttentionType type, const Tensor& Q, const Tensor& K,
-                        const Tensor& lengths, const Tensor& assignment, int64_t clusters,
-                        int64_t topk, float temperature) {
-  const char* op = "attention_matrix";
-  check_f32(op, "Q", Q);
-  detail::check_same_device(op, Q, K);
-  detail::require_cpu(op, Q);  // an analysis on host memory
-  CLUSTR_CHECK(K.rank() == 4, op, ": expected K of shape (B, H, S, E), got ", describe(K));
-  const int64_t B = Q.size(0), H = Q.size(1), N = Q.size(2), S = K.size(2);
-  const Tensor V = Tensor::zeros({B, H, S, 1}, DType::f32, Q.device());
-  const bool full = type == AttentionType::full;
-  // The full type uses a one-cluster stand-in only for the checks and the temperature.
-  const Tensor a = full ? Tensor::zeros({B, H, N}, DType::i32, Q.device()) : assignment;
-  const ImprovedClusteredAttentionOutput f = improved_clustered_attention_forward(
-      Q, K, V, lengths, a, full ? 1 : clusters, full ? S + 1 : topk, temperature);
-  const int64_t E = Q.size(3), C = f.counts.size(2), kw = f.topk.size(3);
-  const Params p = params_of(Dims{B, H, N, S, E, 1, C}, lengths, a, temperature);
-  Tensor A = Tensor::zeros({B, H, N, S}, DType::f32, Q.device());
-  const float *q = Q.f32(), *k = K.f32(), *ac = f.weights.f32(), *mass = f.mass.f32();
-  const int32_t *ai = a.i32(), *tk = f.topk.i32();
-  float* w = A.f32();
-  std::vector<float> row(static_cast<size_t>(S));
-  for (int64_t bh = 0; bh < B * H; ++bh) {
-    const int64_t L = p.lengths ? p.lengths[bh / H] : S;
-    for (int64_t i = 0; i < N; ++i) {
-      const int32_t j = ai[bh * N + i];
-      float* out = w + (bh * N + i) * S;
-      if (j < 0 || L == 0 || (full && N == S && i >= L)) continue;
-      const float* acj = ac + (bh * C + j) * S;
-      const int32_t* T = tk + (bh * C + j) * kw;
-      const int64_t kk = full ? L : topk_size(T, kw);
-      if (type == AttentionType::clustered) {
-        std::copy(acj, acj + S, out);
-        continue;
-      }
-      for (int64_t c = 0; c < kk; ++c) {  // exact scores on T (every valid key for full)
-        const int64_t l = full ? c : T[c];
-        float dot = 0.0f;
-        for (int64_t e = 0; e < E; ++e) dot += q[(bh * N + i) * E + e] * k[(bh * S + l) * E + e];
-        row[c] = p.temperature * dot;
-      }
-      softmax_row(row.data(), kk, kk);
-      if (full) {
-        std::copy(row.begin(), row.begin() + kk, out);
-        continue;
-      }
-      std::copy(acj, acj + S, out);  // eq. 11: Ac_j off T, m_j softmax_T on T
-      for (int64_t c = 0; c < kk; ++c) out[T[c]] = mass[bh * C + j] * row[c];
-    }
-  }
-  return A;
 }
 
 }  // namespace clustr

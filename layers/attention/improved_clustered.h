@@ -40,7 +40,8 @@
 // members' exact softmax cluster by cluster; dK and dV get each cluster's contribution through
 // a slot of its own, added in cluster order. Results never depend on the thread count.
 // Tensors on the CUDA device run improved_clustered_cuda.h's kernels (the same T_j and m_j for
-// the same Ac, no float atomics); attention_matrix() is cpu only.
+// the same Ac, no float atomics). (The dense weights of each type: attention_matrix(),
+// attention.h.)
 #pragma once
 
 #include <cstdint>
@@ -86,14 +87,5 @@ Variable improved_clustered_attention(const Variable& Q, const Variable& K, cons
 // Q (B, H, N, E) and K (B, H, S, E) (reserve them from the run's Generator).
 uint64_t improved_clustered_attention_dropout_blocks(const Tensor& Q, const Tensor& K,
                                                      int64_t clusters, int64_t topk);
-
-// Analysis (small N only): the dense attention weights (B, H, N, S) that `type` applies, so that
-// out = weights V. full: softmax(t Q K^T + mask), rows of padded queries (N == S, i >=
-// lengths[b]) 0, assignment, clusters and topk unused; clustered: row i is Ac_{j(i)} (eq. 3-6);
-// improved_clustered: A_i of eq. 11. Rows of queries with assignment -1 are 0 for the
-// clustered types.
-Tensor attention_matrix(AttentionType type, const Tensor& Q, const Tensor& K,
-                        const Tensor& lengths, const Tensor& assignment, int64_t clusters,
-                        int64_t topk, float temperature = 0.0f);
 
 }  // namespace clustr
