@@ -13,8 +13,10 @@
 # 5. trains the main job (the copy task to its target) with --device cuda;
 # 6. runs the GPU benchmarks: cuBLAS GEMM in fp32, TF32 and bf16, the three attention types from
 #    N = 512 up (the paper's Figure 4, PNGs), the encoder layer's step (bench_encoder) and the
-#    copy-task step in fp32 and bf16, the copy-task step beside PyTorch 2.x on the same GPU (apps/bench_copy_task_torch.py), and each
-#    kernel's GPU time in clustered and improved-clustered attention (ncu, profile_attention.log);
+#    copy-task step in fp32 and bf16, the copy-task step beside PyTorch 2.x on the same GPU
+#    (apps/bench_copy_task_torch.py), and each kernel's GPU time in clustered and
+#    improved-clustered attention and in three copy-task steps (ncu: profile_attention.log,
+#    profile_copy_step.log);
 # 7. runs compute-sanitizer's racecheck, synccheck and initcheck, and, with --corpus (a speech
 #    corpus folder made by data/make_speech_corpus.py), 300 speech steps on the device.
 # Every log, CSV and PNG goes to OUTDIR, with summary.txt: one line per step, PASS / FAIL /
@@ -259,6 +261,13 @@ else
   step profile_attention 180 ncu --metrics gpu__time_duration.sum --print-summary per-kernel \
     "$build/apps/bench_attention" --device cuda --attention clustered improved-clustered \
     --n 16384 --reps 1 --csv "$out/profile_attention.csv"
+  # The copy-task step: its kernels' GPU time against the step's wall time (the rest is the
+  # host's: launches, autograd, copies).
+  step profile_copy_step 150 ncu --metrics gpu__time_duration.sum --print-summary per-kernel \
+    "$build/apps/copy_task" --device cuda --out "$out/profile_copy_step" --overwrite \
+    --attention full --length 63 --layers 4 --heads 6 --head-dim 32 --feedforward 768 \
+    --dropout 0 --batch 32 --steps 3 --log-interval 1 --eval-interval 100000 \
+    --target-accuracy 0 --eval-batches 1 --final-eval-batches 1
 fi
 
 # ---- 7. the other sanitizer tools, and speech training on the device -------------------------
