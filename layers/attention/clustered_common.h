@@ -1,5 +1,5 @@
 // Pieces shared by the clustered attention ops (clustered.cpp, eq. 3-6, and
-// improved_clustered.cpp, eq. 9-11): sizes, kernel parameters, scratch carving, small row
+// improved_clustered{,_cpu}.cpp, eq. 9-11): sizes, kernel parameters, scratch carving, small row
 // helpers, the attention-dropout mask, the grouping of queries by cluster, the centroids and
 // centroid weights of one (b, h) pair, the argument checks, and the device kernels' parameters.
 // Internal to those two files.

@@ -20,7 +20,7 @@
 // improved error there is |m_j - A(T_j)| = |sum_{T_j} (Ac_j - A)| <= sum_{T_j} |Ac_j - A|).
 // Backward: the true gradient for the fixed assignment and fixed top-k sets (both piecewise
 // constant in Q, K), including the paths through m_j and the non-top-k Ac_j that the authors'
-// library drops; see improved_clustered.cpp for the derivation.
+// library drops; see improved_clustered_cpu.cpp for the derivation.
 //
 // Attention dropout (training), as the authors' library defines it for this type: each part
 // of eq. 11 is dropped where it is computed. The clustered remainder (Ac_j off T_j) gets a

@@ -1,6 +1,6 @@
 // CUDA kernels of improved clustered attention for a given clustering (improved_clustered_cuda.h
-// gives the contract, improved_clustered.h the semantics, improved_clustered.cpp the backward's
-// derivation). Written against core/cuda/kernel.h, so the same code runs on a GPU and in device
+// gives the contract, improved_clustered.h the semantics, improved_clustered_cpu.cpp the
+// backward's derivation). Written against core/cuda/kernel.h, so the same code runs on a GPU and in device
 // emulation.
 //
 // Legend: B batch, H heads, N queries, S keys, E query/key dim, M value dim, C clusters; L the

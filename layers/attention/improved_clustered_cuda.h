@@ -1,6 +1,6 @@
 // CUDA kernels of improved clustered attention for a given clustering
 // (layers/attention/improved_clustered.h, eq. 9-11; supplementary eq. 13-17): the twins of
-// improved_clustered.cpp's CPU kernels, on device pointers. Implemented by
+// improved_clustered_cpu.cpp's CPU kernels, on device pointers. Implemented by
 // improved_clustered_cuda.cu when clustr has the CUDA backend (a GPU build or device
 // emulation), and by improved_clustered_no_cuda.cpp otherwise, where every call throws.
 //
