@@ -398,10 +398,11 @@ TEST_CASE("AttentionConfig: names, parsing, validation and description") {
   ok.validate();
   CHECK(ok.describe() == "full");
   ok.type = AttentionType::clustered;
-  CHECK(ok.describe() == "clustered (C=100, B=63, L=10)");
+  CHECK(ok.describe() == "clustered (C=100, bits=63, iterations=10)");
   ok.type = AttentionType::improved_clustered;
   ok.dropout = 0.1f;
-  CHECK(ok.describe() == "improved-clustered (C=100, k=32, B=63, L=10), dropout 0.1");
+  CHECK(ok.describe() ==
+        "improved-clustered (C=100, k=32, bits=63, iterations=10), dropout 0.1");
 
   auto with = [](auto change) {
     AttentionConfig c;

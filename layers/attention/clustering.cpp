@@ -1,8 +1,8 @@
 // Query clustering for clustered attention: hashing and Hamming K-means (clustering.h gives the
 // contract, the choices and the random stream layout; the paper's sec. 3.2.2).
 //
-// Legend: B batch, H heads, N queries, E per-head dim, C clusters, K bits, V valid queries of
-// one (b, h) (= lengths[b], or N).
+// Legend: B batch, H heads, N queries, E per-head dim, C clusters, V valid queries of one (b, h)
+// (= lengths[b], or N); bits (hash bits, the planes) and iterations (Lloyd rounds) as words.
 #include "layers/attention/clustering.h"
 
 #include <algorithm>
@@ -34,7 +34,7 @@ constexpr int64_t kSeedInnerMinV = 8192;
 
 struct Sizes {
   int64_t B, H, N, E;
-  int C, K, L;
+  int C, bits, iterations;
 };
 
 uint64_t draw_u64(uint64_t seed, uint64_t counter) {
@@ -58,51 +58,51 @@ uint64_t* scratch_u64(Tensor& holder, int64_t n) {
 // Everything random one (b, h) needs: the shared planes and the first counter block of its
 // thresholds and of its seeding draws.
 struct Draws {
-  const float* planes;  // (K, E)
+  const float* planes;  // (bits, E)
   uint64_t seed, threshold_base, seed_base;
 };
 
 // codes[i] for the V valid queries q (V, E) (sec. 3.2.2 hashing, bias as in clustering.h).
-// The projections P = q planes^T (V, K) come from one GEMM (each element is computed the same
+// The projections P = q planes^T (V, bits) come from one GEMM (each element is computed the same
 // way whatever the thread count); then each plane's range [lo_k, hi_k] gives its threshold and
 // the bits are set against it. min and max are exact, so the ranges do not depend on how the
 // queries are shared among threads.
 void hash_queries(const float* q, int64_t V, const Sizes& s, const Draws& r, bool inner,
                   uint64_t* codes) {
   if (V == 0) return;
-  const int K = s.K;
+  const int bits = s.bits;
   Tensor proj_holder;
-  float* proj = scratch_f32(proj_holder, V * K);
+  float* proj = scratch_f32(proj_holder, V * bits);
   {
     // Inside the caller's parallel loop over (b, h) this runs on one thread; with `inner` the
     // GEMM itself uses every thread.
     ThreadCountScope threads(inner ? num_threads() : 1);
-    cpu::gemm(false, true, V, K, s.E, 1.0f, q, s.E, r.planes, s.E, 0.0f, proj, K);
+    cpu::gemm(false, true, V, bits, s.E, 1.0f, q, s.E, r.planes, s.E, 0.0f, proj, bits);
   }
-  std::vector<float> lo(proj, proj + K), hi = lo;
+  std::vector<float> lo(proj, proj + bits), hi = lo;
 #pragma omp parallel if (inner)
   {
     std::vector<float> my_lo = lo, my_hi = hi;
 #pragma omp for schedule(static) nowait
     for (int64_t i = 1; i < V; ++i) {
-      const float* p = proj + i * K;
-      for (int k = 0; k < K; ++k)
+      const float* p = proj + i * bits;
+      for (int k = 0; k < bits; ++k)
         my_lo[k] = std::min(my_lo[k], p[k]), my_hi[k] = std::max(my_hi[k], p[k]);
     }
 #pragma omp critical(clustr_hash_range)
-    for (int k = 0; k < K; ++k)
+    for (int k = 0; k < bits; ++k)
       lo[k] = std::min(lo[k], my_lo[k]), hi[k] = std::max(hi[k], my_hi[k]);
   }
-  std::vector<float> threshold(static_cast<size_t>(K));
-  for (int k = 0; k < K; ++k) {
+  std::vector<float> threshold(static_cast<size_t>(bits));
+  for (int k = 0; k < bits; ++k) {
     float u = uint_to_unit(philox4x32(r.seed, r.threshold_base + static_cast<uint64_t>(k)).v[0]);
     threshold[static_cast<size_t>(k)] = math::clustering_threshold(lo[k], hi[k], u);
   }
 #pragma omp parallel for schedule(static) if (inner)
   for (int64_t i = 0; i < V; ++i) {
-    const float* p = proj + i * K;
+    const float* p = proj + i * bits;
     uint64_t code = 0;
-    for (int k = 0; k < K; ++k)
+    for (int k = 0; k < bits; ++k)
       if (p[k] > threshold[static_cast<size_t>(k)]) code |= uint64_t{1} << k;
     codes[i] = code;
   }
@@ -269,7 +269,7 @@ void update(const uint64_t* codes, int64_t V, const int32_t* a, const Sizes& s, 
     uint64_t& cent = centroids[static_cast<size_t>(c)];
     const int64_t* row = ones.data() + static_cast<size_t>(c) * kRow;
     const int64_t m = row[64];
-    for (int k = 0; k < s.K; ++k) {
+    for (int k = 0; k < s.bits; ++k) {
       const int64_t twice = 2 * row[k];
       if (twice > m) cent |= uint64_t{1} << k;
       if (twice < m) cent &= ~(uint64_t{1} << k);
@@ -292,7 +292,7 @@ void cluster_one(const float* q, int64_t V, const Sizes& s, const Draws& r, bool
   dist_holder = Tensor();
   for (int round = 0;; ++round) {
     int64_t changed = assign(codes, V, centroids, active, inner, a);
-    if (round == s.L || (round > 0 && changed == 0)) break;
+    if (round == s.iterations || (round > 0 && changed == 0)) break;
     update(codes, V, a, s, active, inner, centroids);
   }
   for (int64_t i = 0; i < V; ++i) ++counts[a[i]];
@@ -315,13 +315,13 @@ Sizes check_inputs(const char* op, const Tensor& Q, const Tensor& lengths,
 // The device path (clustering_cuda.h): hashing and Lloyd rounds on the device, the seeding on
 // the host between them, by the CPU's own seed_centroids on copied codes (8 bytes a query): it
 // is C sequential weighted draws, each depending on the last, and gives the same centroids
-// whatever device the codes came from. planes (K, E) are the host's draw, copied, so the random
+// whatever device the codes came from. planes (bits, E) are the host's draw, copied, so the random
 // stream is the CPU's.
 Clustering cluster_queries_cuda(const Tensor& Q, const Tensor& lengths, const Sizes& s,
                                 const Tensor& planes, const Draws& r) {
   const int64_t BH = s.B * s.H;
   const Device dev = Device::cuda;
-  cuda::ClusteringDims d{s.B, s.H, s.N, s.E, s.C, s.K, s.L};
+  cuda::ClusteringDims d{s.B, s.H, s.N, s.E, s.C, s.bits, s.iterations};
   const Tensor planes_dev = planes.to(dev);
   const int32_t* len_dev = lengths.defined() ? lengths.i32() : nullptr;
   std::vector<int32_t> len_copy;
@@ -371,9 +371,9 @@ Clustering cluster_queries(const Tensor& Q, const Tensor& lengths,
   const Sizes s = check_inputs(op, Q, lengths, options);
   const int64_t BH = s.B * s.H;
   // The stream layout of clustering.h: planes, then thresholds, then seeding draws.
-  Tensor planes = Tensor::empty({s.K, s.E});
+  Tensor planes = Tensor::empty({s.bits, s.E});
   normal_(planes, gen);
-  Draws r{planes.f32(), gen.seed(), gen.reserve(static_cast<uint64_t>(BH * s.K)),
+  Draws r{planes.f32(), gen.seed(), gen.reserve(static_cast<uint64_t>(BH * s.bits)),
           gen.reserve(static_cast<uint64_t>(BH * s.C))};
   if (Q.device() == Device::cuda) return cluster_queries_cuda(Q, lengths, s, planes, r);
 
@@ -386,7 +386,7 @@ Clustering cluster_queries(const Tensor& Q, const Tensor& lengths,
   int32_t* counts = out.counts.i32();
   auto one = [&](int64_t bh, bool inner) {
     Draws d = r;
-    d.threshold_base += static_cast<uint64_t>(bh * s.K);
+    d.threshold_base += static_cast<uint64_t>(bh * s.bits);
     d.seed_base += static_cast<uint64_t>(bh * s.C);
     const int64_t V = len ? len[bh / s.H] : s.N;
     cluster_one(q + bh * s.N * s.E, V, s, d, inner, a + bh * s.N, counts + bh * s.C);

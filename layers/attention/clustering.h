@@ -2,7 +2,7 @@
 // `bits` random hyperplanes, then group the hash codes into C clusters by K-means in Hamming
 // space. Clustered and improved-clustered attention (sec. 3.2-3.3, eq. 3-11) consume the result.
 //
-// Legend: B batch, H heads, N queries, E per-head dim, C clusters, K = bits.
+// Legend: B batch, H heads, N queries, E per-head dim, C clusters; bits and iterations as words.
 //
 // Q (B, H, N, E) f32, lengths i32 (B) or undefined -> assignment i32 (B, H, N), counts i32 (B, H, C).
 // Each (b, h) is clustered on its own; queries at positions >= lengths[b] (padding) are neither
@@ -11,9 +11,9 @@
 // Hashing (sec. 3.2.2): bit k of query q is (w_k . q + b_k > 0), codes kept as uint64_t.
 //  * The weights w_k ~ N(0, I_E) are drawn anew on every call (so a seed gives the same planes)
 //    and shared by all batches and heads: every (b, h) is clustered independently, so sharing
-//    couples nothing, and it costs K E normals per call instead of B H K E. (The authors'
+//    couples nothing, and it costs bits E normals per call instead of B H bits E. (The authors'
 //    library does the same.)
-//  * The bias is per (b, h, k): b_k = -t_k with t_k = lo_k + u (hi_k - lo_k), u uniform in
+//  * The bias is per (b, h, plane k): b_k = -t_k with t_k = lo_k + u (hi_k - lo_k), u uniform in
 //    [0, 1) and [lo_k, hi_k] the range of w_k . q over the valid queries of that (b, h). So
 //    every plane crosses that head's data (a zero bias, the authors' choice, can miss queries
 //    that sit away from the origin and give a constant bit), and it lands in the gap between
@@ -31,12 +31,12 @@
 //  * Assign: each valid query joins the seeded centroid with the smallest popcount(code ^
 //    centroid), ties to the lowest index. Update: each centroid bit becomes the majority vote of
 //    its members' bits; on a tie it keeps its previous value, so an empty cluster keeps its
-//    centroid. `iterations` = L assign + update rounds, then a final assign against the last
+//    centroid. `iterations` assign + update rounds, then a final assign against the last
 //    centroids. When an assign changes nothing, the centroids are a fixed point (the update is
 //    idempotent) and the loop stops early with the same result.
-// Randomness: every call reserves from `gen`, in this order, ceil(K E / 4) blocks (the planes,
-// normal_), B H K blocks (u of (b, h, k) at block b H K + h K + k) and B H C blocks (the seeding
-// draw j of (b, h) at block b H C + h C + j, a 64-bit word) -- counts that depend on the shapes
+// Randomness: every call reserves from `gen`, in this order, ceil(bits E / 4) blocks (the
+// planes, normal_), B H bits blocks (u of (b, h, k) at block (b H + h) bits + k) and B H C blocks
+// (the seeding draw j of (b, h) at block b H C + h C + j, a 64-bit word) -- counts that depend on the shapes
 // and options only, whatever lengths say. Results depend only on (seed, offset) and the input,
 // never on the thread count: OpenMP runs over (b, h) pairs, or, when there are fewer pairs
 // than threads (batch 1, one head), over the queries (and the planes' GEMM) inside one pair,
@@ -56,8 +56,8 @@ namespace clustr {
 
 struct ClusteringOptions {
   int clusters = 100;   // C >= 1
-  int bits = 63;        // K in [1, 63]
-  int iterations = 10;  // L >= 0 Lloyd rounds
+  int bits = 63;        // in [1, 63]
+  int iterations = 10;  // >= 0 Lloyd rounds
 };
 
 struct Clustering {

@@ -2,9 +2,9 @@
 // semantics). Written against core/cuda/kernel.h, so the same code runs on a GPU and in device
 // emulation.
 //
-// Legend: B batch, H heads, N queries, E per-head dim, C clusters, K bits, V valid queries of
-// one (b, h) (= lengths[b], or N).
-//   proj: scratch (B H N, K), the projections of every query on every plane.
+// Legend: B batch, H heads, N queries, E per-head dim, C clusters, V valid queries of one (b, h)
+// (= lengths[b], or N); bits (hash bits, the planes) and iterations (Lloyd rounds) as words.
+//   proj: scratch (B H N, bits), the projections of every query on every plane.
 //
 // Hashing: proj = Q planes^T is one GEMM over all queries (padded ones too: each element is its
 // own dot product, and padded rows are never read). Then one CUDA block per (b, h, plane)
@@ -39,27 +39,26 @@ CLUSTR_DEVICE int64_t valid_queries(const int32_t* lengths, int64_t bh, int64_t 
   return lengths ? lengths[bh / H] : N;
 }
 
-// One block per (b, h); shared: K floats (the thresholds).
-// Each plane's threshold, one CUDA block per (b, h, plane k) = block bh K + k: the range
+// Each plane's threshold, one CUDA block per (b, h, plane k) = block bh bits + k: the range
 // [lo_k, hi_k] of the pair's valid projections on the plane (min and max are exact in any order)
 // and the threshold drawn in it. Shared: block_dim floats.
 struct ThresholdKernel {
   static constexpr bool kUsesBarrier = true;
-  const float* proj;  // (B H N, K)
+  const float* proj;  // (B H N, bits)
   const int32_t* lengths;
-  float* threshold;  // (B H, K)
+  float* threshold;  // (B H, bits)
   int64_t H, N;
-  int K;
+  int bits;
   uint64_t seed, threshold_base;
   CLUSTR_DEVICE void operator()(const Thread& t) const {
     const unsigned tid = t.thread_idx().x, nt = t.block_dim().x;
-    const int64_t bh = t.block_idx().x / K, V = valid_queries(lengths, bh, H, N);
-    const int k = static_cast<int>(t.block_idx().x % K);
+    const int64_t bh = t.block_idx().x / bits, V = valid_queries(lengths, bh, H, N);
+    const int k = static_cast<int>(t.block_idx().x % bits);
     if (V == 0) return;  // the same for the whole block: no barrier is reached
-    const float* p = proj + bh * N * K + k;
+    const float* p = proj + bh * N * bits + k;
     float lo = p[0], hi = p[0];
     for (int64_t i = tid; i < V; i += nt) {
-      const float x = p[i * K];
+      const float x = p[i * bits];
       lo = x < lo ? x : lo;
       hi = hi < x ? x : hi;
     }
@@ -67,8 +66,8 @@ struct ThresholdKernel {
     hi = block_reduce(t, hi, t.shared<float>(), math::Maximum{});
     if (tid != 0) return;
     const float u =
-        uint_to_unit(philox4x32(seed, threshold_base + static_cast<uint64_t>(bh * K + k)).v[0]);
-    threshold[bh * K + k] = math::clustering_threshold(lo, hi, u);
+        uint_to_unit(philox4x32(seed, threshold_base + uint64_t(bh * bits + k)).v[0]);
+    threshold[bh * bits + k] = math::clustering_threshold(lo, hi, u);
   }
 };
 
@@ -76,20 +75,20 @@ struct ThresholdKernel {
 // threshold; 0 for padded queries.
 struct CodeKernel {
   static constexpr bool kUsesBarrier = false;
-  const float* proj;  // (B H N, K)
+  const float* proj;  // (B H N, bits)
   const int32_t* lengths;
-  const float* threshold;  // (B H, K)
+  const float* threshold;  // (B H, bits)
   uint64_t* codes;         // (B H N)
   int64_t H, N, total;
-  int K;
+  int bits;
   CLUSTR_DEVICE void operator()(const Thread& t) const {
     for (int64_t q = global_x(t); q < total; q += grid_stride_x(t)) {
       const int64_t bh = q / N, i = q % N;
       uint64_t code = 0;
       if (i < valid_queries(lengths, bh, H, N)) {
-        const float* p = proj + q * K;
-        const float* th = threshold + bh * K;
-        for (int k = 0; k < K; ++k)
+        const float* p = proj + q * bits;
+        const float* th = threshold + bh * bits;
+        for (int k = 0; k < bits; ++k)
           if (p[k] > th[k]) code |= uint64_t{1} << k;
       }
       codes[q] = code;
@@ -98,7 +97,7 @@ struct CodeKernel {
 };
 
 // One block per (b, h) runs all of the pair's Lloyd rounds. Shared: block_dim int64 (the
-// reduction of the change count), then the tally of up to `tile` clusters, K + 1 int32 each.
+// reduction of the change count), then the tally of up to `tile` clusters, bits + 1 int32 each.
 struct LloydKernel {
   static constexpr bool kUsesBarrier = true;
   const uint64_t* codes;  // (B H N)
@@ -108,16 +107,16 @@ struct LloydKernel {
   int32_t* assignment;    // (B H N)
   int32_t* counts;        // (B H C)
   int64_t H, N;
-  int C, K, L, tile;
+  int C, bits, iterations, tile;
 
-  // For the clusters c0 .. c0 + n - 1: tally[(c - c0) (K + 1) + k] = the members of c with bit k
-  // set, and tally[(c - c0) (K + 1) + K] = its members. Every thread adds its own queries (integer
-  // atomics: the counts do not depend on the order of the additions), so no thread walks all
-  // V queries for its cluster, which serialised a warp on every member.
+  // For the clusters c0 .. c0 + n - 1: tally[(c - c0) (bits + 1) + k] = the members of c with
+  // bit k set, and tally[(c - c0) (bits + 1) + bits] = its members. Every thread adds its own
+  // queries (integer atomics: the counts do not depend on the order of the additions), so no
+  // thread walks all V queries for its cluster, which serialised a warp on every member.
   CLUSTR_DEVICE void tally_members(const Thread& t, const uint64_t* code, const int32_t* a,
                                    int64_t V, int c0, int n, int32_t* tally) const {
     const unsigned tid = t.thread_idx().x, nt = t.block_dim().x;
-    const int w = K + 1;
+    const int w = bits + 1;
     for (int x = static_cast<int>(tid); x < n * w; x += static_cast<int>(nt)) tally[x] = 0;
     t.sync();
     for (int64_t i = tid; i < V; i += nt) {
@@ -125,9 +124,9 @@ struct LloydKernel {
       if (c < 0 || c >= n) continue;
       int32_t* row = tally + c * w;
       const uint64_t x = code[i];
-      for (int k = 0; k < K; ++k)
+      for (int k = 0; k < bits; ++k)
         if ((x >> k) & 1u) atomic_add(row + k, 1);
-      atomic_add(row + K, 1);
+      atomic_add(row + bits, 1);
     }
     t.sync();
   }
@@ -155,16 +154,16 @@ struct LloydKernel {
       }
       // Also the barrier after the assign: the update reads every a[i].
       changed = block_reduce(t, changed, t.shared<int64_t>(), AddI64{});
-      if (round == L || (round > 0 && changed == 0)) break;
+      if (round == iterations || (round > 0 && changed == 0)) break;
       // The majority vote of each cluster's members, bit by bit; a tie keeps the bit.
       for (int c0 = 0; c0 < act; c0 += tile) {
         const int n = act - c0 < tile ? act - c0 : tile;
         tally_members(t, code, a, V, c0, n, tally);
         for (int c = static_cast<int>(tid); c < n; c += static_cast<int>(nt)) {
-          const int32_t* row = tally + c * (K + 1);
-          const int64_t members = row[K];
+          const int32_t* row = tally + c * (bits + 1);
+          const int64_t members = row[bits];
           uint64_t cc = cent[c0 + c];
-          for (int k = 0; k < K; ++k) {
+          for (int k = 0; k < bits; ++k) {
             const int64_t twice = 2 * int64_t{row[k]};
             if (twice > members) cc |= uint64_t{1} << k;
             if (twice < members) cc &= ~(uint64_t{1} << k);
@@ -179,7 +178,7 @@ struct LloydKernel {
       const int n = C - c0 < tile ? C - c0 : tile;
       tally_members(t, code, a, V, c0, n, tally);
       for (int c = static_cast<int>(tid); c < n; c += static_cast<int>(nt))
-        counts[bh * C + c0 + c] = tally[c * (K + 1) + K];
+        counts[bh * C + c0 + c] = tally[c * (bits + 1) + bits];
       t.sync();  // the tally read before the next pass clears it
     }
   }
@@ -193,16 +192,16 @@ void cluster_hash(const ClusteringDims& d, const float* Q, const float* planes,
   const int64_t BH = d.B * d.H;
   if (BH * d.N == 0) return;
   require("cuda::cluster_hash");
-  Scratch<float> proj(BH * d.N * d.K), threshold(BH * d.K);
-  gemm(false, true, BH * d.N, d.K, d.E, 1.0f, Q, d.E, planes, d.E, 0.0f, proj.get(), d.K);
+  Scratch<float> proj(BH * d.N * d.bits), threshold(BH * d.bits);
+  gemm(false, true, BH * d.N, d.bits, d.E, 1.0f, Q, d.E, planes, d.E, 0.0f, proj.get(), d.bits);
   const unsigned threads = row_threads(d.N);
-  launch("cuda::cluster_hash (thresholds)", {static_cast<unsigned>(BH * d.K)}, {threads},
+  launch("cuda::cluster_hash (thresholds)", {static_cast<unsigned>(BH * d.bits)}, {threads},
          threads * sizeof(float),
-         ThresholdKernel{proj.get(), lengths, threshold.get(), d.H, d.N, d.K, seed,
+         ThresholdKernel{proj.get(), lengths, threshold.get(), d.H, d.N, d.bits, seed,
                          threshold_base});
   const int64_t total = BH * d.N;
   launch("cuda::cluster_hash (codes)", {elementwise_blocks(total)}, {kElementwiseThreads}, 0,
-         CodeKernel{proj.get(), lengths, threshold.get(), codes, d.H, d.N, total, d.K});
+         CodeKernel{proj.get(), lengths, threshold.get(), codes, d.H, d.N, total, d.bits});
 }
 
 void cluster_lloyd(const ClusteringDims& d, const uint64_t* codes, const int32_t* lengths,
@@ -216,14 +215,14 @@ void cluster_lloyd(const ClusteringDims& d, const uint64_t* codes, const int32_t
   // dynamic shared memory): 184 with 256 threads and 63 bits, so the usual C takes one pass.
   constexpr size_t kSharedBytes = 48 * 1024;
   const size_t reduce_bytes = threads * sizeof(int64_t);
-  const size_t row_bytes = static_cast<size_t>(d.K + 1) * sizeof(int32_t);
+  const size_t row_bytes = static_cast<size_t>(d.bits + 1) * sizeof(int32_t);
   const size_t fit = (kSharedBytes - reduce_bytes) / row_bytes;
   const size_t clusters = static_cast<size_t>(d.C);
   const int tile = static_cast<int>(fit < clusters ? fit : clusters);
   launch("cuda::cluster_lloyd", {static_cast<unsigned>(BH)}, {threads},
          reduce_bytes + static_cast<size_t>(tile) * row_bytes,
-         LloydKernel{codes, lengths, active, centroids, assignment, counts, d.H, d.N, d.C, d.K,
-                     d.L, tile});
+         LloydKernel{codes, lengths, active, centroids, assignment, counts, d.H, d.N, d.C, d.bits,
+                     d.iterations, tile});
 }
 
 }  // namespace clustr::cuda

@@ -6,8 +6,9 @@
 // backend (a GPU build or device emulation), and by clustering_no_cuda.cpp otherwise, where
 // every call throws a clear error.
 //
-// Legend: B batch, H heads, N queries, E per-head dim, C clusters, K bits, L Lloyd rounds.
-//   Q (B, H, N, E), planes (K, E), codes u64 (B, H, N), centroids u64 (B, H, C), active i32
+// Legend: B batch, H heads, N queries, E per-head dim, C clusters; bits (hash bits, the planes)
+// and iterations (Lloyd rounds) as words.
+//   Q (B, H, N, E), planes (bits, E), codes u64 (B, H, N), centroids u64 (B, H, C), active i32
 //   (B, H), assignment i32 (B, H, N), counts i32 (B, H, C); lengths a device array (B) or null:
 //   queries at positions >= lengths[b] are padding.
 // Semantics (the thresholds' random stream, ties, the stopping rule) are clustering.h's.
@@ -19,11 +20,11 @@ namespace clustr::cuda {
 
 struct ClusteringDims {
   int64_t B = 0, H = 0, N = 0, E = 0;
-  int C = 1, K = 1, L = 0;
+  int C = 1, bits = 1, iterations = 0;
 };
 
 // codes (=): bit k of valid query i is (planes_k . q_i > t_k), t_k = lo + u (hi - lo) over the
-// pair's valid queries, u from philox4x32(seed, threshold_base + (b H + h) K + k).v[0]; the
+// pair's valid queries, u from philox4x32(seed, threshold_base + (b H + h) bits + k).v[0]; the
 // codes of padded queries are 0. One GEMM gives every projection.
 void cluster_hash(const ClusteringDims& d, const float* Q, const float* planes,
                   const int32_t* lengths, uint64_t seed, uint64_t threshold_base,

@@ -29,11 +29,11 @@ std::string AttentionConfig::describe() const {
     case AttentionType::full:
       break;
     case AttentionType::clustered:
-      os << " (C=" << clusters << ", B=" << bits << ", L=" << iterations << ")";
+      os << " (C=" << clusters << ", bits=" << bits << ", iterations=" << iterations << ")";
       break;
     case AttentionType::improved_clustered:
-      os << " (C=" << clusters << ", k=" << topk << ", B=" << bits << ", L=" << iterations
-         << ")";
+      os << " (C=" << clusters << ", k=" << topk << ", bits=" << bits
+         << ", iterations=" << iterations << ")";
       break;
   }
   if (causal) os << ", causal";

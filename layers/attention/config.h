@@ -15,14 +15,14 @@ struct AttentionConfig {
   AttentionType type = AttentionType::full;
   int clusters = 100;   // C: clustered types
   int topk = 32;        // k: improved-clustered
-  int bits = 63;        // B: hash bits for clustering (<= 63)
-  int iterations = 10;  // L: Lloyd iterations of Hamming K-means
+  int bits = 63;        // hash bits for clustering (<= 63)
+  int iterations = 10;  // Lloyd iterations of Hamming K-means
   bool causal = false;  // full attention only
   float dropout = 0.0f; // on the attention weights, in training
 
   // Throws clustr::Error naming the bad field and its allowed range.
   void validate() const;
-  // "full", "clustered (C=100, B=63, L=10)", ...
+  // "full", "clustered (C=100, bits=63, iterations=10)", ...
   std::string describe() const;
 };
 
