@@ -58,6 +58,22 @@ inline void check_ulps(const std::vector<float>& actual, const std::vector<float
 // t on device d; an undefined tensor (an absent optional input) stays undefined.
 inline Tensor on(const Tensor& t, Device d) { return t.defined() ? t.to(d) : Tensor(); }
 
+// An op on the CPU and on the device, in the manner of ggml's test-backend-ops: op(inputs)
+// computed from CPU tensors and from their device copies (undefined inputs stay undefined); the
+// device's result must live on the device, have the CPU result's shape and be within max_ulps
+// of it everywhere (0: bit for bit). One line per case:
+//   compare_devices([&](const Inputs& x) { return clustr::add(x[0], x[1]); }, {a, b}, 0);
+using Inputs = std::vector<Tensor>;
+template <class Op>
+void compare_devices(Op op, const Inputs& inputs, int64_t max_ulps) {
+  Inputs device;
+  for (const Tensor& t : inputs) device.push_back(on(t, Device::cuda));
+  const Tensor expected = op(inputs), got = op(device);
+  CHECK(got.device() == Device::cuda);
+  REQUIRE(got.shape() == expected.shape());
+  check_ulps(got.to_vector(), expected.to_vector(), max_ulps);
+}
+
 // How check_rows treats a row of expected (finite) values that are all 0: `scaled` gives it the
 // tolerance of a tenth of the tensor's scale like any row; `exact` requires exact zeros.
 enum class ZeroRows { scaled, exact };
