@@ -312,11 +312,9 @@ Sizes check_inputs(const char* op, const Tensor& Q, const Tensor& lengths,
   return s;
 }
 
-// The device path (clustering_cuda.h): hashing and Lloyd rounds on the device, the seeding on
-// the host between them, by the CPU's own seed_centroids on copied codes (8 bytes a query): it
-// is C sequential weighted draws, each depending on the last, and gives the same centroids
-// whatever device the codes came from. planes (bits, E) are the host's draw, copied, so the random
-// stream is the CPU's.
+// The device path (clustering_cuda.h): hashing, seeding and Lloyd rounds as kernels, with the
+// CPU's random stream (planes (bits, E) are the host's draw, copied; the thresholds' and the
+// seeding's counters are the same blocks), so a seed gives the same clusters on both devices.
 Clustering cluster_queries_cuda(const Tensor& Q, const Tensor& lengths, const Sizes& s,
                                 const Tensor& planes, const Draws& r) {
   const int64_t BH = s.B * s.H;
@@ -324,41 +322,17 @@ Clustering cluster_queries_cuda(const Tensor& Q, const Tensor& lengths, const Si
   cuda::ClusteringDims d{s.B, s.H, s.N, s.E, s.C, s.bits, s.iterations};
   const Tensor planes_dev = planes.to(dev);
   const int32_t* len_dev = lengths.defined() ? lengths.i32() : nullptr;
-  std::vector<int32_t> len_copy;
-  const int32_t* len = lengths.defined() ? detail::host_i32(lengths, len_copy) : nullptr;
   Tensor codes_holder = Tensor::empty({2 * BH * s.N + 2}, DType::i32, dev);
   uint64_t* codes_dev = static_cast<uint64_t*>(codes_holder.raw());
   cuda::cluster_hash(d, Q.f32(), planes_dev.f32(), len_dev, r.seed, r.threshold_base, codes_dev);
-
-  std::vector<uint64_t> codes(static_cast<size_t>(BH * s.N)), seeds(static_cast<size_t>(BH * s.C), 0);
-  std::vector<int32_t> active(static_cast<size_t>(BH), 0);
-  if (!codes.empty()) cuda::copy_d2h(codes.data(), codes_dev, codes.size() * sizeof(uint64_t));
-  auto seed_one = [&](int64_t bh, bool inner) {
-    Draws one = r;
-    one.seed_base += static_cast<uint64_t>(bh * s.C);
-    const int64_t V = len ? len[bh / s.H] : s.N;
-    if (V == 0) return;
-    std::vector<int32_t> dist(static_cast<size_t>(V));
-    std::vector<uint64_t> centroids(static_cast<size_t>(s.C), 0);
-    active[static_cast<size_t>(bh)] =
-        seed_centroids(codes.data() + bh * s.N, V, s, one, inner, dist.data(), centroids);
-    std::copy(centroids.begin(), centroids.end(), seeds.begin() + bh * s.C);
-  };
-  if (BH >= num_threads() || s.N < kInnerMinN) {
-#pragma omp parallel for schedule(dynamic)
-    for (int64_t bh = 0; bh < BH; ++bh) seed_one(bh, false);
-  } else {
-    for (int64_t bh = 0; bh < BH; ++bh) seed_one(bh, true);
-  }
-
+  Tensor seeds_holder = Tensor::empty({2 * BH * s.C + 2}, DType::i32, dev);
+  uint64_t* seeds_dev = static_cast<uint64_t*>(seeds_holder.raw());
+  const Tensor active = Tensor::empty({BH}, DType::i32, dev);
+  cuda::cluster_seed(d, codes_dev, len_dev, r.seed, r.seed_base, seeds_dev, active.i32());
   Clustering out;
   out.assignment = Tensor::empty({s.B, s.H, s.N}, DType::i32, dev);
   out.counts = Tensor::empty({s.B, s.H, s.C}, DType::i32, dev);
-  Tensor seeds_holder = Tensor::empty({2 * BH * s.C + 2}, DType::i32, dev);
-  uint64_t* seeds_dev = static_cast<uint64_t*>(seeds_holder.raw());
-  if (!seeds.empty()) cuda::copy_h2d(seeds_dev, seeds.data(), seeds.size() * sizeof(uint64_t));
-  const Tensor active_dev = Tensor::from_int_vector(active, {BH}).to(dev);
-  cuda::cluster_lloyd(d, codes_dev, len_dev, active_dev.i32(), seeds_dev, out.assignment.i32(),
+  cuda::cluster_lloyd(d, codes_dev, len_dev, active.i32(), seeds_dev, out.assignment.i32(),
                       out.counts.i32());
   return out;
 }

@@ -42,9 +42,9 @@
 // than threads (batch 1, one head), over the queries (and the planes' GEMM) inside one pair,
 // and every reduction is exact (min, max, integer sums). Scratch comes from tensors, so the
 // allocator's memory statistics count it.
-// Devices: Q and lengths on the cpu or both on the CUDA device. On the device the hashing and
-// the Lloyd rounds run as kernels (clustering_cuda.h) and the seeding on the host, over copied
-// codes; the planes are drawn on the host as above and copied, so a seed gives the same
+// Devices: Q and lengths on the cpu or both on the CUDA device. On the device the hashing, the
+// seeding and the Lloyd rounds run as kernels (clustering_cuda.h) with the same counters; the
+// planes are drawn on the host as above and copied, so a seed gives the same
 // assignment on both devices (only a projection within an ulp of its threshold, which the
 // devices' GEMMs may round differently, could hash otherwise).
 #pragma once

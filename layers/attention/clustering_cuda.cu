@@ -17,6 +17,8 @@
 // bits to their clusters' counts in shared memory (integer atomics, so the counts are exact in
 // any order), then a thread per cluster takes the majority vote, a tie keeping the bit. The
 // round loop stops where the CPU's does, so the assignment is the CPU's.
+// Seeding (k-means++): one CUDA block per (b, h) makes the C sequential draws, the d^2 sums
+// split over the threads in contiguous spans, so each draw picks the CPU's code.
 #include "layers/attention/clustering_cuda.h"
 
 #include <cstdint>
@@ -93,6 +95,89 @@ struct CodeKernel {
       }
       codes[q] = code;
     }
+  }
+};
+
+// k-means++ seeding (clustering.h), one CUDA block per (b, h): C sequential draws, each over the
+// pair's V codes. Every thread owns a contiguous span of the codes: it updates their distances
+// to the nearest centroid so far (dist, global scratch) and sums their d^2 (integers: exact);
+// thread 0 draws x below the total and finds the span where the running sum passes x, and that
+// span's thread finds the code. So the pick is the first code whose running sum passes x, as
+// the CPU's walk finds it. Shared: block_dim uint64 (the spans' sums), then 3 int64 (the pick).
+struct SeedKernel {
+  static constexpr bool kUsesBarrier = true;
+  const uint64_t* codes;  // (B H N)
+  const int32_t* lengths;
+  int32_t* dist;          // (B H N): scratch
+  uint64_t* centroids;    // (B H C)
+  int32_t* active;        // (B H)
+  int64_t H, N;
+  int C;
+  uint64_t seed, seed_base;
+  CLUSTR_DEVICE uint64_t draw(uint64_t block) const {
+    const Philox4 r = philox4x32(seed, block);
+    return (uint64_t{r.v[0]} << 32) | r.v[1];
+  }
+  CLUSTR_DEVICE void operator()(const Thread& t) const {
+    const unsigned tid = t.thread_idx().x, nt = t.block_dim().x;
+    const int64_t bh = t.block_idx().x, V = valid_queries(lengths, bh, H, N);
+    const uint64_t* code = codes + bh * N;
+    int32_t* d = dist + bh * N;
+    uint64_t* cent = centroids + bh * C;
+    uint64_t* part = t.shared<uint64_t>();
+    int64_t* pick = reinterpret_cast<int64_t*>(part + nt);  // span, x within it, seeded
+    const uint64_t base = seed_base + static_cast<uint64_t>(bh * C);
+    for (int c = static_cast<int>(tid); c < C; c += static_cast<int>(nt)) cent[c] = 0;
+    t.sync();  // the zeros before thread 0's first centroid
+    if (V == 0) {  // the same for the whole block
+      if (tid == 0) active[bh] = 0;
+      return;
+    }
+    const int64_t span = (V + nt - 1) / nt, i0 = tid * span < V ? tid * span : V,
+                  i1 = i0 + span < V ? i0 + span : V;
+    if (tid == 0) {
+      cent[0] = code[draw(base) % static_cast<uint64_t>(V)];
+      pick[2] = 1;
+    }
+    t.sync();
+    for (int j = 1; j < C; ++j) {
+      const uint64_t c = cent[j - 1];
+      uint64_t sum = 0;
+      for (int64_t i = i0; i < i1; ++i) {
+        int32_t x = math::popcount64(code[i] ^ c);
+        if (j > 1 && d[i] < x) x = d[i];
+        d[i] = x;
+        sum += static_cast<uint64_t>(x) * static_cast<uint64_t>(x);
+      }
+      part[tid] = sum;
+      t.sync();
+      if (tid == 0) {
+        uint64_t total = 0;
+        for (unsigned s = 0; s < nt; ++s) total += part[s];
+        pick[0] = -1;  // no draw: every code is a centroid already
+        if (total > 0) {
+          uint64_t x = draw(base + static_cast<uint64_t>(j)) % total;
+          unsigned s = 0;
+          while (x >= part[s]) x -= part[s++];
+          pick[0] = s;
+          pick[1] = static_cast<int64_t>(x);
+        }
+      }
+      t.sync();
+      if (pick[0] < 0) break;  // the same for the whole block
+      if (static_cast<int64_t>(tid) == pick[0]) {
+        uint64_t acc = 0;
+        int64_t i = i0;
+        for (;; ++i) {
+          acc += static_cast<uint64_t>(d[i]) * static_cast<uint64_t>(d[i]);
+          if (static_cast<uint64_t>(pick[1]) < acc) break;
+        }
+        cent[j] = code[i];  // d > 0: a code not seeded before
+        pick[2] = j + 1;
+      }
+      t.sync();  // the new centroid, and pick read, before the next draw
+    }
+    if (tid == 0) active[bh] = static_cast<int32_t>(pick[2]);
   }
 };
 
@@ -202,6 +287,19 @@ void cluster_hash(const ClusteringDims& d, const float* Q, const float* planes,
   const int64_t total = BH * d.N;
   launch("cuda::cluster_hash (codes)", {elementwise_blocks(total)}, {kElementwiseThreads}, 0,
          CodeKernel{proj.get(), lengths, threshold.get(), codes, d.H, d.N, total, d.bits});
+}
+
+void cluster_seed(const ClusteringDims& d, const uint64_t* codes, const int32_t* lengths,
+                  uint64_t seed, uint64_t seed_base, uint64_t* centroids, int32_t* active) {
+  const int64_t BH = d.B * d.H;
+  if (BH == 0) return;
+  require("cuda::cluster_seed");
+  Scratch<int32_t> dist(BH * d.N > 0 ? BH * d.N : 1);
+  const unsigned threads = row_threads(d.N);
+  launch("cuda::cluster_seed", {static_cast<unsigned>(BH)}, {threads},
+         threads * sizeof(uint64_t) + 3 * sizeof(int64_t),
+         SeedKernel{codes, lengths, dist.get(), centroids, active, d.H, d.N, d.C, seed,
+                    seed_base});
 }
 
 void cluster_lloyd(const ClusteringDims& d, const uint64_t* codes, const int32_t* lengths,

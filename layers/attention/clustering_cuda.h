@@ -1,10 +1,7 @@
 // CUDA kernels of query clustering (layers/attention/clustering.h, the paper's sec. 3.2.2): the
-// hashing and the Lloyd iterations on device pointers. The k-means++ seeding between them runs on
-// the host (clustering.cpp): it is C sequential steps, each a weighted draw that depends on the
-// previous one, over N codes of 8 bytes per (b, h), so copying the codes costs less than a
-// kernel launch per step would. Implemented by clustering_cuda.cu when clustr has the CUDA
-// backend (a GPU build or device emulation), and by clustering_no_cuda.cpp otherwise, where
-// every call throws a clear error.
+// hashing, the k-means++ seeding and the Lloyd iterations on device pointers. Implemented by
+// clustering_cuda.cu when clustr has the CUDA backend (a GPU build or device emulation), and by
+// clustering_no_cuda.cpp otherwise, where every call throws a clear error.
 //
 // Legend: B batch, H heads, N queries, E per-head dim, C clusters; bits (hash bits, the planes)
 // and iterations (Lloyd rounds) as words.
@@ -29,6 +26,12 @@ struct ClusteringDims {
 void cluster_hash(const ClusteringDims& d, const float* Q, const float* planes,
                   const int32_t* lengths, uint64_t seed, uint64_t threshold_base,
                   uint64_t* codes);
+
+// k-means++ seeding (clustering.h): centroids (=) gets each pair's seeded codes, 0 after them,
+// and active (=) their number (0 for a pair without valid queries). The draw j of pair (b, h) is
+// the 64-bit word of philox4x32(seed, seed_base + (b H + h) C + j), as on the CPU.
+void cluster_seed(const ClusteringDims& d, const uint64_t* codes, const int32_t* lengths,
+                  uint64_t seed, uint64_t seed_base, uint64_t* centroids, int32_t* active);
 
 // Lloyd rounds in Hamming space from the seeded centroids: the first active[b, h] of the pair's
 // C centroids are seeded (the others never receive a member). centroids are updated in place;

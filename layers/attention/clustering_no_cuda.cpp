@@ -17,6 +17,10 @@ void cluster_hash(const ClusteringDims&, const float*, const float*, const int32
                   uint64_t, uint64_t*) {
   no_cuda("cuda::cluster_hash");
 }
+void cluster_seed(const ClusteringDims&, const uint64_t*, const int32_t*, uint64_t, uint64_t,
+                  uint64_t*, int32_t*) {
+  no_cuda("cuda::cluster_seed");
+}
 void cluster_lloyd(const ClusteringDims&, const uint64_t*, const int32_t*, const int32_t*,
                    uint64_t*, int32_t*, int32_t*) {
   no_cuda("cuda::cluster_lloyd");
