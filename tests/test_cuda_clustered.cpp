@@ -324,6 +324,20 @@ TEST_CASE("cuda clustered attention: forward and backward match the cpu") {
   check_attention(t, 15);
 }
 
+TEST_CASE("cuda clustered types: a bad device assignment is named, checked on the device") {
+  // The check runs on the device (one integer comes back); a bad value is then found on a copy.
+  const Tensor q = clustr::test::random_tensor({1, 2, 5, 3}, 91).to(Device::cuda);
+  Tensor a = Tensor::from_int_vector({0, 1, -1, 2, 0, 1, 0, 3, 0, 0}, {1, 2, 5});
+  CHECK_ERROR(clustr::clustered_attention_forward(q, q, q, Tensor(), a.to(Device::cuda), 3),
+              "clustered_attention", "assignment value 3 at (0, 1, 2)", "outside [-1, C = 3)");
+  CHECK_ERROR(clustr::improved_clustered_attention_forward(q, q, q, Tensor(), a.to(Device::cuda),
+                                                           3, 2),
+              "improved_clustered_attention", "assignment value 3 at (0, 1, 2)");
+  a = Tensor::from_int_vector({0, 1, -1, 2, 0, 1, 0, 2, 0, -2}, {1, 2, 5});
+  CHECK_ERROR(clustr::clustered_attention_forward(q, q, q, Tensor(), a.to(Device::cuda), 3),
+              "assignment value -2 at (0, 1, 4)");
+}
+
 TEST_CASE("cuda clustered attention: key lengths, padded queries and empty clusters") {
   check_attention({3, 2, 17, 17, 8, 5, 5, {17, 6, 0}}, 21);  // padded queries, a length 0
   check_attention({2, 2, 17, 23, 4, 3, 3, {0, 11}}, 22);     // N != S: no padded query

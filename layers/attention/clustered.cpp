@@ -217,9 +217,8 @@ ClusteredAttentionOutput clustered_attention_forward(const Tensor& Q, const Tens
   check_f32(op, "Q", Q);
   detail::check_same_device(op, Q, K);
   check_dropout(op, dropout);
-  std::vector<int32_t> assignment_host;
   const Dims d = check_inputs(op, Q.shape(), K, V, lengths, assignment, clusters, temperature,
-                              true, &assignment_host);
+                              true);
   ClusteredAttentionOutput r;
   r.out = Tensor::empty({d.B, d.H, d.N, d.M}, DType::f32, Q.device());
   r.weights = Tensor::empty({d.B, d.H, d.C, d.S}, DType::f32, Q.device());
@@ -227,7 +226,7 @@ ClusteredAttentionOutput clustered_attention_forward(const Tensor& Q, const Tens
   r.dropout = dropout;
   if (Q.device() == Device::cuda) {
     DeviceParams dp;
-    device_params(d, lengths, assignment, assignment_host, temperature, dropout, dp);
+    device_params(d, lengths, assignment, temperature, dropout, dp);
     const cuda::ClusteredDims cd{d.B, d.H, d.N, d.S, d.E, d.M, d.C};
     const Tensor ws = device_workspace(cuda::clustered_attention_forward_workspace(cd, dp.p));
     cuda::clustered_attention_forward(cd, dp.p, Q.f32(), K.f32(), V.f32(), r.out.f32(),
@@ -264,9 +263,8 @@ ClusteredAttentionGrads clustered_attention_backward(const Tensor& dout, const T
                ": expected assignment (B, H, N) and K (B, H, S, E), got ", describe(assignment),
                " and ", K.defined() ? describe(K) : "undefined");
   const Shape q_shape{assignment.size(0), assignment.size(1), assignment.size(2), K.size(3)};
-  std::vector<int32_t> assignment_host;
   const Dims d = check_inputs(op, q_shape, K, V, lengths, assignment, clusters, temperature,
-                              true, &assignment_host);
+                              true);
   check_saved(op, "dout", dout, K, DType::f32, {d.B, d.H, d.N, d.M});
   check_saved(op, "weights", forward.weights, K, DType::f32, {d.B, d.H, d.C, d.S});
   check_saved(op, "centroids", forward.centroids, K, DType::f32, {d.B, d.H, d.C, d.E});
@@ -277,7 +275,7 @@ ClusteredAttentionGrads clustered_attention_backward(const Tensor& dout, const T
   g.dV = Tensor::empty(V.shape(), DType::f32, K.device());
   if (K.device() == Device::cuda) {
     DeviceParams dp;
-    device_params(d, lengths, assignment, assignment_host, temperature, forward.dropout, dp);
+    device_params(d, lengths, assignment, temperature, forward.dropout, dp);
     const cuda::ClusteredDims cd{d.B, d.H, d.N, d.S, d.E, d.M, d.C};
     const Tensor ws = device_workspace(cuda::clustered_attention_backward_workspace(cd, dp.p));
     cuda::clustered_attention_backward(cd, dp.p, K.f32(), V.f32(), forward.weights.f32(),

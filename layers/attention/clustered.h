@@ -31,8 +31,8 @@
 // each pair (the products split over keys or rows, the loops over clusters and queries); see
 // clustered_common.h. Results never depend on the thread count. On the CUDA device (all tensors
 // there, lengths and assignment included) the same ops run as kernels (clustered_cuda.h), with
-// the same semantics, dropout mask and saved tensors; members are grouped on the host from a
-// copy of the assignment.
+// the same semantics, dropout mask and saved tensors; the assignment is checked and the members
+// grouped on the device.
 #pragma once
 
 #include <cstdint>

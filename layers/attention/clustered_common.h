@@ -252,8 +252,7 @@ using detail::check_f32;
 // checked on a host copy.
 inline Dims check_inputs(const char* op, const Shape& q_shape, const Tensor& K, const Tensor& V,
                   const Tensor& lengths, const Tensor& assignment, int64_t clusters,
-                  float temperature, bool cuda_ok = false,
-                  std::vector<int32_t>* assignment_host = nullptr) {
+                  float temperature, bool cuda_ok = false) {
   check_f32(op, "K", K);
   check_f32(op, "V", V);
   detail::check_dtype(op, "assignment", assignment, DType::i32);
@@ -280,14 +279,18 @@ inline Dims check_inputs(const char* op, const Shape& q_shape, const Tensor& K, 
   CLUSTR_CHECK(assignment.shape() == (Shape{d.B, d.H, d.N}), op,
                ": expected assignment of shape (B, H, N) = (", d.B, ", ", d.H, ", ", d.N,
                ") to match ", Q, ", got ", describe(assignment));
-  // A device assignment is read from a host copy; device_params groups the members from it.
-  std::vector<int32_t> local;
-  std::vector<int32_t>& copy = assignment_host ? *assignment_host : local;
-  const int32_t* a = detail::host_i32(assignment, copy);
-  for (int64_t i = 0; i < d.B * d.H * d.N; ++i)
-    CLUSTR_CHECK(a[i] >= -1 && a[i] < clusters, op, ": assignment value ", a[i], " at (",
-                 i / (d.H * d.N), ", ", i / d.N % d.H, ", ", i % d.N,
-                 ") is outside [-1, C = ", clusters, ") (-1 marks a padded query)");
+  // A device assignment is checked on the device (one integer comes back); only a bad one is
+  // copied, to name the first bad value.
+  const bool on_device = assignment.device() == Device::cuda;
+  if (!on_device || cuda::count_outside_clusters({d.B, d.H, d.N, 0, 0, 0, d.C},
+                                                 assignment.i32()) > 0) {
+    std::vector<int32_t> copy;
+    const int32_t* a = detail::host_i32(assignment, copy);
+    for (int64_t i = 0; i < d.B * d.H * d.N; ++i)
+      CLUSTR_CHECK(a[i] >= -1 && a[i] < clusters, op, ": assignment value ", a[i], " at (",
+                   i / (d.H * d.N), ", ", i / d.N % d.H, ", ", i % d.N,
+                   ") is outside [-1, C = ", clusters, ") (-1 marks a padded query)");
+  }
   if (lengths.defined()) detail::check_lengths(op, lengths, d.B, d.S, "S", "K", K);
   return d;
 }
@@ -316,29 +319,21 @@ inline void check_saved(const char* op, const char* what, const Tensor& t, const
 }
 
 // The device kernels' parameters (clustered_cuda.h): the members of each cluster grouped on
-// the host from the copy of the assignment that check_inputs made (`a`; the CPU's group(), so
-// sums over members run in the CPU's order), copied to the device; the lengths on both sides.
+// the device (cuda::group_members: the arrays of the CPU's group(), so sums over members run
+// in the CPU's order); the lengths on both sides.
 struct DeviceParams {
   std::vector<int32_t> lengths_host;
   Tensor count, start, order;  // i32 on the device: (B, H, C), (B, H, C + 1), (B, H, N)
   cuda::ClusteredParams p;
 };
 inline void device_params(const Dims& d, const Tensor& lengths, const Tensor& assignment,
-                          const std::vector<int32_t>& a, float temperature,
-                          const ClusteredDropout& dropout, DeviceParams& r) {
+                          float temperature, const ClusteredDropout& dropout, DeviceParams& r) {
   const int64_t BH = d.B * d.H;
-  CLUSTR_CHECK(static_cast<int64_t>(a.size()) == BH * d.N,
-               "device_params: expected the host copy of the assignment (", BH * d.N,
-               " values), got ", a.size());
-  std::vector<int32_t> count(static_cast<size_t>(BH * d.C)),
-      start(static_cast<size_t>(BH * (d.C + 1))), order(static_cast<size_t>(BH * d.N), 0);
-  for (int64_t bh = 0; bh < BH; ++bh) {
-    Members m{count.data() + bh * d.C, start.data() + bh * (d.C + 1), order.data() + bh * d.N};
-    group(d, a.data() + bh * d.N, m);
-  }
-  r.count = Tensor::from_int_vector(count, {d.B, d.H, d.C}).to(Device::cuda);
-  r.start = Tensor::from_int_vector(start, {BH * (d.C + 1)}).to(Device::cuda);
-  r.order = Tensor::from_int_vector(order, {BH * d.N}).to(Device::cuda);
+  r.count = Tensor::empty({d.B, d.H, d.C}, DType::i32, Device::cuda);
+  r.start = Tensor::empty({BH * (d.C + 1)}, DType::i32, Device::cuda);
+  r.order = Tensor::empty({BH * d.N}, DType::i32, Device::cuda);
+  cuda::group_members({d.B, d.H, d.N, d.S, d.E, d.M, d.C}, assignment.i32(), r.count.i32(),
+                      r.start.i32(), r.order.i32());
   if (lengths.defined()) {
     r.lengths_host = lengths.to_int_vector();
     r.p.lengths_host = r.lengths_host.data();

@@ -18,6 +18,7 @@
 // clustered_cuda_kernels.h.
 #include "layers/attention/clustered_cuda.h"
 
+#include "core/cuda/scratch.h"
 #include "layers/attention/clustered_cuda_kernels.h"
 
 namespace clustr::cuda {
@@ -105,6 +106,112 @@ void clustered_attention_backward(const ClusteredDims& d, const ClusteredParams&
   launch("cuda::clustered_attention_backward (broadcast)", {elementwise_blocks(total)},
          {kElementwiseThreads}, 0,
          BroadcastKernel{dqc, dQ, p.assignment, p.count, p.lengths, H, N, S, C, E, total, true});
+}
+
+namespace {
+
+// count[p C + j] += 1 for each query of pair p in cluster j: a thread per query, integer atomics
+// (exact in any order). Also counts the values outside [-1, C) into *outside when it is not null.
+struct CountMembersKernel {
+  static constexpr bool kUsesBarrier = false;
+  const int32_t* a;
+  int32_t* count;    // (B H C), zeroed before, or null
+  int32_t* outside;  // (1), zeroed before, or null
+  int64_t N, C, total;
+  CLUSTR_DEVICE void operator()(const Thread& t) const {
+    for (int64_t q = global_x(t); q < total; q += grid_stride_x(t)) {
+      const int32_t j = a[q];
+      if (j < -1 || j >= C) {
+        if (outside) atomic_add(outside, 1);
+      } else if (j >= 0 && count) {
+        atomic_add(count + (q / N) * C + j, 1);
+      }
+    }
+  }
+};
+
+// start[p (C + 1) + j] = the members of pair p's clusters before j: a thread per pair.
+struct MemberStartKernel {
+  static constexpr bool kUsesBarrier = false;
+  const int32_t* count;
+  int32_t* start;
+  int64_t C, pairs;
+  CLUSTR_DEVICE void operator()(const Thread& t) const {
+    for (int64_t p = global_x(t); p < pairs; p += grid_stride_x(t)) {
+      int32_t acc = 0;
+      for (int64_t j = 0; j < C; ++j) {
+        start[p * (C + 1) + j] = acc;
+        acc += count[p * C + j];
+      }
+      start[p * (C + 1) + C] = acc;
+    }
+  }
+};
+
+// order: one CUDA block per (pair p, cluster j) = block p C + j. Each thread owns a contiguous
+// span of the pair's queries and writes the members of j among them at start + the members in
+// the spans before its own, so the members come in query order. Shared: block_dim ints.
+struct MemberOrderKernel {
+  static constexpr bool kUsesBarrier = true;
+  const int32_t* a;
+  const int32_t* start;
+  int32_t* order;
+  int64_t N, C;
+  CLUSTR_DEVICE void operator()(const Thread& t) const {
+    const unsigned tid = t.thread_idx().x, nt = t.block_dim().x;
+    const int64_t p = t.block_idx().x / C, j = t.block_idx().x % C;
+    const int32_t* ap = a + p * N;
+    const int64_t span = (N + nt - 1) / nt, i0 = tid * span < N ? tid * span : N,
+                  i1 = i0 + span < N ? i0 + span : N;
+    int n = 0;
+    for (int64_t i = i0; i < i1; ++i) n += ap[i] == j;
+    int* before = t.shared<int>();
+    before[tid] = n;
+    t.sync();
+    if (tid == 0) {
+      int acc = 0;
+      for (unsigned x = 0; x < nt; ++x) {
+        const int m = before[x];
+        before[x] = acc;
+        acc += m;
+      }
+    }
+    t.sync();
+    int64_t at = start[p * (C + 1) + j] + before[tid];
+    for (int64_t i = i0; i < i1; ++i)
+      if (ap[i] == j) order[p * N + at++] = static_cast<int32_t>(i);
+  }
+};
+
+}  // namespace
+
+void group_members(const ClusteredDims& d, const int32_t* assignment, int32_t* count,
+                   int32_t* start, int32_t* order) {
+  const int64_t BH = d.B * d.H, total = BH * d.N;
+  if (BH == 0) return;
+  require("cuda::group_members");
+  fill_i32(count, 0, BH * d.C);
+  fill_i32(order, 0, total);
+  launch("cuda::group_members (counts)", {elementwise_blocks(total)}, {kElementwiseThreads}, 0,
+         CountMembersKernel{assignment, count, nullptr, d.N, d.C, total});
+  launch("cuda::group_members (starts)", {elementwise_blocks(BH)}, {kElementwiseThreads}, 0,
+         MemberStartKernel{count, start, d.C, BH});
+  const unsigned threads = row_threads(d.N);
+  launch("cuda::group_members (order)", {grid_of(BH * d.C)}, {threads}, threads * sizeof(int),
+         MemberOrderKernel{assignment, start, order, d.N, d.C});
+}
+
+int64_t count_outside_clusters(const ClusteredDims& d, const int32_t* assignment) {
+  const int64_t total = d.B * d.H * d.N;
+  if (total == 0) return 0;
+  require("cuda::count_outside_clusters");
+  Scratch<int32_t> outside(1);
+  fill_i32(outside.get(), 0, 1);
+  launch("cuda::count_outside_clusters", {elementwise_blocks(total)}, {kElementwiseThreads}, 0,
+         CountMembersKernel{assignment, nullptr, outside.get(), d.N, d.C, total});
+  int32_t n = 0;
+  copy_d2h(&n, outside.get(), sizeof(n));
+  return n;
 }
 
 }  // namespace clustr::cuda

@@ -29,4 +29,11 @@ void clustered_attention_backward(const ClusteredDims&, const ClusteredParams&, 
   no_cuda("cuda::clustered_attention_backward");
 }
 
+void group_members(const ClusteredDims&, const int32_t*, int32_t*, int32_t*, int32_t*) {
+  no_cuda("cuda::group_members");
+}
+int64_t count_outside_clusters(const ClusteredDims&, const int32_t*) {
+  no_cuda("cuda::count_outside_clusters");
+}
+
 }  // namespace clustr::cuda

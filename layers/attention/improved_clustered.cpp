@@ -69,9 +69,8 @@ ImprovedClusteredAttentionOutput improved_clustered_attention_forward(
   detail::check_same_device(op, Q, K);
   check_topk(op, topk);
   check_dropout(op, dropout);
-  std::vector<int32_t> assignment_host;
   const Dims d = check_inputs(op, Q.shape(), K, V, lengths, assignment, clusters, temperature,
-                              true, &assignment_host);
+                              true);
   const int64_t kw = std::min(topk, d.S);
   ImprovedClusteredAttentionOutput r;
   r.out = Tensor::empty({d.B, d.H, d.N, d.M}, DType::f32, Q.device());
@@ -83,7 +82,7 @@ ImprovedClusteredAttentionOutput improved_clustered_attention_forward(
   r.dropout = dropout;
   if (Q.device() == Device::cuda) {
     DeviceParams dp;
-    device_params(d, lengths, assignment, assignment_host, temperature, dropout, dp);
+    device_params(d, lengths, assignment, temperature, dropout, dp);
     const cuda::ClusteredDims cd{d.B, d.H, d.N, d.S, d.E, d.M, d.C};
     const Tensor ws =
         device_workspace(cuda::improved_clustered_attention_forward_workspace(cd, kw, dp.p));
@@ -113,9 +112,8 @@ ImprovedClusteredAttentionGrads improved_clustered_attention_backward(
                forward.topk.defined() ? describe(forward.topk) : "undefined");
   check_dropout(op, forward.dropout);
   const int64_t clusters = forward.topk.size(2), kw = forward.topk.size(3);
-  std::vector<int32_t> assignment_host;
   const Dims d = check_inputs(op, Q.shape(), K, V, lengths, assignment, clusters, temperature,
-                              true, &assignment_host);
+                              true);
   check_saved(op, "dout", dout, K, DType::f32, {d.B, d.H, d.N, d.M});
   check_saved(op, "weights", forward.weights, K, DType::f32, {d.B, d.H, d.C, d.S});
   check_saved(op, "centroids", forward.centroids, K, DType::f32, {d.B, d.H, d.C, d.E});
@@ -129,7 +127,7 @@ ImprovedClusteredAttentionGrads improved_clustered_attention_backward(
   g.dV = Tensor::empty(V.shape(), DType::f32, K.device());
   if (K.device() == Device::cuda) {
     DeviceParams dp;
-    device_params(d, lengths, assignment, assignment_host, temperature, forward.dropout, dp);
+    device_params(d, lengths, assignment, temperature, forward.dropout, dp);
     const cuda::ClusteredDims cd{d.B, d.H, d.N, d.S, d.E, d.M, d.C};
     const Tensor ws =
         device_workspace(cuda::improved_clustered_attention_backward_workspace(cd, kw, dp.p));
