@@ -20,6 +20,7 @@
 //   atomic_add(p, v)       atomicAdd on a float or an int32 in global or shared memory
 //   block_reduce(t, v, scratch, op)   a reduction over the block (built on shared memory and
 //                          t.sync(), so no warp shuffles are needed)
+//   block_exclusive_sum(t, v, scratch) the sum of v over the threads before this one
 //   t.shfl_xor(v, m)       __shfl_xor_sync over the full warp: the float v of lane (lane ^ m)
 //                          of this thread's warp (lanes: 32 consecutive threads of the block);
 //                          every lane calls it, in a block whose size is a multiple of 32
@@ -193,6 +194,28 @@ CLUSTR_DEVICE T block_reduce(const Thread& t, T v, T* scratch, Op op) {
   }
   const T r = scratch[0];
   t.sync();  // every thread has read the result before the scratch is reused
+  return r;
+}
+
+// The sum of v over the threads before this one in a 1-D block (an exclusive prefix sum in
+// thread order), returned to every thread. scratch holds block_dim().x ints. Thread 0 adds the
+// values in order (integers: exact); the block's threads wait at two barriers. Every thread of
+// the block must call it. For writing each thread's items at their offset in thread order.
+CLUSTR_DEVICE int block_exclusive_sum(const Thread& t, int v, int* scratch) {
+  const unsigned n = t.block_dim().x, i = t.thread_idx().x;
+  scratch[i] = v;
+  t.sync();
+  if (i == 0) {
+    int before = 0;
+    for (unsigned x = 0; x < n; ++x) {
+      const int mine = scratch[x];
+      scratch[x] = before;
+      before += mine;
+    }
+  }
+  t.sync();
+  const int r = scratch[i];
+  t.sync();  // every thread has read its offset before the scratch is reused
   return r;
 }
 

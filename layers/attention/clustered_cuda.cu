@@ -165,19 +165,7 @@ struct MemberOrderKernel {
                   i1 = i0 + span < N ? i0 + span : N;
     int n = 0;
     for (int64_t i = i0; i < i1; ++i) n += ap[i] == j;
-    int* before = t.shared<int>();
-    before[tid] = n;
-    t.sync();
-    if (tid == 0) {
-      int acc = 0;
-      for (unsigned x = 0; x < nt; ++x) {
-        const int m = before[x];
-        before[x] = acc;
-        acc += m;
-      }
-    }
-    t.sync();
-    int64_t at = start[p * (C + 1) + j] + before[tid];
+    int64_t at = start[p * (C + 1) + j] + block_exclusive_sum(t, n, t.shared<int>());
     for (int64_t i = i0; i < i1; ++i)
       if (ap[i] == j) order[p * N + at++] = static_cast<int32_t>(i);
   }

@@ -92,8 +92,7 @@ struct TopkKernel {
     // The write-out, in key order: each thread takes a contiguous span of the row, counts what
     // it takes (the keys above the bar, and equal ones while the row's first take_equal last),
     // and writes them at the offset that the threads before it leave.
-    int* taken = t.shared<int>() + nt;  // (nt): each span's keys taken
-    int* equal = taken + nt;            // (nt): each span's keys equal to the bar
+    int* scratch = t.shared<int>();  // (nt), as block_reduce's above
     const int64_t span = (L + nt - 1) / nt, c0 = tid * span < L ? tid * span : L,
                   c1 = c0 + span < L ? c0 + span : L;
     int n_above = 0, n_equal = 0;
@@ -103,31 +102,13 @@ struct TopkKernel {
         n_above += kk == L || key > bar;
         n_equal += kk != L && key == bar;
       }
-    equal[tid] = n_equal;
-    t.sync();
-    if (tid == 0) {  // equal[x] becomes the equal keys before span x, then taken[x] its count
-      int before = 0;
-      for (unsigned x = 0; x < nt; ++x) {
-        const int e = equal[x];
-        equal[x] = before;
-        before += e;
-      }
-    }
-    t.sync();
-    int64_t quota = take_equal - equal[tid];  // equal keys this span may still take
-    taken[tid] = n_above + static_cast<int>(quota < 0 ? 0 : quota < n_equal ? quota : n_equal);
-    t.sync();
-    if (tid == 0) {
-      int before = 0;
-      for (unsigned x = 0; x < nt; ++x) {
-        const int n = taken[x];
-        taken[x] = before;
-        before += n;
-      }
-    }
-    t.sync();
+    // The equal keys this span may still take, after those of the spans before it.
+    int64_t quota = take_equal - block_exclusive_sum(t, n_equal, scratch);
+    const int n_taken =
+        n_above + static_cast<int>(quota < 0 ? 0 : quota < n_equal ? quota : n_equal);
+    const int64_t first = block_exclusive_sum(t, n_taken, scratch);
     int32_t* T = tk + row * kw;
-    int64_t at = taken[tid];
+    int64_t at = first;
     if (kk > 0)
       for (int64_t c = c0; c < c1; ++c) {
         const uint32_t key = math::order_key(w[c]);
@@ -457,7 +438,7 @@ void improved_clustered_attention_forward(const ClusteredDims& d, const Clustere
   // eq. 9-10: T_j, m_j
   if (S > 0)
     launch("cuda::improved_clustered_attention_forward (top-k)", {grid_of(BH * C)}, {threads},
-           3 * threads * sizeof(int),
+           threads * sizeof(int),
            TopkKernel{weights, p.count, p.lengths, tk, mass, H, C, S, topk, kw});
   // eq. 11, second term once per cluster: rc = (Ac with T_j zeroed, cluster mask) V
   if (S > 0)
