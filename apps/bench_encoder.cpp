@@ -35,11 +35,22 @@ struct Shape2 {
   int64_t batch, length;
 };
 
-// "32x64" -> {32, 64}.
+// "32x64" -> {32, 64}: two whole numbers from 1 to 2^20 around one 'x', nothing else.
 Shape2 parse_shape(const std::string& s) {
-  size_t x = s.find('x');
-  CLUSTR_CHECK(x != std::string::npos, "bench_encoder: --shapes expects BxN, got '", s, "'");
-  return {std::stoll(s.substr(0, x)), std::stoll(s.substr(x + 1))};
+  auto number = [&](const std::string& part) {
+    int64_t v = 0;
+    bool ok = !part.empty() && part.size() <= 7;
+    for (char ch : part) ok = ok && ch >= '0' && ch <= '9';
+    if (ok) v = std::stoll(part);
+    CLUSTR_CHECK(ok && v >= 1 && v <= (int64_t{1} << 20), "--shapes expects ",
+                 "B x N as two whole numbers from 1 to 1048576 joined by 'x' (e.g. 32x64), got '",
+                 s, "'");
+    return v;
+  };
+  const size_t x = s.find('x');
+  CLUSTR_CHECK(x != std::string::npos, "--shapes expects B x N as 32x64, got '",
+               s, "'");
+  return {number(s.substr(0, x)), number(s.substr(x + 1))};
 }
 
 }  // namespace
@@ -51,7 +62,9 @@ int main(int argc, char** argv) try {
   int64_t dim = 192, heads = 6, hidden = 768;
   int reps = 5, threads = 0;
   std::string csv_path = "bench_encoder.csv";
-  app.add_option("--shapes", shapes, "batch x length, e.g. 32x64")->capture_default_str();
+  app.add_option("--shapes", shapes, "batch x length, e.g. 32x64 (several: spaces or commas)")
+      ->delimiter(',')
+      ->capture_default_str();
   app.add_option("--dim", dim, "model width D")->capture_default_str();
   app.add_option("--heads", heads, "heads H")->capture_default_str();
   app.add_option("--hidden", hidden, "feed-forward width")->capture_default_str();
@@ -72,6 +85,8 @@ int main(int argc, char** argv) try {
   const clustr::Device device = clustr::resolve_device(device_name);
   const bool on_cuda = device == clustr::Device::cuda;
   clustr::apply_tf32(tf32, device);
+  std::vector<Shape2> parsed;  // all checked before the first one runs
+  for (const std::string& s : shapes) parsed.push_back(parse_shape(s));
 
   clustr::Generator gen(1);
   clustr::AttentionConfig attention;  // full
@@ -79,7 +94,7 @@ int main(int argc, char** argv) try {
                              /*pre_norm=*/false, gen);
   layer.to(device);
   std::ofstream csv(csv_path);
-  CLUSTR_CHECK(csv.good(), "bench_encoder: cannot write ", csv_path);
+  CLUSTR_CHECK(csv.good(), "cannot write ", csv_path);
   csv << "batch,length,precision,us_per_token_median,us_per_token_min,device,tf32,"
          "launches_per_step,cublas_per_step\n";
   std::printf("encoder layer D=%ld H=%ld F=%ld, forward + backward on %s, %d threads, %s "
@@ -91,8 +106,7 @@ int main(int argc, char** argv) try {
                                                      : clustr::cpu::gemm_kernel_name());
   std::printf("%6s %6s | %12s %12s | %9s %6s\n", "B", "N", "us/token med", "us/token min",
               "launches", "cuBLAS");
-  for (const std::string& s : shapes) {
-    Shape2 shape = parse_shape(s);
+  for (const Shape2& shape : parsed) {
     Tensor x0 = Tensor::empty({shape.batch, shape.length, dim});
     Tensor dout = Tensor::empty({shape.batch, shape.length, dim});
     clustr::normal_(x0, gen);  // drawn on the host: the same inputs on every device
