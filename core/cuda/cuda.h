@@ -31,6 +31,10 @@ bool exact_numerics();
 bool available();                // compiled, and a usable GPU is present
 std::string unavailable_reason();  // why available() is false ("" when it is true)
 void require(const char* what);  // throws, naming `what`, when no usable GPU is present
+// In a build without the CUDA backend only: throws the error that says so, naming `what`. The
+// no-CUDA twins of every component's kernels (core/cuda/no_cuda.cpp,
+// layers/attention/no_cuda.cpp, optim/cuda/no_cuda.cpp) are one line each around it.
+[[noreturn]] void no_backend(const char* what);
 
 // What this process has queued on the device since it started (all host threads, all
 // streams): kernel launches (every cuda::launch, core/cuda/kernel.h) and cuBLAS GEMM calls

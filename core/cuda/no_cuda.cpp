@@ -3,158 +3,162 @@
 #include "core/cuda/cuda.h"
 #include "core/error.h"
 
-namespace clustr::cuda {
+namespace clustr {
 
-namespace {
-[[noreturn]] void no_cuda(const char* what) {
+void cuda::no_backend(const char* what) {
   throw Error(detail::cat(what, ": clustr was built without the CUDA backend (configure with ",
                           "the CUDA toolkit installed, or -DCLUSTR_CUDA=ON to require it)"));
 }
-}  // namespace
 
-bool compiled() { return false; }
-bool emulated() { return false; }
-bool exact_numerics() { return false; }
-bool available() { return false; }
-std::string unavailable_reason() { return "clustr was built without the CUDA backend"; }
-void require(const char* what) { no_cuda(what); }
-LaunchCounts launch_counts() { return {}; }
+bool cuda::compiled() { return false; }
+bool cuda::emulated() { return false; }
+bool cuda::exact_numerics() { return false; }
+bool cuda::available() { return false; }
+std::string cuda::unavailable_reason() { return "clustr was built without the CUDA backend"; }
+void cuda::require(const char* what) { no_backend(what); }
+cuda::LaunchCounts cuda::launch_counts() { return {}; }
 
 // Nothing can be queued, so the current stream is always the default one; a Stream or an Event
 // cannot be made (their other members are reachable only through a moved-from object).
-StreamHandle current_stream() { return kDefaultStream; }
+cuda::StreamHandle cuda::current_stream() { return kDefaultStream; }
 
-Stream::Stream() { no_cuda("cuda::Stream"); }
-Stream::~Stream() {}
-Stream& Stream::operator=(Stream&& other) noexcept {
+cuda::Stream::Stream() { no_backend("cuda::Stream"); }
+cuda::Stream::~Stream() {}
+cuda::Stream& cuda::Stream::operator=(Stream&& other) noexcept {
   h_ = other.h_;
   other.h_ = nullptr;
   return *this;
 }
-StreamHandle Stream::handle() const { no_cuda("cuda::Stream::handle"); }
-void Stream::synchronize() const { no_cuda("cuda::Stream::synchronize"); }
+cuda::StreamHandle cuda::Stream::handle() const { no_backend("cuda::Stream::handle"); }
+void cuda::Stream::synchronize() const { no_backend("cuda::Stream::synchronize"); }
 
-StreamGuard::StreamGuard(const Stream& s) : StreamGuard(s.handle()) {}
-StreamGuard::StreamGuard(StreamHandle s) : previous_(kDefaultStream) {
-  if (s != kDefaultStream) no_cuda("cuda::StreamGuard");
+cuda::StreamGuard::StreamGuard(const Stream& s) : StreamGuard(s.handle()) {}
+cuda::StreamGuard::StreamGuard(StreamHandle s) : previous_(kDefaultStream) {
+  if (s != kDefaultStream) no_backend("cuda::StreamGuard");
 }
-StreamGuard::~StreamGuard() {}
+cuda::StreamGuard::~StreamGuard() {}
 
-Event::Event() { no_cuda("cuda::Event"); }
-Event::~Event() {}
-Event& Event::operator=(Event&& other) noexcept {
+cuda::Event::Event() { no_backend("cuda::Event"); }
+cuda::Event::~Event() {}
+cuda::Event& cuda::Event::operator=(Event&& other) noexcept {
   h_ = other.h_;
   other.h_ = nullptr;
   return *this;
 }
-void Event::record() { no_cuda("cuda::Event::record"); }
-void Event::record(const Stream&) { no_cuda("cuda::Event::record"); }
-void Event::wait() const { no_cuda("cuda::Event::wait"); }
-void Event::wait(const Stream&) const { no_cuda("cuda::Event::wait"); }
-bool Event::query() const { no_cuda("cuda::Event::query"); }
-void Event::synchronize() const { no_cuda("cuda::Event::synchronize"); }
+void cuda::Event::record() { no_backend("cuda::Event::record"); }
+void cuda::Event::record(const Stream&) { no_backend("cuda::Event::record"); }
+void cuda::Event::wait() const { no_backend("cuda::Event::wait"); }
+void cuda::Event::wait(const Stream&) const { no_backend("cuda::Event::wait"); }
+bool cuda::Event::query() const { no_backend("cuda::Event::query"); }
+void cuda::Event::synchronize() const { no_backend("cuda::Event::synchronize"); }
 
-void* alloc(size_t) { no_cuda("cuda::alloc"); }
-void free(void*, size_t) {}
-MemoryStats memory_stats() { return {}; }
-void reset_peak() {}
-void empty_cache() {}
-size_t cached_bytes() { return 0; }
+void* cuda::alloc(size_t) { no_backend("cuda::alloc"); }
+void cuda::free(void*, size_t) {}
+MemoryStats cuda::memory_stats() { return {}; }
+void cuda::reset_peak() {}
+void cuda::empty_cache() {}
+size_t cuda::cached_bytes() { return 0; }
 
-void copy_h2d(void*, const void*, size_t) { no_cuda("cuda::copy_h2d"); }
-void copy_d2h(void*, const void*, size_t) { no_cuda("cuda::copy_d2h"); }
-void copy_d2d(void*, const void*, size_t) { no_cuda("cuda::copy_d2d"); }
-void fill_f32(float*, float, int64_t) { no_cuda("cuda::fill_f32"); }
-void fill_i32(int32_t*, int32_t, int64_t) { no_cuda("cuda::fill_i32"); }
-void synchronize() {}
+void cuda::copy_h2d(void*, const void*, size_t) { no_backend("cuda::copy_h2d"); }
+void cuda::copy_d2h(void*, const void*, size_t) { no_backend("cuda::copy_d2h"); }
+void cuda::copy_d2d(void*, const void*, size_t) { no_backend("cuda::copy_d2d"); }
+void cuda::fill_f32(float*, float, int64_t) { no_backend("cuda::fill_f32"); }
+void cuda::fill_i32(int32_t*, int32_t, int64_t) { no_backend("cuda::fill_i32"); }
+void cuda::synchronize() {}
 
-void gemm(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*,
-          int64_t, float, float*, int64_t) {
-  no_cuda("cuda::gemm");
+void cuda::gemm(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*,
+                int64_t, float, float*, int64_t) {
+  no_backend("cuda::gemm");
 }
-void gemm_strided_batched(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t,
-                          int64_t, const float*, int64_t, int64_t, float, float*, int64_t,
-                          int64_t, int64_t) {
-  no_cuda("cuda::gemm_strided_batched");
+void cuda::gemm_strided_batched(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t,
+                                int64_t, const float*, int64_t, int64_t, float, float*, int64_t,
+                                int64_t, int64_t) {
+  no_backend("cuda::gemm_strided_batched");
 }
-void gemm_bf16(bool, bool, int64_t, int64_t, int64_t, float, const uint16_t*, int64_t,
-               const uint16_t*, int64_t, float, float*, int64_t) {
-  no_cuda("cuda::gemm_bf16");
+void cuda::gemm_bf16(bool, bool, int64_t, int64_t, int64_t, float, const uint16_t*, int64_t,
+                     const uint16_t*, int64_t, float, float*, int64_t) {
+  no_backend("cuda::gemm_bf16");
 }
-void gemm_bf16_strided_batched(bool, bool, int64_t, int64_t, int64_t, float, const uint16_t*,
-                               int64_t, int64_t, const uint16_t*, int64_t, int64_t, float, float*,
-                               int64_t, int64_t, int64_t) {
-  no_cuda("cuda::gemm_bf16_strided_batched");
+void cuda::gemm_bf16_strided_batched(bool, bool, int64_t, int64_t, int64_t, float, const uint16_t*,
+                                     int64_t, int64_t, const uint16_t*, int64_t, int64_t, float,
+                                     float*, int64_t, int64_t, int64_t) {
+  no_backend("cuda::gemm_bf16_strided_batched");
 }
-void set_tf32(bool) { no_cuda("cuda::set_tf32"); }
-bool tf32() { return false; }
-void f32_to_bf16(const float*, uint16_t*, int64_t) { no_cuda("cuda::f32_to_bf16"); }
-void bf16_to_f32(const uint16_t*, float*, int64_t) { no_cuda("cuda::bf16_to_f32"); }
-void fill_u16(uint16_t*, uint16_t, int64_t) { no_cuda("cuda::fill_u16"); }
+void cuda::set_tf32(bool) { no_backend("cuda::set_tf32"); }
+bool cuda::tf32() { return false; }
+void cuda::f32_to_bf16(const float*, uint16_t*, int64_t) { no_backend("cuda::f32_to_bf16"); }
+void cuda::bf16_to_f32(const uint16_t*, float*, int64_t) { no_backend("cuda::bf16_to_f32"); }
+void cuda::fill_u16(uint16_t*, uint16_t, int64_t) { no_backend("cuda::fill_u16"); }
 
-void binary(BinaryOp, int, const int64_t*, const float*, const int64_t*, const float*,
-            const int64_t*, float*) {
-  no_cuda("cuda::binary");
+void cuda::binary(BinaryOp, int, const int64_t*, const float*, const int64_t*, const float*,
+                  const int64_t*, float*) {
+  no_backend("cuda::binary");
 }
-void binary_scalar(BinaryOp, const float*, float, float*, int64_t) {
-  no_cuda("cuda::binary_scalar");
+void cuda::binary_scalar(BinaryOp, const float*, float, float*, int64_t) {
+  no_backend("cuda::binary_scalar");
 }
-void unary(UnaryOp, const float*, float*, int64_t) { no_cuda("cuda::unary"); }
-void axpy(float, const float*, float*, int64_t) { no_cuda("cuda::axpy"); }
-void reduce(ReduceOp, const float*, float*, int64_t, int64_t, int64_t) { no_cuda("cuda::reduce"); }
-void argmax(const float*, int32_t*, int64_t, int64_t, int64_t) { no_cuda("cuda::argmax"); }
-void softmax(const float*, float*, int64_t, int64_t) { no_cuda("cuda::softmax"); }
-void log_softmax(const float*, float*, int64_t, int64_t) { no_cuda("cuda::log_softmax"); }
-void dropout(const float*, float, uint64_t, uint64_t, float*, int64_t) { no_cuda("cuda::dropout"); }
-void unary_backward(UnaryOp, const float*, const float*, const float*, float*, int64_t) {
-  no_cuda("cuda::unary_backward");
+void cuda::unary(UnaryOp, const float*, float*, int64_t) { no_backend("cuda::unary"); }
+void cuda::axpy(float, const float*, float*, int64_t) { no_backend("cuda::axpy"); }
+void cuda::reduce(ReduceOp, const float*, float*, int64_t, int64_t, int64_t) {
+  no_backend("cuda::reduce");
 }
-void softmax_backward(const float*, const float*, float*, int64_t, int64_t) {
-  no_cuda("cuda::softmax_backward");
+void cuda::argmax(const float*, int32_t*, int64_t, int64_t, int64_t) { no_backend("cuda::argmax"); }
+void cuda::softmax(const float*, float*, int64_t, int64_t) { no_backend("cuda::softmax"); }
+void cuda::log_softmax(const float*, float*, int64_t, int64_t) { no_backend("cuda::log_softmax"); }
+void cuda::dropout(const float*, float, uint64_t, uint64_t, float*, int64_t) {
+  no_backend("cuda::dropout");
 }
-void log_softmax_backward(const float*, const float*, float*, int64_t, int64_t) {
-  no_cuda("cuda::log_softmax_backward");
+void cuda::unary_backward(UnaryOp, const float*, const float*, const float*, float*, int64_t) {
+  no_backend("cuda::unary_backward");
 }
-void layer_norm(const float*, const float*, const float*, float, float*, float*, float*, int64_t,
-                int64_t) {
-  no_cuda("cuda::layer_norm");
+void cuda::softmax_backward(const float*, const float*, float*, int64_t, int64_t) {
+  no_backend("cuda::softmax_backward");
 }
-void layer_norm_backward(const float*, const float*, const float*, const float*, const float*,
-                         float*, float*, float*, int64_t, int64_t) {
-  no_cuda("cuda::layer_norm_backward");
+void cuda::log_softmax_backward(const float*, const float*, float*, int64_t, int64_t) {
+  no_backend("cuda::log_softmax_backward");
 }
-void bias_activation(float*, const float*, bool, int64_t, int64_t) {
-  no_cuda("cuda::bias_activation");
+void cuda::layer_norm(const float*, const float*, const float*, float, float*, float*, float*,
+                      int64_t, int64_t) {
+  no_backend("cuda::layer_norm");
 }
-CrossEntropySums cross_entropy(const float*, const int32_t*, const float*, int32_t, float*,
-                               int64_t, int64_t) {
-  no_cuda("cuda::cross_entropy");
+void cuda::layer_norm_backward(const float*, const float*, const float*, const float*, const float*,
+                               float*, float*, float*, int64_t, int64_t) {
+  no_backend("cuda::layer_norm_backward");
 }
-void cross_entropy_backward(float, const float*, const int32_t*, const float*, const float*,
-                            int32_t, float*, int64_t, int64_t) {
-  no_cuda("cuda::cross_entropy_backward");
+void cuda::bias_activation(float*, const float*, bool, int64_t, int64_t) {
+  no_backend("cuda::bias_activation");
 }
-void permute(const uint32_t*, uint32_t*, int, const int64_t*, const int*) {
-  no_cuda("cuda::permute");
+CrossEntropySums cuda::cross_entropy(const float*, const int32_t*, const float*, int32_t, float*,
+                                     int64_t, int64_t) {
+  no_backend("cuda::cross_entropy");
 }
-void gather_rows(const float*, int64_t, const int32_t*, int64_t, float*) {
-  no_cuda("cuda::gather_rows");
+void cuda::cross_entropy_backward(float, const float*, const int32_t*, const float*, const float*,
+                                  int32_t, float*, int64_t, int64_t) {
+  no_backend("cuda::cross_entropy_backward");
 }
-void scatter_add_rows(float*, int64_t, int64_t, const int32_t*, int64_t, const float*) {
-  no_cuda("cuda::scatter_add_rows");
+void cuda::permute(const uint32_t*, uint32_t*, int, const int64_t*, const int*) {
+  no_backend("cuda::permute");
 }
-void broadcast_to(const uint32_t*, const int64_t*, int, const int64_t*, uint32_t*) {
-  no_cuda("cuda::broadcast_to");
+void cuda::gather_rows(const float*, int64_t, const int32_t*, int64_t, float*) {
+  no_backend("cuda::gather_rows");
 }
-void sum_to(const float*, int, const int64_t*, const uint8_t*, float*) { no_cuda("cuda::sum_to"); }
-void slice(const uint32_t*, int64_t, int64_t, int64_t, int64_t, int64_t, uint32_t*) {
-  no_cuda("cuda::slice");
+void cuda::scatter_add_rows(float*, int64_t, int64_t, const int32_t*, int64_t, const float*) {
+  no_backend("cuda::scatter_add_rows");
 }
-void slice_add(float*, int64_t, int64_t, int64_t, int64_t, const float*, int64_t) {
-  no_cuda("cuda::slice_add");
+void cuda::broadcast_to(const uint32_t*, const int64_t*, int, const int64_t*, uint32_t*) {
+  no_backend("cuda::broadcast_to");
 }
-void concat(int, const uint32_t* const*, const int64_t*, int64_t, int64_t, uint32_t*) {
-  no_cuda("cuda::concat");
+void cuda::sum_to(const float*, int, const int64_t*, const uint8_t*, float*) {
+  no_backend("cuda::sum_to");
+}
+void cuda::slice(const uint32_t*, int64_t, int64_t, int64_t, int64_t, int64_t, uint32_t*) {
+  no_backend("cuda::slice");
+}
+void cuda::slice_add(float*, int64_t, int64_t, int64_t, int64_t, const float*, int64_t) {
+  no_backend("cuda::slice_add");
+}
+void cuda::concat(int, const uint32_t* const*, const int64_t*, int64_t, int64_t, uint32_t*) {
+  no_backend("cuda::concat");
 }
 
-}  // namespace clustr::cuda
+}  // namespace clustr

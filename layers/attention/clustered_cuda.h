@@ -1,7 +1,7 @@
 // CUDA kernels of clustered attention for a given clustering (layers/attention/clustered.h,
 // eq. 3-6): the twins of clustered.cpp's CPU kernels, on device pointers. Implemented by
 // clustered_cuda.cu when clustr has the CUDA backend (a GPU build or device emulation), and by
-// clustered_no_cuda.cpp otherwise, where every call throws a clear error.
+// no_cuda.cpp otherwise, where every call throws a clear error.
 //
 // Legend: B batch, H heads, N queries, S keys, E query/key dim, M value dim, C clusters.
 //   Q (B, H, N, E), K (B, H, S, E), V (B, H, S, M), out and dout (B, H, N, M), weights Ac

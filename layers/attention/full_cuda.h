@@ -1,6 +1,6 @@
 // CUDA kernels of the fused full softmax attention (layers/attention/full.h): the twins of
 // full_cpu.h's, on device pointers. Implemented by full_cuda.cu when clustr has the CUDA backend
-// (a GPU build or device emulation), and by full_no_cuda.cpp otherwise, where every call throws
+// (a GPU build or device emulation), and by no_cuda.cpp otherwise, where every call throws
 // a clear error.
 //
 // Legend: B batch, H heads, N queries, S keys, E query/key dim, M value dim.

@@ -2,7 +2,7 @@
 // (layers/attention/improved_clustered.h, eq. 9-11; supplementary eq. 13-17): the twins of
 // improved_clustered_cpu.cpp's CPU kernels, on device pointers. Implemented by
 // improved_clustered_cuda.cu when clustr has the CUDA backend (a GPU build or device
-// emulation), and by improved_clustered_no_cuda.cpp otherwise, where every call throws.
+// emulation), and by no_cuda.cpp otherwise, where every call throws.
 //
 // Legend: B batch, H heads, N queries, S keys, E query/key dim, M value dim, C clusters, k the
 // top keys per cluster, kw = min(k, S) the saved width.

@@ -1,0 +1,91 @@
+// The attention types' and the clustering's CUDA kernels when clustr is built without the CUDA
+// backend (clustr_cuda_sources' NO_CUDA sources): each throws cuda::no_backend's error. No tensor
+// can be on a CUDA device in such a build, so they are reached only by calling them directly.
+#include "core/cuda/cuda.h"
+#include "layers/attention/clustered_cuda.h"
+#include "layers/attention/clustering_cuda.h"
+#include "layers/attention/full_cuda.h"
+#include "layers/attention/improved_clustered_cuda.h"
+
+namespace clustr {
+
+// full_cuda.h
+int64_t cuda::full_attention_forward_workspace(const cpu::FullAttentionDims&) {
+  no_backend("cuda::full_attention_forward_workspace");
+}
+int64_t cuda::full_attention_backward_workspace(const cpu::FullAttentionDims&) {
+  no_backend("cuda::full_attention_backward_workspace");
+}
+void cuda::full_attention_forward(const cpu::FullAttentionDims&, const cpu::FullAttentionParams&,
+                                  const float*, const float*, const float*, float*, float*,
+                                  float*) {
+  no_backend("cuda::full_attention_forward");
+}
+void cuda::full_attention_backward(const cpu::FullAttentionDims&, const cpu::FullAttentionParams&,
+                                   const float*, const float*, const float*, const float*,
+                                   const float*, const float*, float*, float*, float*, float*) {
+  no_backend("cuda::full_attention_backward");
+}
+
+// clustering_cuda.h
+void cuda::cluster_hash(const ClusteringDims&, const float*, const float*, const int32_t*, uint64_t,
+                        uint64_t, uint64_t*) {
+  no_backend("cuda::cluster_hash");
+}
+void cuda::cluster_seed(const ClusteringDims&, const uint64_t*, const int32_t*, uint64_t, uint64_t,
+                        uint64_t*, int32_t*) {
+  no_backend("cuda::cluster_seed");
+}
+void cuda::cluster_lloyd(const ClusteringDims&, const uint64_t*, const int32_t*, const int32_t*,
+                         uint64_t*, int32_t*, int32_t*) {
+  no_backend("cuda::cluster_lloyd");
+}
+
+// clustered_cuda.h
+int64_t cuda::clustered_attention_forward_workspace(const ClusteredDims&, const ClusteredParams&) {
+  no_backend("cuda::clustered_attention_forward_workspace");
+}
+int64_t cuda::clustered_attention_backward_workspace(const ClusteredDims&, const ClusteredParams&) {
+  no_backend("cuda::clustered_attention_backward_workspace");
+}
+void cuda::clustered_attention_forward(const ClusteredDims&, const ClusteredParams&, const float*,
+                                       const float*, const float*, float*, float*, float*, float*) {
+  no_backend("cuda::clustered_attention_forward");
+}
+void cuda::clustered_attention_backward(const ClusteredDims&, const ClusteredParams&, const float*,
+                                        const float*, const float*, const float*, const float*,
+                                        float*, float*, float*, float*) {
+  no_backend("cuda::clustered_attention_backward");
+}
+
+void cuda::group_members(const ClusteredDims&, const int32_t*, int32_t*, int32_t*, int32_t*) {
+  no_backend("cuda::group_members");
+}
+int64_t cuda::count_outside_clusters(const ClusteredDims&, const int32_t*) {
+  no_backend("cuda::count_outside_clusters");
+}
+
+// improved_clustered_cuda.h
+int64_t cuda::improved_clustered_attention_forward_workspace(const ClusteredDims&, int64_t,
+                                                             const ClusteredParams&) {
+  no_backend("cuda::improved_clustered_attention_forward_workspace");
+}
+int64_t cuda::improved_clustered_attention_backward_workspace(const ClusteredDims&, int64_t,
+                                                              const ClusteredParams&) {
+  no_backend("cuda::improved_clustered_attention_backward_workspace");
+}
+void cuda::improved_clustered_attention_forward(const ClusteredDims&, const ClusteredParams&,
+                                                int64_t, int64_t, const float*, const float*,
+                                                const float*, float*, float*, float*, int32_t*,
+                                                float*, float*) {
+  no_backend("cuda::improved_clustered_attention_forward");
+}
+void cuda::improved_clustered_attention_backward(const ClusteredDims&, const ClusteredParams&,
+                                                 int64_t, const float*, const float*, const float*,
+                                                 const float*, const float*, const int32_t*,
+                                                 const float*, const float*, float*, float*, float*,
+                                                 float*) {
+  no_backend("cuda::improved_clustered_attention_backward");
+}
+
+}  // namespace clustr
