@@ -1,7 +1,7 @@
 // CPU layer norm kernels: raw pointers, no validation (the front doors in core/ops_nn.cpp and
-// core/ops_fused.cpp did it), OpenMP inside. Every output is overwritten (=). Results never
-// depend on the thread count: each row is computed by one thread, and the sums across rows
-// (dgamma, dbeta) are combined in a fixed order. The CUDA twin: core/cuda/layer_norm.cu.
+// core/ops_fused.cpp did it), OpenMP inside. Every output is overwritten (=). Deterministic at
+// any thread count (docs/ARCHITECTURE.md, "Threads and determinism"; dgamma and dbeta in the
+// row groups of math::layer_norm_group_rows). The CUDA twin: core/cuda/layer_norm.cu.
 //
 // Legend: R rows, D the normalised width.
 #pragma once

@@ -1,7 +1,7 @@
 // CPU kernels of the nn ops and of their backward passes: raw pointers, no validation (the
 // front doors in core/ops_nn.cpp did it), OpenMP inside. Every output is overwritten (=);
-// nothing here accumulates. Results never depend on the thread count: each output element or
-// row is computed by one thread, and sums across rows are combined in a fixed order.
+// nothing here accumulates. Deterministic at any thread count (docs/ARCHITECTURE.md, "Threads
+// and determinism").
 //
 // Legend: n elements, R rows, V classes (vocabulary). (Layer norm: core/cpu/layer_norm.h.)
 #pragma once

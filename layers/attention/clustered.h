@@ -18,21 +18,13 @@
 // Memory: Ac (B, H, C, S) is saved for backward; it is C / N the size of full attention's
 // weights, so there is no recomputation.
 //
-// Attention dropout (training), as the authors' library defines it for this type: the mask
-// falls on the C x S centroid weights, so all members of a cluster share it:
-//   Vc = (Ac * D / (1 - p)) V,  D_j[l] = 1 with probability 1 - p, else 0,
-// and out_i = Vc_{j(i)} as before. Element (b, h, j, l) of D is element idx = ((b H + h) C + j) S
-// + l of the mask stream (seed, offset): it keeps when uint_to_unit(philox4x32(seed, offset +
-// idx / 4).v[idx % 4]) >= p, as full attention's mask does for its N x S weights. Nothing of the
-// mask is stored: backward draws it again from the same counters. The counter blocks one call
-// uses (clustered_attention_dropout_blocks) depend on the shapes only.
-//
-// Threads: one task per (b, h) pair, or, with fewer pairs than threads, every thread inside
-// each pair (the products split over keys or rows, the loops over clusters and queries); see
-// clustered_common.h. Results never depend on the thread count. On the CUDA device (all tensors
-// there, lengths and assignment included) the same ops run as kernels (clustered_cuda.h), with
-// the same semantics, dropout mask and saved tensors; the assignment is checked and the members
-// grouped on the device.
+// Attention dropout (training): a mask on the C x S centroid weights, shared by a cluster's
+// members, Vc = (Ac * D / (1 - p)) V; element (b, h, j, l) of D is element ((b H + h) C + j) S + l
+// of the mask stream (seed, offset), clustered_attention_dropout_blocks the counter blocks one
+// call uses; backward draws it again.
+// Deterministic at any thread count (ARCHITECTURE, "Threads and determinism"; the parallel
+// plan: clustered_common.h). On the CUDA device (all tensors there) the same op runs as kernels
+// (clustered_cuda.h). Details: ARCHITECTURE, "Clustered attention".
 #pragma once
 
 #include <cstdint>

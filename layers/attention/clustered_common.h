@@ -7,12 +7,10 @@
 // Legend: B batch, H heads, N queries, S keys, E query/key dim, M value dim, C clusters; L the
 // valid keys of a sequence (lengths[b], or S).
 //
-// Threads: the kernels run one (b, h) pair per task when there are at least as many pairs as
-// threads; with fewer, the pairs run one after another and each shares its work among all
-// threads (`inner`): the products through cpu::gemm's own threads (split over the keys or the
-// rows of its output), the per-cluster and per-query loops through OpenMP. Either way each
-// output element is computed by the same operations in the same order, so results do not
-// depend on the thread count or on which of the two ways ran.
+// Threads: one (b, h) pair per task when there are at least as many pairs as threads; with
+// fewer, each pair in turn on all threads (`inner`: cpu::gemm's own threads for the products,
+// OpenMP for the per-cluster and per-query loops). Either way gives the same bits
+// (docs/ARCHITECTURE.md, "Threads and determinism").
 #pragma once
 
 #include <algorithm>

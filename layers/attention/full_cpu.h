@@ -13,9 +13,8 @@
 // walks the key tiles with an online softmax, so scratch is O(Bq x Bk) per thread and no N x S
 // matrix exists. Products go through cpu::gemm on one thread per task. Backward recomputes each
 // tile of weights from Q, K and the saved logsumexp.
-// Every result is the same at any thread count: each output element is written by one task, and
-// dK, dV (sums over query blocks) are accumulated per (b, h, chunk) in a fixed order, then the
-// chunks are added in a fixed order (see full_attention_backward_chunks).
+// Deterministic at any thread count (docs/ARCHITECTURE.md, "Threads and determinism"): dK and
+// dV, sums over query blocks, go through fixed chunks (full_attention_backward_chunks).
 #pragma once
 
 #include <cstdint>

@@ -22,26 +22,16 @@
 // constant in Q, K), including the paths through m_j and the non-top-k Ac_j that the authors'
 // library drops; see improved_clustered_cpu.cpp for the derivation.
 //
-// Attention dropout (training), as the authors' library defines it for this type: each part
-// of eq. 11 is dropped where it is computed. The clustered remainder (Ac_j off T_j) gets a
-// mask per cluster, shared by its members; the exact top-k weights m_j P_i get a mask per
-// query:
-//   out_i = m_j (P_i * D_i / (1 - p)) V_Tj + ((Ac_j with T_j zeroed) * Dc_j / (1 - p)) V
-// T_j, m_j and P_i are those without dropout. Mask elements (stream as in clustered.h: element
-// idx keeps when uint_to_unit(philox4x32(seed, offset + idx / 4).v[idx % 4]) >= p):
-//   Dc of (b, h, j, key l):            idx = ((b H + h) C + j) S + l
-//   D  of (b, h, query i, slot c < kw): idx = B H C S + ((b H + h) N + i) kw + c, where slot c
-//                                      is T_j's c-th key in ascending key order.
-// improved_clustered_attention_dropout_blocks gives the counter blocks one call uses (shapes
-// only); backward draws the same masks again, nothing of them is stored.
-//
-// Threads: one task per (b, h) pair, or, with fewer pairs than threads, every thread inside
-// each pair: the C x S products through the GEMM's threads, the top-k selections and the
-// members' exact softmax cluster by cluster; dK and dV get each cluster's contribution through
-// a slot of its own, added in cluster order. Results never depend on the thread count.
-// Tensors on the CUDA device run improved_clustered_cuda.h's kernels (the same T_j and m_j for
-// the same Ac, no float atomics). (The dense weights of each type: attention_matrix(),
-// attention.h.)
+// Attention dropout (training), as the authors' library: a mask per cluster on the remainder
+// (Ac_j off T_j, elements as in clustered.h) and one per query on the exact top-k weights,
+//   out_i = m_j (P_i * D_i / (1 - p)) V_Tj + ((Ac_j with T_j zeroed) * Dc_j / (1 - p)) V,
+// D of (b, h, query i, slot c < kw) at element B H C S + ((b H + h) N + i) kw + c, slot c being
+// T_j's c-th key in ascending order; improved_clustered_attention_dropout_blocks gives the
+// counter blocks. T_j, m_j and P_i are those without dropout.
+// Deterministic at any thread count (ARCHITECTURE, "Threads and determinism"). On the CUDA
+// device: improved_clustered_cuda.h (the same T_j and m_j for the same Ac). Details and the
+// parallel plan: ARCHITECTURE, "Improved clustered attention"; dense weights of each type:
+// attention_matrix() (attention.h).
 #pragma once
 
 #include <cstdint>

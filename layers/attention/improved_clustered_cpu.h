@@ -1,8 +1,8 @@
 // CPU kernels of improved clustered attention (improved_clustered.h gives the semantics, the
 // front doors in improved_clustered.cpp check the arguments): raw pointers in the layouts of
 // improved_clustered.h, the sizes and parameters of clustered_common.h, OpenMP inside. Every
-// output is overwritten (=); results never depend on the thread count (improved_clustered_cpu.cpp
-// says how).
+// output is overwritten (=); deterministic at any thread count (docs/ARCHITECTURE.md, "Threads
+// and determinism"; improved_clustered_cpu.cpp says how).
 #pragma once
 
 #include <cstdint>
