@@ -1,4 +1,4 @@
-// CTC loss benchmark: forward + backward of layers/ctc.h on random logits (B, T, C) with
+// CTC loss benchmark: forward + backward of layers/ctc.h on random logits (B, T, V) with
 // targets of min..max labels (spread evenly over the batch), every input full length,
 // reduction mean. The timed step includes the log-softmax (the op takes logits), the alpha and
 // beta recursions, the gradient, and the backward that scales it. Prints milliseconds per step
@@ -42,7 +42,7 @@ int main(int argc, char** argv) try {
   std::string csv_path = "bench_ctc.csv";
   app.add_option("--frames", frames, "T")->capture_default_str();
   app.add_option("--batch", batch, "B")->capture_default_str();
-  app.add_option("--classes", classes, "C, blank included")->capture_default_str();
+  app.add_option("--classes", classes, "V, blank included")->capture_default_str();
   app.add_option("--min-labels", min_labels, "shortest target")->capture_default_str();
   app.add_option("--max-labels", max_labels, "longest target")->capture_default_str();
   app.add_option("--reps", reps, "timed steps (after one untimed)")
@@ -86,7 +86,7 @@ int main(int argc, char** argv) try {
   }
   std::sort(ms.begin(), ms.end());
   std::printf(
-      "ctc loss, logits -> loss -> backward (log-softmax included): T=%ld B=%ld C=%ld, "
+      "ctc loss, logits -> loss -> backward (log-softmax included): T=%ld B=%ld V=%ld, "
       "%d..%d labels, %d threads, %s kernel\n",
       long(frames), long(batch), long(classes), min_labels, max_labels, clustr::num_threads(),
       clustr::ctc_kernel_name());

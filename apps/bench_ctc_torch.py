@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """CTC loss, forward + backward: clustr's ctc_loss against torch.nn.functional.ctc_loss.
 
-Random logits of shape T x B x C (T = 800 frames, B = 8, C = 50 classes) with targets of
+Random logits of shape T x B x V (T = 800 frames, B = 8, V = 50 classes) with targets of
 90..110 labels (spread evenly over the batch, as apps/bench_ctc does), every input full length,
 reduction mean. For each thread count, in turn: our benchmark (apps/bench_ctc, its own
 process), then PyTorch in a fresh process, so both see the same host load. Prints the median
@@ -9,7 +9,7 @@ milliseconds per step and the ratio torch / ours (> 1: ours is faster); writes a
 
 What is timed is the same work on both sides: clustr's op takes logits and includes the
 log-softmax, so the PyTorch step is log_softmax + ctc_loss + backward (PyTorch's ctc_loss takes
-log-probabilities (T, B, C); ours takes logits (B, T, C)).
+log-probabilities (T, B, V); ours takes logits (B, T, V)).
 
 Run with Debian's python3-torch (1.13):
   /usr/bin/python3 apps/bench_ctc_torch.py --binary build/apps/bench_ctc
@@ -46,10 +46,10 @@ def torch_worker(args):
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    T, B, C = args.frames, args.batch, args.classes
-    x = torch.randn(T, B, C, requires_grad=True)
+    T, B, V = args.frames, args.batch, args.classes
+    x = torch.randn(T, B, V, requires_grad=True)
     lengths = torch.tensor(target_lengths(B, args.min_labels, args.max_labels))
-    targets = torch.randint(1, C, (int(lengths.sum()),))
+    targets = torch.randint(1, V, (int(lengths.sum()),))
     input_lengths = torch.full((B,), T, dtype=torch.long)
 
     def step():
@@ -107,7 +107,7 @@ def main():
         args.threads = args.threads[0]
         return torch_worker(args)
 
-    print(f"CTC loss forward + backward, T={args.frames} B={args.batch} C={args.classes}, "
+    print(f"CTC loss forward + backward, T={args.frames} B={args.batch} V={args.classes}, "
           f"{args.min_labels}..{args.max_labels} labels, reduction mean; both sides include "
           f"the log-softmax; median of {args.reps} steps, {args.rounds} round(s)")
     print(f"{'threads':>7} | {'ours ms':>8} {'torch ms':>9} {'speedup':>7} | {'load':>5}")

@@ -78,7 +78,7 @@ void shuffle_batches(std::vector<std::vector<size_t>>& batches, Generator& gen) 
 SpeechBatch collate_speech(const std::vector<SpeechExample>& examples,
                            const std::vector<size_t>& indices) {
   CLUSTR_CHECK(!indices.empty(), "collate_speech: no utterances to batch");
-  int64_t F = -1, Tmax = 0, Smax = 0;
+  int64_t F = -1, Tmax = 0, Umax = 0;
   for (size_t i : indices) {
     CLUSTR_CHECK(i < examples.size(), "collate_speech: index ", i, " out of range (",
                  examples.size(), " examples)");
@@ -90,14 +90,14 @@ SpeechBatch collate_speech(const std::vector<SpeechExample>& examples,
     CLUSTR_CHECK(e.features.size(1) == F, "collate_speech: utterance '", e.id, "' has ",
                  e.features.size(1), " features per frame, the batch's first has ", F);
     Tmax = std::max(Tmax, e.features.size(0));
-    Smax = std::max(Smax, int64_t(e.labels.size()));
+    Umax = std::max(Umax, int64_t(e.labels.size()));
   }
   const int64_t B = int64_t(indices.size());
   SpeechBatch b;
   b.indices = indices;
   b.features = Tensor::zeros({B, Tmax, F});
   b.lengths = Tensor::zeros({B}, DType::i32);
-  b.targets = Tensor::zeros({B, std::max<int64_t>(Smax, 1)}, DType::i32);
+  b.targets = Tensor::zeros({B, std::max<int64_t>(Umax, 1)}, DType::i32);
   b.target_lengths = Tensor::zeros({B}, DType::i32);
   float* x = b.features.f32();
   int32_t* len = b.lengths.i32();

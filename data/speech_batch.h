@@ -1,14 +1,14 @@
 // Batches of speech utterances for CTC training: frame stacking, length buckets and padding.
 //
 // Legend: B utterances in a batch, T frames of one utterance (10 ms each), M feature bins (40),
-// k the stacking factor, T' = ceil(T / k) stacked frames, Tmax the longest T' of a batch, S
-// labels of one utterance, Smax the most labels in a batch.
+// k the stacking factor, T' = ceil(T / k) stacked frames, Tmax the longest T' of a batch, U
+// labels of one utterance, Umax the most labels in a batch.
 //
 // Frame stacking (time subsampling, as in the paper's WSJ setup where the corpus allows it):
 // frames k t .. k t + k - 1 are concatenated into one frame of k M values, so the encoder sees
 // T' = ceil(T / k) positions, each covering k x 10 ms. The last group of an utterance whose T is
 // not a multiple of k is completed with zero frames (the per-utterance mean once features are
-// normalised), so no audio is dropped. CTC needs T' >= S + (the repeated neighbours in the
+// normalised), so no audio is dropped. CTC needs T' >= U + (the repeated neighbours in the
 // labels): stacking by 4 gives 40 ms per position, which still fits phone rates of natural
 // speech (about 12 phones/s).
 //
@@ -44,7 +44,7 @@ struct SpeechExample {
   int64_t frames = 0;           // 10 ms frames before stacking (T)
 };
 
-// The fewest frames CTC needs for `labels`: S plus one blank between each pair of equal
+// The fewest frames CTC needs for `labels`: U plus one blank between each pair of equal
 // neighbours.
 int64_t ctc_min_frames(const std::vector<int32_t>& labels);
 
@@ -67,7 +67,7 @@ struct SpeechBatch {
   Tensor features;        // f32 (B, Tmax, F), zeros past each utterance's length
   Tensor lengths;         // i32 (B): T' of each utterance; the encoder's attention masks keys
                           // (and queries) at positions >= lengths[b], CTC reads t < lengths[b]
-  Tensor targets;         // i32 (B, Smax), zeros past each target length
+  Tensor targets;         // i32 (B, Umax), zeros past each target length
   Tensor target_lengths;  // i32 (B)
   std::vector<size_t> indices;  // the examples' indices, in batch order
   int64_t frames = 0;           // sum of lengths (stacked frames actually used)

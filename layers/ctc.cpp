@@ -1,13 +1,13 @@
 // CTC loss: validation, the fused per-utterance kernel, and the autograd op.
 //
-// Per utterance (Tb = input length frames, S labels, L = 2S + 1 extended positions, s even a
+// Per utterance (Tb = input length frames, U labels, P = 2U + 1 extended positions, s even a
 // blank, s odd the label l_{(s-1)/2}):
-//   lp (Tb, C)     log-softmax of the frames
+//   lp (Tb, V)     log-softmax of the frames
 //   emit_t(s)      lp[t, ext(s)], gathered per frame
 //   alpha_t(s)     = emit_t(s) + lse(alpha_{t-1}(s), alpha_{t-1}(s-1), alpha_{t-1}(s-2) if s is
 //                    a label different from the one two positions back)
 //   beta_t(s)      = emit_t(s) + lse(beta_{t+1}(s), beta_{t+1}(s+1), beta_{t+1}(s+2) if allowed)
-//   ln p           = lse(alpha_{Tb-1}(L-1), alpha_{Tb-1}(L-2))
+//   ln p           = lse(alpha_{Tb-1}(P-1), alpha_{Tb-1}(P-2))
 //   gamma_t(c)     = sum over s with ext(s) = c of exp(alpha_t(s) + beta_t(s) - emit_t(s)) / p
 //   d(-ln p)/dx_t(c) = softmax_t(c) - gamma_t(c)
 //
@@ -19,7 +19,7 @@
 // exp(alpha + beta - emit + k_t) with k_t = (both rows' shifts) - ln p formed in double, then
 // normalised over the frame.
 // Positions that cannot lie on a complete path at frame t (s >= 2t + 2: not reachable yet;
-// s < L - 2(Tb - t): the rest of the target no longer fits) are set to -inf and skipped.
+// s < P - 2(Tb - t): the rest of the target no longer fits) are set to -inf and skipped.
 //
 // Speed. The recursions are branch-free loops over s (math::log_add_exp of three terms: two
 // exps and one log, all polynomial) that the compiler vectorises; the gathers of emit_t and
@@ -66,17 +66,17 @@ constexpr int64_t kParallelMin = 32768;  // cells; below this a parallel region 
 
 // Scratch of one thread, grown as needed and reused for the utterances it computes.
 struct Scratch {
-  std::vector<float> lp;        // (Tb, C)
-  std::vector<float> alpha;     // (Tb or 2, L + 2): two -inf pads in front of position 0
+  std::vector<float> lp;        // (Tb, V)
+  std::vector<float> alpha;     // (Tb or 2, P + 2): two -inf pads in front of position 0
   std::vector<double> shift;    // (Tb) what was taken out of alpha rows 0..t, in all
-  std::vector<float> beta;      // (2, L + 2): two -inf pads after position L - 1
-  std::vector<float> emit;      // (L)
-  std::vector<float> post;      // (L)
-  std::vector<float> skip_a;    // (L) 0 where alpha may come from s - 2, else -inf
-  std::vector<float> skip_b;    // (L) 0 where beta may come from s + 2, else -inf
-  std::vector<int32_t> ext;     // (L) the extended target
-  std::vector<float> ones;      // (L) 1
-  std::vector<float> is_blank;  // (L) 1 at even s, 0 at odd s
+  std::vector<float> beta;      // (2, P + 2): two -inf pads after position P - 1
+  std::vector<float> emit;      // (P)
+  std::vector<float> post;      // (P)
+  std::vector<float> skip_a;    // (P) 0 where alpha may come from s - 2, else -inf
+  std::vector<float> skip_b;    // (P) 0 where beta may come from s + 2, else -inf
+  std::vector<int32_t> ext;     // (P) the extended target
+  std::vector<float> ones;      // (P) 1
+  std::vector<float> is_blank;  // (P) 1 at even s, 0 at odd s
 };
 
 // max(x[0, n)), -inf for n = 0; NaN-propagating.
@@ -92,18 +92,18 @@ CLUSTR_CTC_INLINE float row_max(const float* x, int64_t n) {
   return m[0];
 }
 
-// lp (rows, C) = log_softmax(x (rows, C)) row by row; the sum of exps in double.
-CLUSTR_CTC_INLINE void log_softmax_rows(const float* __restrict x, int64_t rows, int64_t C,
+// lp (rows, V) = log_softmax(x (rows, V)) row by row; the sum of exps in double.
+CLUSTR_CTC_INLINE void log_softmax_rows(const float* __restrict x, int64_t rows, int64_t V,
                                         float* __restrict lp) {
   for (int64_t t = 0; t < rows; ++t) {
-    const float* xr = x + t * C;
-    float* yr = lp + t * C;
-    const float m = row_max(xr, C);
-    for (int64_t c = 0; c < C; ++c) yr[c] = math::exp_term(xr[c] - m);
+    const float* xr = x + t * V;
+    float* yr = lp + t * V;
+    const float m = row_max(xr, V);
+    for (int64_t c = 0; c < V; ++c) yr[c] = math::exp_term(xr[c] - m);
     double s = 0;
-    for (int64_t c = 0; c < C; ++c) s += yr[c];
+    for (int64_t c = 0; c < V; ++c) s += yr[c];
     const float shift = m + static_cast<float>(std::log(s));
-    for (int64_t c = 0; c < C; ++c) yr[c] = xr[c] - shift;
+    for (int64_t c = 0; c < V; ++c) yr[c] = xr[c] - shift;
   }
 }
 
@@ -117,7 +117,7 @@ CLUSTR_CTC_INLINE void alpha_row(const float* __restrict prev, const float* __re
 }
 
 // cur[s] = emit[s] + lse(next[s], next[s+1], next[s+2] + skip[s]) for s in [lo, hi); next has
-// two readable entries after position L - 1.
+// two readable entries after position P - 1.
 CLUSTR_CTC_INLINE void beta_row(const float* __restrict next, const float* __restrict emit,
                                 const float* __restrict skip, float* __restrict cur, int64_t lo,
                                 int64_t hi) {
@@ -134,8 +134,8 @@ CLUSTR_CTC_INLINE void shift_row(float* x, int64_t n, float m) {
 struct Range {
   int64_t lo, hi;
 };
-CLUSTR_CTC_INLINE Range positions(int64_t t, int64_t Tb, int64_t L) {
-  return {std::max<int64_t>(0, L - 2 * (Tb - t)), std::min<int64_t>(L, 2 * t + 2)};
+CLUSTR_CTC_INLINE Range positions(int64_t t, int64_t Tb, int64_t P) {
+  return {std::max<int64_t>(0, P - 2 * (Tb - t)), std::min<int64_t>(P, 2 * t + 2)};
 }
 
 // emit[s] = lp_t[ext(s)] for s in [lo, hi) (a vector gather where the CPU has one).
@@ -156,17 +156,17 @@ CLUSTR_CTC_INLINE float row_dot(const float* __restrict x, const float* __restri
   return a[0];
 }
 
-// d(-ln p)/dx for frame t into g (C): softmax_t - gamma_t. The posterior of position s is
+// d(-ln p)/dx for frame t into g (V): softmax_t - gamma_t. The posterior of position s is
 // exp(alpha[s] + beta[s] - emit[s] + k) with k = (the shifts taken out of both rows) - ln p,
 // divided by the frame's sum of them (1 up to rounding): that sum takes out the rounding the
 // rows have in common, which makes the gradient of a 300-frame utterance 10x more accurate.
 // Posteriors below e^-80 are 0 (and exp never sees a subnormal).
-// ones and is_blank: (L) 1 everywhere, and 1 at even s (blanks) and 0 at odd s.
+// ones and is_blank: (P) 1 everywhere, and 1 at even s (blanks) and 0 at odd s.
 CLUSTR_CTC_INLINE void frame_grad(const float* __restrict lp, const float* __restrict alpha,
                                   const float* __restrict beta, const float* __restrict emit,
                                   float k, const int32_t* __restrict ext,
                                   const float* __restrict ones, const float* __restrict is_blank,
-                                  int64_t C, int blank, Range r, float* __restrict post,
+                                  int64_t V, int blank, Range r, float* __restrict post,
                                   float* __restrict g) {
   for (int64_t s = r.lo; s < r.hi; ++s) {
     const float v = alpha[s] + beta[s] - emit[s] + k;
@@ -175,42 +175,42 @@ CLUSTR_CTC_INLINE void frame_grad(const float* __restrict lp, const float* __res
   const int64_t n = r.hi - r.lo;
   const float total = row_dot(post + r.lo, ones + r.lo, n);
   const float inv = total > 0.0f ? 1.0f / total : 0.0f;
-  for (int64_t c = 0; c < C; ++c) g[c] = math::exp(lp[c]);
+  for (int64_t c = 0; c < V; ++c) g[c] = math::exp(lp[c]);
   g[blank] -= row_dot(post + r.lo, is_blank + r.lo, n) * inv;
   for (int64_t s = r.lo | 1; s < r.hi; s += 2) g[ext[s]] -= post[s] * inv;
 }
 
 // The frames an alignment of `labels` needs: one per label, plus a blank between repeats.
-int64_t frames_needed(const int32_t* labels, int64_t S) {
-  int64_t n = S;
-  for (int64_t k = 1; k < S; ++k) n += labels[k] == labels[k - 1];
+int64_t frames_needed(const int32_t* labels, int64_t U) {
+  int64_t n = U;
+  for (int64_t k = 1; k < U; ++k) n += labels[k] == labels[k - 1];
   return n;
 }
 
-// ln p(labels | x) for one utterance: x (Tb, C) logits, labels (S). -inf when no alignment has
-// a nonzero probability. With grad (Tb, C) non-null, it also writes d(-ln p)/dx there (left
+// ln p(labels | x) for one utterance: x (Tb, V) logits, labels (U). -inf when no alignment has
+// a nonzero probability. With grad (Tb, V) non-null, it also writes d(-ln p)/dx there (left
 // incomplete when the result is not finite; the caller zeroes it).
-CLUSTR_CTC_INLINE double utterance_impl(const float* x, int64_t Tb, int64_t C,
-                                        const int32_t* labels, int64_t S, int blank, float* grad,
+CLUSTR_CTC_INLINE double utterance_impl(const float* x, int64_t Tb, int64_t V,
+                                        const int32_t* labels, int64_t U, int blank, float* grad,
                                         Scratch& w) {
-  if (Tb == 0) return S == 0 ? 0.0 : -INFINITY;
-  if (Tb < frames_needed(labels, S)) return -INFINITY;
-  const int64_t L = 2 * S + 1, W = L + 2;
-  w.lp.resize(static_cast<size_t>(Tb * C));
-  log_softmax_rows(x, Tb, C, w.lp.data());
+  if (Tb == 0) return U == 0 ? 0.0 : -INFINITY;
+  if (Tb < frames_needed(labels, U)) return -INFINITY;
+  const int64_t P = 2 * U + 1, W = P + 2;
+  w.lp.resize(static_cast<size_t>(Tb * V));
+  log_softmax_rows(x, Tb, V, w.lp.data());
 
-  w.ext.resize(L);
-  w.skip_a.resize(L);
-  w.skip_b.resize(L);
-  w.emit.resize(L);
-  w.post.resize(L);
-  for (int64_t s = 0; s < L; ++s) w.ext[s] = (s & 1) ? labels[s / 2] : blank;
-  for (int64_t s = 0; s < L; ++s)
+  w.ext.resize(P);
+  w.skip_a.resize(P);
+  w.skip_b.resize(P);
+  w.emit.resize(P);
+  w.post.resize(P);
+  for (int64_t s = 0; s < P; ++s) w.ext[s] = (s & 1) ? labels[s / 2] : blank;
+  for (int64_t s = 0; s < P; ++s)
     w.skip_a[s] = ((s & 1) && s >= 2 && w.ext[s] != w.ext[s - 2]) ? 0.0f : kNegInf;
-  for (int64_t s = 0; s < L; ++s) w.skip_b[s] = s + 2 < L ? w.skip_a[s + 2] : kNegInf;
-  w.ones.assign(L, 1.0f);
-  w.is_blank.resize(L);
-  for (int64_t s = 0; s < L; ++s) w.is_blank[s] = (s & 1) ? 0.0f : 1.0f;
+  for (int64_t s = 0; s < P; ++s) w.skip_b[s] = s + 2 < P ? w.skip_a[s + 2] : kNegInf;
+  w.ones.assign(P, 1.0f);
+  w.is_blank.resize(P);
+  for (int64_t s = 0; s < P; ++s) w.is_blank[s] = (s & 1) ? 0.0f : 1.0f;
   const float* lp = w.lp.data();
   const int32_t* ext = w.ext.data();
   float* emit = w.emit.data();
@@ -223,11 +223,11 @@ CLUSTR_CTC_INLINE double utterance_impl(const float* x, int64_t Tb, int64_t C,
   auto row = [grad, W](int64_t t) { return (grad ? t : (t & 1)) * W; };
   double shift = 0;  // the sum of the row maxima taken out so far
   for (int64_t t = 0; t < Tb; ++t) {
-    const Range r = positions(t, Tb, L);
+    const Range r = positions(t, Tb, P);
     float* cur = alpha + row(t);
     std::fill(cur - 2, cur + r.lo, kNegInf);
-    std::fill(cur + r.hi, cur + L, kNegInf);
-    gather(lp + t * C, ext, r, emit);
+    std::fill(cur + r.hi, cur + P, kNegInf);
+    gather(lp + t * V, ext, r, emit);
     if (t == 0)
       for (int64_t s = r.lo; s < r.hi; ++s) cur[s] = emit[s];
     else
@@ -240,20 +240,20 @@ CLUSTR_CTC_INLINE double utterance_impl(const float* x, int64_t Tb, int64_t C,
   }
   const float* last = alpha + row(Tb - 1);
   const double log_p =
-      shift + static_cast<double>(math::log_add_exp(last[L - 1], L >= 2 ? last[L - 2] : kNegInf));
+      shift + static_cast<double>(math::log_add_exp(last[P - 1], P >= 2 ? last[P - 2] : kNegInf));
   if (!grad || !std::isfinite(log_p)) return log_p;
 
   // Backward, with the gradient of each frame as soon as its beta row is known.
   w.beta.resize(static_cast<size_t>(2 * W));
   double beta_shift = 0;
   for (int64_t t = Tb - 1; t >= 0; --t) {
-    const Range r = positions(t, Tb, L);
+    const Range r = positions(t, Tb, P);
     float* cur = w.beta.data() + (t & 1) * W;
     std::fill(cur, cur + r.lo, kNegInf);
     std::fill(cur + r.hi, cur + W, kNegInf);
-    gather(lp + t * C, ext, r, emit);
+    gather(lp + t * V, ext, r, emit);
     if (t == Tb - 1)
-      for (int64_t s = r.lo; s < r.hi; ++s) cur[s] = s >= L - 2 ? emit[s] : kNegInf;
+      for (int64_t s = r.lo; s < r.hi; ++s) cur[s] = s >= P - 2 ? emit[s] : kNegInf;
     else
       beta_row(w.beta.data() + ((t + 1) & 1) * W, emit, w.skip_b.data(), cur, r.lo, r.hi);
     const float m = row_max(cur + r.lo, r.hi - r.lo);
@@ -261,8 +261,8 @@ CLUSTR_CTC_INLINE double utterance_impl(const float* x, int64_t Tb, int64_t C,
     shift_row(cur + r.lo, r.hi - r.lo, m);
     beta_shift += m;
     const float k = static_cast<float>(w.shift[t] + beta_shift - log_p);
-    frame_grad(lp + t * C, alpha + row(t), cur, emit, k, ext, w.ones.data(), w.is_blank.data(), C,
-               blank, r, w.post.data(), grad + t * C);
+    frame_grad(lp + t * V, alpha + row(t), cur, emit, k, ext, w.ones.data(), w.is_blank.data(), V,
+               blank, r, w.post.data(), grad + t * V);
   }
   return log_p;
 }
@@ -276,22 +276,22 @@ CLUSTR_CTC_INLINE double utterance_impl(const float* x, int64_t Tb, int64_t C,
 using UtteranceFn = double (*)(const float*, int64_t, int64_t, const int32_t*, int64_t, int, float*,
                                Scratch&);
 
-double utterance_generic(const float* x, int64_t Tb, int64_t C, const int32_t* labels, int64_t S,
+double utterance_generic(const float* x, int64_t Tb, int64_t V, const int32_t* labels, int64_t U,
                          int blank, float* grad, Scratch& w) {
-  return utterance_impl(x, Tb, C, labels, S, blank, grad, w);
+  return utterance_impl(x, Tb, V, labels, U, blank, grad, w);
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define CLUSTR_CTC_X86 1
-[[gnu::target("avx2,fma")]] double utterance_avx2(const float* x, int64_t Tb, int64_t C,
-                                                  const int32_t* labels, int64_t S, int blank,
+[[gnu::target("avx2,fma")]] double utterance_avx2(const float* x, int64_t Tb, int64_t V,
+                                                  const int32_t* labels, int64_t U, int blank,
                                                   float* grad, Scratch& w) {
-  return utterance_impl(x, Tb, C, labels, S, blank, grad, w);
+  return utterance_impl(x, Tb, V, labels, U, blank, grad, w);
 }
 [[gnu::target("avx512f,avx512vl,avx512dq,avx512bw,avx2")]] double utterance_avx512(
-    const float* x, int64_t Tb, int64_t C, const int32_t* labels, int64_t S, int blank, float* grad,
+    const float* x, int64_t Tb, int64_t V, const int32_t* labels, int64_t U, int blank, float* grad,
     Scratch& w) {
-  return utterance_impl(x, Tb, C, labels, S, blank, grad, w);
+  return utterance_impl(x, Tb, V, labels, U, blank, grad, w);
 }
 #endif
 
@@ -340,7 +340,7 @@ const Kernel& kernel() {
 
 // Where each utterance's labels start in `targets` (padded or concatenated), after checking
 // the lengths and every label.
-std::vector<int64_t> target_offsets(const Tensor& targets, const int32_t* tl, int64_t B, int64_t C,
+std::vector<int64_t> target_offsets(const Tensor& targets, const int32_t* tl, int64_t B, int64_t V,
                                     int blank) {
   std::vector<int64_t> offset(static_cast<size_t>(B));
   const int32_t* tg = targets.i32();
@@ -360,8 +360,8 @@ std::vector<int64_t> target_offsets(const Tensor& targets, const int32_t* tl, in
   for (int64_t b = 0; b < B; ++b)
     for (int64_t k = 0; k < tl[b]; ++k) {
       const int32_t label = tg[offset[b] + k];
-      CLUSTR_CHECK(label >= 0 && label < C, "ctc_loss: label ", label, " of utterance ", b,
-                   " (position ", k, ") is outside the ", C, " classes [0, ", C, ")");
+      CLUSTR_CHECK(label >= 0 && label < V, "ctc_loss: label ", label, " of utterance ", b,
+                   " (position ", k, ") is outside the ", V, " classes [0, ", V, ")");
       CLUSTR_CHECK(label != blank, "ctc_loss: label ", label, " of utterance ", b, " (position ", k,
                    ") is the blank; targets must not contain the blank");
     }
@@ -386,11 +386,11 @@ Tensor on_host(const Tensor& t) {
 CtcOutput ctc_forward_host(const Tensor& logits, const Tensor& x_host, const Tensor& input_lengths,
                            const Tensor& targets, const Tensor& target_lengths, int blank,
                            bool want_grad) {
-  const int64_t B = logits.size(0), T = logits.size(1), C = logits.size(2);
-  CLUSTR_CHECK(B >= 1 && C >= 1, "ctc_loss: expected at least one utterance and one class, got ",
+  const int64_t B = logits.size(0), T = logits.size(1), V = logits.size(2);
+  CLUSTR_CHECK(B >= 1 && V >= 1, "ctc_loss: expected at least one utterance and one class, got ",
                "logits ", describe(logits));
-  CLUSTR_CHECK(blank >= 0 && blank < C, "ctc_loss: blank = ", blank, " is outside the ", C,
-               " classes [0, ", C, ")");
+  CLUSTR_CHECK(blank >= 0 && blank < V, "ctc_loss: blank = ", blank, " is outside the ", V,
+               " classes [0, ", V, ")");
   const Tensor il_host = on_host(input_lengths), tl_host = on_host(target_lengths);
   const int32_t* il = lengths_of(input_lengths, il_host, "input_lengths", B);
   const int32_t* tl = lengths_of(target_lengths, tl_host, "target_lengths", B);
@@ -402,14 +402,14 @@ CtcOutput ctc_forward_host(const Tensor& logits, const Tensor& x_host, const Ten
   CLUSTR_CHECK(targets.defined(), "ctc_loss: targets is an undefined tensor");
   CLUSTR_CHECK(targets.dtype() == DType::i32 &&
                    (targets.rank() == 1 || (targets.rank() == 2 && targets.size(0) == B)),
-               "ctc_loss: expected targets i32 (B = ", B, ", Smax) padded or (sum of ",
+               "ctc_loss: expected targets i32 (B = ", B, ", Umax) padded or (sum of ",
                "target_lengths) concatenated, got ", describe(targets));
   const Tensor tg_host = on_host(targets);
-  const std::vector<int64_t> offset = target_offsets(tg_host, tl, B, C, blank);
+  const std::vector<int64_t> offset = target_offsets(tg_host, tl, B, V, blank);
 
   CtcOutput out;
   out.loss = Tensor::empty({B});
-  if (want_grad) out.grad = Tensor::empty({B, T, C});
+  if (want_grad) out.grad = Tensor::empty({B, T, V});
   const float* x = x_host.f32();
   const int32_t* tg = tg_host.i32();
   float* loss = out.loss.f32();
@@ -417,15 +417,15 @@ CtcOutput ctc_forward_host(const Tensor& logits, const Tensor& x_host, const Ten
   int64_t impossible = 0;
   // Cells of the recursions and the softmax; a parallel region costs more than a small batch.
   int64_t work = 0;
-  for (int64_t b = 0; b < B; ++b) work += int64_t(il[b]) * (2 * int64_t(tl[b]) + 1 + C);
+  for (int64_t b = 0; b < B; ++b) work += int64_t(il[b]) * (2 * int64_t(tl[b]) + 1 + V);
 #pragma omp parallel reduction(+ : impossible) if (B > 1 && work >= kParallelMin)
   {
     Scratch w;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t b = 0; b < B; ++b) {
-      float* gb = grad ? grad + b * T * C : nullptr;
+      float* gb = grad ? grad + b * T * V : nullptr;
       const double log_p =
-          kernel().fn(x + b * T * C, il[b], C, tg + offset[b], tl[b], blank, gb, w);
+          kernel().fn(x + b * T * V, il[b], V, tg + offset[b], tl[b], blank, gb, w);
       loss[b] = static_cast<float>(-log_p);
       impossible += log_p == -INFINITY;
       if (gb) {
@@ -433,10 +433,10 @@ CtcOutput ctc_forward_host(const Tensor& logits, const Tensor& x_host, const Ten
         // the utterance's frames.
         int64_t kept = il[b];
         if (std::isnan(log_p))
-          std::fill(gb, gb + kept * C, NAN);
+          std::fill(gb, gb + kept * V, NAN);
         else if (!std::isfinite(log_p))
           kept = 0;
-        std::fill(gb + kept * C, gb + T * C, 0.0f);
+        std::fill(gb + kept * V, gb + T * V, 0.0f);
       }
     }
   }
@@ -447,7 +447,7 @@ CtcOutput ctc_forward_host(const Tensor& logits, const Tensor& x_host, const Ten
 void check_logits(const Tensor& logits) {
   CLUSTR_CHECK(logits.defined(), "ctc_loss: logits is an undefined tensor");
   CLUSTR_CHECK(logits.dtype() == DType::f32 && logits.rank() == 3,
-               "ctc_loss: expected logits f32 (B, T, C), got ", describe(logits));
+               "ctc_loss: expected logits f32 (B, T, V), got ", describe(logits));
 }
 
 }  // namespace
@@ -456,9 +456,9 @@ const char* ctc_kernel_name() { return kernel().name; }
 
 // On the CUDA device, the CPU kernel runs on a host copy of the logits, and the loss and the
 // gradient are copied back: the alpha and beta recursions are sequential over T (one frame
-// after the other, each a short loop over 2S + 1 positions), so a GPU would keep one block per
+// after the other, each a short loop over 2U + 1 positions), so a GPU would keep one block per
 // utterance busy with little parallel work, and the loss is a small part of a training step
-// next to the encoder that produces the logits (one (B, T, C) copy each way).
+// next to the encoder that produces the logits (one (B, T, V) copy each way).
 CtcOutput ctc_loss_forward(const Tensor& logits, const Tensor& input_lengths, const Tensor& targets,
                            const Tensor& target_lengths, int blank, bool want_grad) {
   check_logits(logits);
@@ -473,7 +473,7 @@ CtcOutput ctc_loss_forward(const Tensor& logits, const Tensor& input_lengths, co
 
 namespace {
 
-// Holds d loss_b / d logits (B, T, C) from the forward and each utterance's reduction factor;
+// Holds d loss_b / d logits (B, T, V) from the forward and each utterance's reduction factor;
 // backward scales them by the incoming gradient (on the logits' device).
 class CtcNode : public Node {
  public:
@@ -501,7 +501,7 @@ class CtcNode : public Node {
   }
   void release() override { grad_ = Tensor(); }
 
-  Tensor grad_;                // f32 (B, T, C)
+  Tensor grad_;                // f32 (B, T, V)
   std::vector<float> weight_;  // (B) the reduction's factor of each utterance's loss
   CtcReduction reduction_ = CtcReduction::mean;
 };

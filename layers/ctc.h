@@ -1,12 +1,12 @@
 // Connectionist temporal classification loss (Graves et al. 2006), the speech model's loss.
 //
-// Legend: B utterances, T frames (the padded length), C classes (blank included), S labels of
-// one target, L = 2S + 1 positions of the extended target (blank, l1, blank, l2, ..., blank).
+// Legend: B utterances, T frames (the padded length), V classes (blank included), U labels of
+// one target, P = 2U + 1 positions of the extended target (blank, l1, blank, l2, ..., blank).
 //
-// Layout: logits are batch-first (B, T, C), as the encoder produces them; PyTorch's ctc_loss
-// takes time-first log-probabilities (T, B, C). The logits are unnormalised: the log-softmax
-// over C is part of the op. Utterance b uses frames t < input_lengths[b]; its target is
-// targets[b, 0:target_lengths[b]] (padded (B, Smax)) or the b-th run of target_lengths[b]
+// Layout: logits are batch-first (B, T, V), as the encoder produces them; PyTorch's ctc_loss
+// takes time-first log-probabilities (T, B, V). The logits are unnormalised: the log-softmax
+// over V is part of the op. Utterance b uses frames t < input_lengths[b]; its target is
+// targets[b, 0:target_lengths[b]] (padded (B, Umax)) or the b-th run of target_lengths[b]
 // labels of a concatenated (sum of target_lengths) vector.
 //
 // The loss of utterance b is -ln p(target | logits) summed over every alignment (the
@@ -16,7 +16,7 @@
 //   posterior gamma_t(c) of each class -> d loss / d logits[t, c] = softmax_t(c) - gamma_t(c).
 // So the backward of the autograd op only scales that saved gradient.
 //
-// Impossible targets (fewer frames than S plus the repeats, which need a blank between them)
+// Impossible targets (fewer frames than U plus the repeats, which need a blank between them)
 // have loss +inf and a zero gradient (PyTorch gives NaN there); zero_infinity turns the loss
 // into 0. Input length 0 gives loss 0 for an empty target and +inf otherwise (PyTorch 1.13
 // reads uninitialised memory there).
@@ -37,7 +37,7 @@ enum class CtcReduction { none, sum, mean };
 const char* to_string(CtcReduction r);  // "none", "sum", "mean"
 
 struct CtcOptions {
-  int blank = 0;  // the class index of the blank, in [0, C)
+  int blank = 0;  // the class index of the blank, in [0, V)
   // none: the per-utterance losses (B); sum: their sum; mean (PyTorch's default): each loss
   // divided by its target length (at least 1), then the mean over the batch.
   CtcReduction reduction = CtcReduction::mean;
@@ -45,13 +45,13 @@ struct CtcOptions {
 };
 
 // The tensor-level op (no autograd).
-//   logits f32 (B, T, C), input_lengths i32 (B) in [0, T], targets i32 (B, Smax) or
-//   (sum of target_lengths), target_lengths i32 (B) >= 0; labels in [0, C) and != blank.
+//   logits f32 (B, T, V), input_lengths i32 (B) in [0, T], targets i32 (B, Umax) or
+//   (sum of target_lengths), target_lengths i32 (B) >= 0; labels in [0, V) and != blank.
 // Returns per-utterance losses and, when want_grad, d loss_b / d logits (the reduction is
 // applied by the caller), both on the logits' device.
 struct CtcOutput {
   Tensor loss;             // f32 (B): -ln p(target_b | logits_b); +inf when impossible
-  Tensor grad;             // f32 (B, T, C) (overwritten, 0 for t >= input_lengths[b] and for
+  Tensor grad;             // f32 (B, T, V) (overwritten, 0 for t >= input_lengths[b] and for
                            // impossible utterances), or undefined without want_grad
   int64_t impossible = 0;  // utterances whose target cannot be aligned (loss +inf)
 };

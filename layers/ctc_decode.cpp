@@ -26,7 +26,7 @@ namespace {
 constexpr int64_t kParallelMin = 32768;  // frames x classes (x beam); below, one thread
 
 struct Checked {
-  int64_t B, T, C;
+  int64_t B, T, V;
   const float* x;
   const int32_t* lengths;
 };
@@ -35,12 +35,12 @@ Checked check_decode_inputs(const char* op, const Tensor& logits, const Tensor& 
                             int blank) {
   CLUSTR_CHECK(logits.defined() && logits.dtype() == DType::f32 && logits.rank() == 3 &&
                    logits.device() == Device::cpu,
-               op, ": expected logits f32 (B, T, C) on cpu, got ",
+               op, ": expected logits f32 (B, T, V) on cpu, got ",
                logits.defined() ? describe(logits) : std::string("an undefined tensor"));
-  const int64_t B = logits.size(0), T = logits.size(1), C = logits.size(2);
-  CLUSTR_CHECK(C >= 1, op, ": expected at least one class, got logits ", describe(logits));
-  CLUSTR_CHECK(blank >= 0 && blank < C, op, ": blank = ", blank, " is outside the ", C,
-               " classes [0, ", C, ")");
+  const int64_t B = logits.size(0), T = logits.size(1), V = logits.size(2);
+  CLUSTR_CHECK(V >= 1, op, ": expected at least one class, got logits ", describe(logits));
+  CLUSTR_CHECK(blank >= 0 && blank < V, op, ": blank = ", blank, " is outside the ", V,
+               " classes [0, ", V, ")");
   CLUSTR_CHECK(
       input_lengths.defined() && input_lengths.dtype() == DType::i32 && input_lengths.rank() == 1 &&
           input_lengths.size(0) == B && input_lengths.device() == Device::cpu,
@@ -50,17 +50,17 @@ Checked check_decode_inputs(const char* op, const Tensor& logits, const Tensor& 
   for (int64_t b = 0; b < B; ++b)
     CLUSTR_CHECK(il[b] >= 0 && il[b] <= T, op, ": input_lengths[", b, "] = ", il[b],
                  " is outside [0, T = ", T, "]");
-  return {B, T, C, logits.f32(), il};
+  return {B, T, V, logits.f32(), il};
 }
 
-// lp (C) = log_softmax(x (C)).
-void log_softmax_frame(const float* x, int64_t C, float* lp) {
+// lp (V) = log_softmax(x (V)).
+void log_softmax_frame(const float* x, int64_t V, float* lp) {
   float m = x[0];
-  for (int64_t c = 1; c < C; ++c) m = math::Maximum{}(m, x[c]);
+  for (int64_t c = 1; c < V; ++c) m = math::Maximum{}(m, x[c]);
   double s = 0;
-  for (int64_t c = 0; c < C; ++c) s += std::exp(static_cast<double>(x[c] - m));
+  for (int64_t c = 0; c < V; ++c) s += std::exp(static_cast<double>(x[c] - m));
   const float shift = m + static_cast<float>(std::log(s));
-  for (int64_t c = 0; c < C; ++c) lp[c] = x[c] - shift;
+  for (int64_t c = 0; c < V; ++c) lp[c] = x[c] - shift;
 }
 
 // The prefixes seen so far: node 0 is the empty prefix.
@@ -98,12 +98,12 @@ struct Prefix {
   float total() const { return math::log_add_exp(pb, pnb); }
 };
 
-CtcHypothesis beam_search_one(const float* x, int64_t frames, int64_t C, int beam_width,
+CtcHypothesis beam_search_one(const float* x, int64_t frames, int64_t V, int beam_width,
                               int blank) {
   Trie trie;
   std::vector<Prefix> beam{{0, -1, -1, 0.0f, -INFINITY}}, cand;
   std::unordered_map<uint64_t, size_t> index;  // candidate key -> position in cand
-  std::vector<float> lp(static_cast<size_t>(C));
+  std::vector<float> lp(static_cast<size_t>(V));
   std::vector<size_t> order;
 
   // The candidate for `y`'s extension by c (c < 0: y itself), created at -inf when new.
@@ -121,7 +121,7 @@ CtcHypothesis beam_search_one(const float* x, int64_t frames, int64_t C, int bea
   };
 
   for (int64_t t = 0; t < frames; ++t) {
-    log_softmax_frame(x + t * C, C, lp.data());
+    log_softmax_frame(x + t * V, V, lp.data());
     cand.clear();
     index.clear();
     for (const Prefix& y : beam) {
@@ -129,7 +129,7 @@ CtcHypothesis beam_search_one(const float* x, int64_t frames, int64_t C, int bea
       Prefix& same = slot(y, -1);
       same.pb = math::log_add_exp(same.pb, total + lp[blank]);
       const int32_t last = trie.label[y.node];
-      for (int32_t c = 0; c < C; ++c) {
+      for (int32_t c = 0; c < V; ++c) {
         if (c == blank) continue;
         if (c == last) {
           Prefix& held = slot(y, -1);
@@ -171,13 +171,13 @@ std::vector<LabelSequence> ctc_greedy_decode(const Tensor& logits, const Tensor&
                                              int blank) {
   const Checked in = check_decode_inputs("ctc_greedy_decode", logits, input_lengths, blank);
   std::vector<LabelSequence> out(static_cast<size_t>(in.B));
-#pragma omp parallel for schedule(dynamic, 1) if (in.B * in.T * in.C >= kParallelMin)
+#pragma omp parallel for schedule(dynamic, 1) if (in.B * in.T * in.V >= kParallelMin)
   for (int64_t b = 0; b < in.B; ++b) {
     int32_t previous = -1;
     for (int64_t t = 0; t < in.lengths[b]; ++t) {
-      const float* xt = in.x + (b * in.T + t) * in.C;
+      const float* xt = in.x + (b * in.T + t) * in.V;
       int32_t best = 0;
-      for (int32_t c = 1; c < in.C; ++c)
+      for (int32_t c = 1; c < in.V; ++c)
         if (xt[c] > xt[best]) best = c;
       if (best != previous && best != blank) out[b].push_back(best);
       previous = best;
@@ -191,9 +191,9 @@ std::vector<CtcHypothesis> ctc_beam_search(const Tensor& logits, const Tensor& i
   const Checked in = check_decode_inputs("ctc_beam_search", logits, input_lengths, blank);
   CLUSTR_CHECK(beam_width >= 1, "ctc_beam_search: expected beam_width >= 1, got ", beam_width);
   std::vector<CtcHypothesis> out(static_cast<size_t>(in.B));
-#pragma omp parallel for schedule(dynamic, 1) if (in.B * in.T * in.C * beam_width >= kParallelMin)
+#pragma omp parallel for schedule(dynamic, 1) if (in.B * in.T * in.V * beam_width >= kParallelMin)
   for (int64_t b = 0; b < in.B; ++b)
-    out[b] = beam_search_one(in.x + b * in.T * in.C, in.lengths[b], in.C, beam_width, blank);
+    out[b] = beam_search_one(in.x + b * in.T * in.V, in.lengths[b], in.V, beam_width, blank);
   return out;
 }
 
@@ -207,7 +207,7 @@ std::vector<LabelSequence> target_sequences(const Tensor& targets, const Tensor&
   CLUSTR_CHECK(targets.defined() && targets.dtype() == DType::i32 &&
                    targets.device() == Device::cpu &&
                    (targets.rank() == 1 || (targets.rank() == 2 && targets.size(0) == B)),
-               "target_sequences: expected targets i32 (B = ", B, ", Smax) or (sum of ",
+               "target_sequences: expected targets i32 (B = ", B, ", Umax) or (sum of ",
                "target_lengths) on cpu, got ",
                targets.defined() ? describe(targets) : std::string("an undefined tensor"));
   const int32_t* tl = target_lengths.i32();

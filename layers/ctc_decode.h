@@ -1,7 +1,7 @@
 // Decoding CTC outputs into label sequences, and the error rate of the result.
 //
-// Legend: B utterances, T frames (padded), C classes (blank included).
-// The decoders take logits f32 (B, T, C), batch-first as layers/ctc.h does, and input_lengths
+// Legend: B utterances, T frames (padded), V classes (blank included).
+// The decoders take logits f32 (B, T, V), batch-first as layers/ctc.h does, and input_lengths
 // i32 (B); frames t >= input_lengths[b] are ignored. Log-probabilities work as well: the
 // log-softmax applied inside leaves them unchanged.
 #pragma once
@@ -35,7 +35,7 @@ struct CtcHypothesis {
 std::vector<CtcHypothesis> ctc_beam_search(const Tensor& logits, const Tensor& input_lengths,
                                            int beam_width, int blank = 0);
 
-// The label sequences of a CTC target batch: targets i32 (B, Smax) padded or (sum of
+// The label sequences of a CTC target batch: targets i32 (B, Umax) padded or (sum of
 // target_lengths) concatenated, target_lengths i32 (B), as layers/ctc.h takes them.
 std::vector<LabelSequence> target_sequences(const Tensor& targets, const Tensor& target_lengths);
 

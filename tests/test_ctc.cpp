@@ -5,7 +5,7 @@
 // every reduction, zero_infinity, padded and concatenated targets, repeats, empty and
 // impossible targets, a non-zero blank, a 300-frame batch), against brute force over every
 // alignment of small problems, on hand-computable cases (a single forced path; uniform outputs
-// where the loss is -ln(number of paths * C^-T)), and by gradcheck; then batched == one at a
+// where the loss is -ln(number of paths * V^-T)), and by gradcheck; then batched == one at a
 // time, the same at 1 and 2 threads, padded == concatenated targets, and the errors.
 #include <doctest/doctest.h>
 
@@ -40,14 +40,14 @@ Tensor ints(const std::vector<int32_t>& v) {
   return Tensor::from_int_vector(v, {static_cast<int64_t>(v.size())});
 }
 
-// The (B, T, C) log-softmax of logits, in double.
-std::vector<double> log_softmax_ref(const std::vector<float>& x, int64_t rows, int64_t C) {
+// The (B, T, V) log-softmax of logits, in double.
+std::vector<double> log_softmax_ref(const std::vector<float>& x, int64_t rows, int64_t V) {
   std::vector<double> lp(x.size());
   for (int64_t r = 0; r < rows; ++r) {
     double m = -INFINITY, s = 0;
-    for (int64_t c = 0; c < C; ++c) m = std::max(m, double(x[r * C + c]));
-    for (int64_t c = 0; c < C; ++c) s += std::exp(double(x[r * C + c]) - m);
-    for (int64_t c = 0; c < C; ++c) lp[r * C + c] = double(x[r * C + c]) - m - std::log(s);
+    for (int64_t c = 0; c < V; ++c) m = std::max(m, double(x[r * V + c]));
+    for (int64_t c = 0; c < V; ++c) s += std::exp(double(x[r * V + c]) - m);
+    for (int64_t c = 0; c < V; ++c) lp[r * V + c] = double(x[r * V + c]) - m - std::log(s);
   }
   return lp;
 }
@@ -59,17 +59,17 @@ LabelSequence collapse(const std::vector<int32_t>& path, int blank) {
   return out;
 }
 
-// p(labelling | frames) for every labelling, summing all C^T paths: lp (T, C) in double.
-std::map<LabelSequence, double> brute_force(const std::vector<double>& lp, int64_t T, int64_t C,
+// p(labelling | frames) for every labelling, summing all V^T paths: lp (T, V) in double.
+std::map<LabelSequence, double> brute_force(const std::vector<double>& lp, int64_t T, int64_t V,
                                             int blank) {
   std::map<LabelSequence, double> p;
   std::vector<int32_t> path(static_cast<size_t>(T), 0);
   for (;;) {
     double lsum = 0;
-    for (int64_t t = 0; t < T; ++t) lsum += lp[t * C + path[t]];
+    for (int64_t t = 0; t < T; ++t) lsum += lp[t * V + path[t]];
     p[collapse(path, blank)] += std::exp(lsum);
-    int64_t t = 0;  // next path: count in base C
-    while (t < T && ++path[t] == C) path[t++] = 0;
+    int64_t t = 0;  // next path: count in base V
+    while (t < T && ++path[t] == V) path[t++] = 0;
     if (t == T) break;
   }
   return p;
@@ -87,9 +87,9 @@ float loss_of(const Tensor& logits, const std::vector<int32_t>& labels, int blan
 }
 
 std::vector<float> slice_utterance(const Tensor& x, int64_t b, int64_t frames) {
-  const int64_t T = x.size(1), C = x.size(2);
+  const int64_t T = x.size(1), V = x.size(2);
   std::vector<float> all = x.to_vector();
-  return std::vector<float>(all.begin() + b * T * C, all.begin() + (b * T + frames) * C);
+  return std::vector<float>(all.begin() + b * T * V, all.begin() + (b * T + frames) * V);
 }
 
 // Units in the last place between a float and the exact value.
@@ -241,7 +241,7 @@ TEST_CASE("ctc fixtures cover impossible utterances, with and without zero_infin
 
 TEST_CASE("ctc_loss equals -ln of the summed probability of every alignment (brute force)") {
   struct Case {
-    int64_t T, C;
+    int64_t T, V;
     std::vector<int32_t> labels;
     int blank;
   };
@@ -250,34 +250,34 @@ TEST_CASE("ctc_loss equals -ln of the summed probability of every alignment (bru
       {6, 4, {0, 0, 1}, 2}, {4, 3, {2, 2}, 0}, {8, 3, {1, 2, 1, 2}, 0}, {3, 3, {1, 1}, 0}};
   uint32_t seed = 100;
   for (const Case& k : cases) {
-    const Tensor x = random_tensor({1, k.T, k.C}, seed++, -2.0f, 2.0f);
-    const auto p = brute_force(log_softmax_ref(x.to_vector(), k.T, k.C), k.T, k.C, k.blank);
+    const Tensor x = random_tensor({1, k.T, k.V}, seed++, -2.0f, 2.0f);
+    const auto p = brute_force(log_softmax_ref(x.to_vector(), k.T, k.V), k.T, k.V, k.blank);
     const double expected = -std::log(p.at(k.labels));
     const float got = loss_of(x, k.labels, k.blank);
-    INFO("T=" << k.T << " C=" << k.C << " S=" << k.labels.size());
+    INFO("T=" << k.T << " V=" << k.V << " U=" << k.labels.size());
     CHECK(std::fabs(got - expected) <= 2e-6 * std::max(1.0, std::fabs(expected)));
   }
 }
 
-TEST_CASE("ctc_loss of uniform outputs is -ln(number of alignments * C^-T)") {
-  // T = 3, target "1", C = 3: the 1s form one non-empty block, 3 + 2 + 1 = 6 alignments.
+TEST_CASE("ctc_loss of uniform outputs is -ln(number of alignments * V^-T)") {
+  // T = 3, target "1", V = 3: the 1s form one non-empty block, 3 + 2 + 1 = 6 alignments.
   CHECK(loss_of(Tensor::zeros({1, 3, 3}), {1}) ==
         doctest::Approx(std::log(27.0 / 6.0)).epsilon(1e-6));
   // Counted by brute force on the collapsed paths for longer cases.
   for (auto [T, labels] : std::vector<std::pair<int64_t, std::vector<int32_t>>>{
            {7, {1, 2, 2}}, {8, {1, 2, 3}}, {6, {}}, {9, {3, 3, 3}}}) {
-    const int64_t C = 4;
+    const int64_t V = 4;
     int64_t count = 0;
     std::vector<int32_t> path(static_cast<size_t>(T), 0);
     for (;;) {
       count += collapse(path, 0) == labels;
       int64_t t = 0;
-      while (t < T && ++path[t] == C) path[t++] = 0;
+      while (t < T && ++path[t] == V) path[t++] = 0;
       if (t == T) break;
     }
-    const double expected = -std::log(double(count)) + double(T) * std::log(double(C));
+    const double expected = -std::log(double(count)) + double(T) * std::log(double(V));
     INFO("T=" << T << " paths=" << count);
-    CHECK(loss_of(Tensor::zeros({1, T, C}), labels) == doctest::Approx(expected).epsilon(1e-6));
+    CHECK(loss_of(Tensor::zeros({1, T, V}), labels) == doctest::Approx(expected).epsilon(1e-6));
   }
 }
 
@@ -290,15 +290,15 @@ TEST_CASE(
   // "1 1" in 3 frames must be 1 _ 1; "1 2 3" in 3 frames is 1 2 3.
   for (const Case& k : {Case{3, {1, 1}, {1, 0, 1}}, Case{3, {1, 2, 3}, {1, 2, 3}},
                         Case{5, {2, 2, 2}, {2, 0, 2, 0, 2}}}) {
-    const int64_t C = 4;
-    const Tensor x = random_tensor({1, k.T, C}, 7);
-    const std::vector<double> lp = log_softmax_ref(x.to_vector(), k.T, C);
+    const int64_t V = 4;
+    const Tensor x = random_tensor({1, k.T, V}, 7);
+    const std::vector<double> lp = log_softmax_ref(x.to_vector(), k.T, V);
     double expected = 0;
-    std::vector<float> grad(static_cast<size_t>(k.T * C));
+    std::vector<float> grad(static_cast<size_t>(k.T * V));
     for (int64_t t = 0; t < k.T; ++t) {
-      expected -= lp[t * C + k.path[t]];
-      for (int64_t c = 0; c < C; ++c)
-        grad[t * C + c] = static_cast<float>(std::exp(lp[t * C + c]) - (c == k.path[t]));
+      expected -= lp[t * V + k.path[t]];
+      for (int64_t c = 0; c < V; ++c)
+        grad[t * V + c] = static_cast<float>(std::exp(lp[t * V + c]) - (c == k.path[t]));
     }
     Variable v(x.clone(), true);
     CtcOptions o;
@@ -355,12 +355,12 @@ TEST_CASE("ctc_loss gradient is 0 on padded frames and sums to 0 over the classe
 
 TEST_CASE("ctc_loss of a batch equals each utterance alone, bit for bit, at 1 and 2 threads") {
   // Large enough for the parallel path (layers/ctc.cpp runs small batches on one thread).
-  const int64_t B = 5, T = 200, C = 40;
-  const Tensor x = random_tensor({B, T, C}, 41, -3.0f, 3.0f);
+  const int64_t B = 5, T = 200, V = 40;
+  const Tensor x = random_tensor({B, T, V}, 41, -3.0f, 3.0f);
   const std::vector<int32_t> il = {200, 141, 200, 57, 133}, tl = {60, 4, 0, 20, 1};
   std::vector<std::vector<int32_t>> labels;
   std::vector<int32_t> flat;
-  const std::vector<float> draw = random_values(100, 42, 1.0f, float(C));
+  const std::vector<float> draw = random_values(100, 42, 1.0f, float(V));
   for (int64_t b = 0, k = 0; b < B; ++b) {
     labels.emplace_back();
     for (int32_t i = 0; i < tl[b]; ++i, ++k) {
@@ -385,14 +385,14 @@ TEST_CASE("ctc_loss of a batch equals each utterance alone, bit for bit, at 1 an
   CHECK(one.second == two.second);
 
   for (int64_t b = 0; b < B; ++b) {
-    const Tensor xb = Tensor::from_vector(slice_utterance(x, b, il[b]), {1, il[b], C});
+    const Tensor xb = Tensor::from_vector(slice_utterance(x, b, il[b]), {1, il[b], V});
     Variable v(xb, true);
     CtcLoss r = ctc_loss(v, ints({il[b]}), ints(labels[b]), ints({tl[b]}), o);
     r.loss.backward(Tensor::full({1}, 1.0f));
     CHECK(r.loss.item() == one.first[b]);
     const std::vector<float> g = v.grad().to_vector();
-    const std::vector<float> gb(one.second.begin() + b * T * C,
-                                one.second.begin() + (b * T + il[b]) * C);
+    const std::vector<float> gb(one.second.begin() + b * T * V,
+                                one.second.begin() + (b * T + il[b]) * V);
     CHECK(g == gb);
   }
 }
@@ -504,7 +504,7 @@ TEST_CASE("ctc_loss rejects bad inputs with clear errors") {
   CHECK_ERROR(loss(x, il, Tensor::from_int_vector({1, 2, 3, 1}, {2, 2}), ints({3, 1})),
               "target_lengths[0] = 3", "exceeds the padded target length 2");
   CHECK_ERROR(loss(x, il, Tensor::from_vector({1, 2, 3}, {3}), tl), "targets i32");
-  CHECK_ERROR(loss(x.reshape({10, 4}), il, tg, tl), "logits f32 (B, T, C)");
+  CHECK_ERROR(loss(x.reshape({10, 4}), il, tg, tl), "logits f32 (B, T, V)");
   CHECK_ERROR(loss(x, il, tg, tl, 4), "blank = 4", "outside the 4 classes");
   CHECK_ERROR(loss(x, il, tg, tl, -1), "blank = -1");
   CHECK_ERROR(loss(x, il, Tensor::from_int_vector({1, 2, 3}, {3, 1}), tl), "targets i32");
@@ -514,12 +514,12 @@ TEST_CASE("ctc_loss rejects bad inputs with clear errors") {
 
 namespace {
 
-// Logits (1, T, C) whose frame t puts log-probability ~0 on path[t] and `rest` elsewhere.
-Tensor peaked(const std::vector<int32_t>& path, int64_t C, float rest = -5.0f) {
+// Logits (1, T, V) whose frame t puts log-probability ~0 on path[t] and `rest` elsewhere.
+Tensor peaked(const std::vector<int32_t>& path, int64_t V, float rest = -5.0f) {
   const int64_t T = static_cast<int64_t>(path.size());
-  std::vector<float> v(static_cast<size_t>(T * C), rest);
-  for (int64_t t = 0; t < T; ++t) v[t * C + path[t]] = 0.0f;
-  return Tensor::from_vector(v, {1, T, C});
+  std::vector<float> v(static_cast<size_t>(T * V), rest);
+  for (int64_t t = 0; t < T; ++t) v[t * V + path[t]] = 0.0f;
+  return Tensor::from_vector(v, {1, T, V});
 }
 
 }  // namespace
@@ -534,12 +534,12 @@ TEST_CASE("greedy decoding merges repeats, then drops blanks") {
 }
 
 TEST_CASE("beam search with beam 1 equals greedy decoding on confident frames") {
-  const int64_t B = 6, T = 50, C = 7;
-  std::vector<float> v = random_values(B * T * C, 91, -1.0f, 1.0f);
+  const int64_t B = 6, T = 50, V = 7;
+  std::vector<float> v = random_values(B * T * V, 91, -1.0f, 1.0f);
   // Frame (b, t) puts 4 more on a random class: its probability is above 1/2.
-  const std::vector<float> pick = random_values(B * T, 92, 0.0f, float(C));
-  for (int64_t r = 0; r < B * T; ++r) v[r * C + std::min<int64_t>(C - 1, int64_t(pick[r]))] += 4.0f;
-  const Tensor x = Tensor::from_vector(v, {B, T, C});
+  const std::vector<float> pick = random_values(B * T, 92, 0.0f, float(V));
+  for (int64_t r = 0; r < B * T; ++r) v[r * V + std::min<int64_t>(V - 1, int64_t(pick[r]))] += 4.0f;
+  const Tensor x = Tensor::from_vector(v, {B, T, V});
   const Tensor il = ints({50, 49, 31, 1, 0, 50});
   const auto greedy = ctc_greedy_decode(x, il);
   const auto beam = ctc_beam_search(x, il, 1);
@@ -559,9 +559,9 @@ TEST_CASE("beam search with a wide beam finds the most probable labelling (brute
   // Random small problems: a beam that never prunes gives the exact best labelling and its
   // probability, which is also exp(-ctc_loss).
   for (uint32_t seed = 0; seed < 6; ++seed) {
-    const int64_t T = 6, C = 3;
-    const Tensor x = random_tensor({1, T, C}, 200 + seed, -1.5f, 1.5f);
-    const auto p = brute_force(log_softmax_ref(x.to_vector(), T, C), T, C, 0);
+    const int64_t T = 6, V = 3;
+    const Tensor x = random_tensor({1, T, V}, 200 + seed, -1.5f, 1.5f);
+    const auto p = brute_force(log_softmax_ref(x.to_vector(), T, V), T, V, 0);
     auto best = std::max_element(p.begin(), p.end(),
                                  [](const auto& a, const auto& b) { return a.second < b.second; });
     const CtcHypothesis hyp = ctc_beam_search(x, ints({int32_t(T)}), 1000).at(0);
@@ -577,7 +577,7 @@ TEST_CASE("decoders reject bad inputs") {
   CHECK_ERROR(ctc_greedy_decode(x, ints({5})), "input_lengths i32 (2)");
   CHECK_ERROR(ctc_beam_search(x, ints({5, 5}), 0), "beam_width >= 1");
   CHECK_ERROR(ctc_beam_search(x, ints({5, 5}), 4, 4), "blank = 4");
-  CHECK_ERROR(ctc_beam_search(x.reshape({10, 4}), ints({5, 5}), 4), "logits f32 (B, T, C)");
+  CHECK_ERROR(ctc_beam_search(x.reshape({10, 4}), ints({5, 5}), 4), "logits f32 (B, T, V)");
 }
 
 // ---- edit distance and error rates ------------------------------------------------------------

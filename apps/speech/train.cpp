@@ -135,7 +135,7 @@ Evaluation evaluate_set(SpeechModel& model, const SpeechSet& set, int64_t max_fr
   const Device device = device_of(model);
   for (const std::vector<size_t>& idx : make_length_buckets(lengths, bo)) {
     const SpeechBatch b = collate_speech(set.examples, idx);  // on the cpu
-    const Tensor logits =  // (B, T, C)
+    const Tensor logits =  // (B, T, V)
         model.forward(on_device(b.features, device), on_device(b.lengths, device), gen).data();
     // The CTC loss reads its lengths and targets from host copies: they stay on the cpu.
     const CtcOutput ctc = ctc_loss_forward(logits, b.lengths, b.targets, b.target_lengths,
@@ -368,7 +368,8 @@ void Trainer::print_config(std::FILE* out) const {
     std::fprintf(out, "  %-26s %s\n", flag.c_str(), value.c_str());
   }
   std::fprintf(out, "  %-26s %s\n", "attention", options_.model.attention.describe().c_str());
-  std::fprintf(out, "  %-26s %lld (D = %lld, F = %lld, C = %lld)\n", "parameters",
+  std::fprintf(out, "  %-26s %lld (model width %lld, %lld features, %lld classes)\n",
+               "parameters",
                static_cast<long long>(model_->parameter_count()),
                static_cast<long long>(options_.model.dim()),
                static_cast<long long>(model_->features()),
@@ -437,7 +438,7 @@ TrainResult Trainer::run(RunFolder* folder) {
       const int64_t done = step();
       schedule_.before_step(done, *optimizer_);
       model_->train();
-      const Variable logits =  // (B, T, C)
+      const Variable logits =  // (B, T, V)
           model_->forward(on_device(b.features, device_), on_device(b.lengths, device_), gen_);
       CtcOptions co;
       co.zero_infinity = true;

@@ -1,7 +1,7 @@
 // Query clustering for clustered attention: hashing and Hamming K-means (clustering.h gives the
 // contract, the choices and the random stream layout; the paper's sec. 3.2.2).
 //
-// Legend: B batch, H heads, N queries, E per-head dim, C clusters, V valid queries of one (b, h)
+// Legend: B batch, H heads, N queries, E per-head dim, C clusters, Nv valid queries of one (b, h)
 // (= lengths[b], or N); bits (hash bits, the planes) and iterations (Lloyd rounds) as words.
 #include "layers/attention/clustering.h"
 
@@ -27,10 +27,10 @@ namespace {
 constexpr int64_t kInnerMinN = 256;
 // Queries per piece of the loops over queries (seeding, assign, update).
 constexpr int64_t kChunk = 1024;
-// Seeding is C sequential steps of V popcounts each: shared among threads only when a step is
+// Seeding is C sequential steps of Nv popcounts each: shared among threads only when a step is
 // long enough (about 10 us) to pay for the region and its barrier, which on a busy host can
 // cost far more than the step.
-constexpr int64_t kSeedInnerMinV = 8192;
+constexpr int64_t kSeedInnerMinNv = 8192;
 
 struct Sizes {
   int64_t B, H, N, E;
@@ -62,29 +62,29 @@ struct Draws {
   uint64_t seed, threshold_base, seed_base;
 };
 
-// codes[i] for the V valid queries q (V, E) (sec. 3.2.2 hashing, bias as in clustering.h).
-// The projections P = q planes^T (V, bits) come from one GEMM (each element is computed the same
+// codes[i] for the Nv valid queries q (Nv, E) (sec. 3.2.2 hashing, bias as in clustering.h).
+// The projections P = q planes^T (Nv, bits) come from one GEMM (each element is computed the same
 // way whatever the thread count); then each plane's range [lo_k, hi_k] gives its threshold and
 // the bits are set against it. min and max are exact, so the ranges do not depend on how the
 // queries are shared among threads.
-void hash_queries(const float* q, int64_t V, const Sizes& s, const Draws& r, bool inner,
+void hash_queries(const float* q, int64_t Nv, const Sizes& s, const Draws& r, bool inner,
                   uint64_t* codes) {
-  if (V == 0) return;
+  if (Nv == 0) return;
   const int bits = s.bits;
   Tensor proj_holder;
-  float* proj = scratch_f32(proj_holder, V * bits);
+  float* proj = scratch_f32(proj_holder, Nv * bits);
   {
     // Inside the caller's parallel loop over (b, h) this runs on one thread; with `inner` the
     // GEMM itself uses every thread.
     ThreadCountScope threads(inner ? num_threads() : 1);
-    cpu::gemm(false, true, V, bits, s.E, 1.0f, q, s.E, r.planes, s.E, 0.0f, proj, bits);
+    cpu::gemm(false, true, Nv, bits, s.E, 1.0f, q, s.E, r.planes, s.E, 0.0f, proj, bits);
   }
   std::vector<float> lo(proj, proj + bits), hi = lo;
 #pragma omp parallel if (inner)
   {
     std::vector<float> my_lo = lo, my_hi = hi;
 #pragma omp for schedule(static) nowait
-    for (int64_t i = 1; i < V; ++i) {
+    for (int64_t i = 1; i < Nv; ++i) {
       const float* p = proj + i * bits;
       for (int k = 0; k < bits; ++k)
         my_lo[k] = std::min(my_lo[k], p[k]), my_hi[k] = std::max(my_hi[k], p[k]);
@@ -99,7 +99,7 @@ void hash_queries(const float* q, int64_t V, const Sizes& s, const Draws& r, boo
     threshold[static_cast<size_t>(k)] = math::clustering_threshold(lo[k], hi[k], u);
   }
 #pragma omp parallel for schedule(static) if (inner)
-  for (int64_t i = 0; i < V; ++i) {
+  for (int64_t i = 0; i < Nv; ++i) {
     const float* p = proj + i * bits;
     uint64_t code = 0;
     for (int k = 0; k < bits; ++k)
@@ -155,19 +155,20 @@ uint64_t nearer(const uint64_t* codes, int64_t i0, int64_t i1, uint64_t c, bool 
 // centroids, <= C. The d^2 weights are integers, so their sums are exact in any order; each
 // chunk of kChunk queries keeps its own sum, so the draw is found by a walk over the chunk sums
 // and then inside one chunk.
-int seed_centroids(const uint64_t* codes, int64_t V, const Sizes& s, const Draws& r, [[maybe_unused]] bool inner,
-                   int32_t* dist, std::vector<uint64_t>& centroids) {
-  const int64_t chunks = ceil_div(V, kChunk);
+int seed_centroids(const uint64_t* codes, int64_t Nv, const Sizes& s, const Draws& r,
+                   [[maybe_unused]] bool inner, int32_t* dist,
+                   std::vector<uint64_t>& centroids) {
+  const int64_t chunks = ceil_div(Nv, kChunk);
   std::vector<uint64_t> part(static_cast<size_t>(chunks));
-  int64_t first = static_cast<int64_t>(draw_u64(r.seed, r.seed_base) % static_cast<uint64_t>(V));
+  int64_t first = static_cast<int64_t>(draw_u64(r.seed, r.seed_base) % static_cast<uint64_t>(Nv));
   centroids[0] = codes[first];
   int seeded = 1;
   for (int j = 1; j < s.C; ++j) {
     const uint64_t c = centroids[static_cast<size_t>(j - 1)];
-#pragma omp parallel for schedule(static) if (inner && V >= kSeedInnerMinV)
+#pragma omp parallel for schedule(static) if (inner && Nv >= kSeedInnerMinNv)
     for (int64_t ch = 0; ch < chunks; ++ch)
       part[static_cast<size_t>(ch)] =
-          nearer(codes, ch * kChunk, std::min(V, (ch + 1) * kChunk), c, j == 1, dist);
+          nearer(codes, ch * kChunk, std::min(Nv, (ch + 1) * kChunk), c, j == 1, dist);
     uint64_t total = 0;
     for (uint64_t x : part) total += x;
     if (total == 0) break;  // every code is already a centroid
@@ -220,13 +221,13 @@ int64_t nearest(const uint64_t* codes, int64_t i0, int64_t i1, const uint64_t* c
 
 // Assign step: nearest of the `active` centroids, ties to the lowest index. Returns how many
 // assignments changed.
-int64_t assign(const uint64_t* codes, int64_t V, const std::vector<uint64_t>& centroids,
+int64_t assign(const uint64_t* codes, int64_t Nv, const std::vector<uint64_t>& centroids,
                int active, [[maybe_unused]] bool inner, int32_t* a) {
-  const int64_t chunks = ceil_div(V, kChunk);
+  const int64_t chunks = ceil_div(Nv, kChunk);
   int64_t changed = 0;
 #pragma omp parallel for schedule(static) reduction(+ : changed) if (inner)
   for (int64_t ch = 0; ch < chunks; ++ch)
-    changed += nearest(codes, ch * kChunk, std::min(V, (ch + 1) * kChunk), centroids.data(),
+    changed += nearest(codes, ch * kChunk, std::min(Nv, (ch + 1) * kChunk), centroids.data(),
                        active, a);
   return changed;
 }
@@ -245,7 +246,7 @@ const ByteBits kByteBits;
 // members and the set bits of each cluster are integer counts, so each thread counts its own
 // share of the queries (a byte of a code at a time: 8 counters from a table) and the shares
 // are added in any order with the same result.
-void update(const uint64_t* codes, int64_t V, const int32_t* a, const Sizes& s, int active,
+void update(const uint64_t* codes, int64_t Nv, const int32_t* a, const Sizes& s, int active,
             [[maybe_unused]] bool inner, std::vector<uint64_t>& centroids) {
   constexpr int kRow = 65;  // 64 bit counters, then the member count
   std::vector<int64_t> ones(static_cast<size_t>(active) * kRow, 0);
@@ -253,7 +254,7 @@ void update(const uint64_t* codes, int64_t V, const int32_t* a, const Sizes& s, 
   {
     std::vector<int32_t> mine(static_cast<size_t>(active) * kRow, 0);
 #pragma omp for schedule(static) nowait
-    for (int64_t i = 0; i < V; ++i) {
+    for (int64_t i = 0; i < Nv; ++i) {
       int32_t* row = mine.data() + static_cast<size_t>(a[i]) * kRow;
       const uint64_t x = codes[i];
       for (int byte = 0; byte < 8; ++byte) {
@@ -277,25 +278,25 @@ void update(const uint64_t* codes, int64_t V, const int32_t* a, const Sizes& s, 
   }
 }
 
-// One (b, h): q (N, E) with V valid rows -> a (N), counts (C), both overwritten.
-void cluster_one(const float* q, int64_t V, const Sizes& s, const Draws& r, bool inner,
+// One (b, h): q (N, E) with Nv valid rows -> a (N), counts (C), both overwritten.
+void cluster_one(const float* q, int64_t Nv, const Sizes& s, const Draws& r, bool inner,
                  int32_t* a, int32_t* counts) {
   std::fill(a, a + s.N, -1);
   std::fill(counts, counts + s.C, 0);
-  if (V == 0) return;
+  if (Nv == 0) return;
   Tensor codes_holder, dist_holder;
-  uint64_t* codes = scratch_u64(codes_holder, V);
-  hash_queries(q, V, s, r, inner, codes);
+  uint64_t* codes = scratch_u64(codes_holder, Nv);
+  hash_queries(q, Nv, s, r, inner, codes);
   std::vector<uint64_t> centroids(static_cast<size_t>(s.C), 0);
-  dist_holder = Tensor::empty({V}, DType::i32);
-  const int active = seed_centroids(codes, V, s, r, inner, dist_holder.i32(), centroids);
+  dist_holder = Tensor::empty({Nv}, DType::i32);
+  const int active = seed_centroids(codes, Nv, s, r, inner, dist_holder.i32(), centroids);
   dist_holder = Tensor();
   for (int round = 0;; ++round) {
-    int64_t changed = assign(codes, V, centroids, active, inner, a);
+    int64_t changed = assign(codes, Nv, centroids, active, inner, a);
     if (round == s.iterations || (round > 0 && changed == 0)) break;
-    update(codes, V, a, s, active, inner, centroids);
+    update(codes, Nv, a, s, active, inner, centroids);
   }
-  for (int64_t i = 0; i < V; ++i) ++counts[a[i]];
+  for (int64_t i = 0; i < Nv; ++i) ++counts[a[i]];
 }
 
 Sizes check_inputs(const char* op, const Tensor& Q, const Tensor& lengths,
@@ -362,8 +363,8 @@ Clustering cluster_queries(const Tensor& Q, const Tensor& lengths,
     Draws d = r;
     d.threshold_base += static_cast<uint64_t>(bh * s.bits);
     d.seed_base += static_cast<uint64_t>(bh * s.C);
-    const int64_t V = len ? len[bh / s.H] : s.N;
-    cluster_one(q + bh * s.N * s.E, V, s, d, inner, a + bh * s.N, counts + bh * s.C);
+    const int64_t Nv = len ? len[bh / s.H] : s.N;
+    cluster_one(q + bh * s.N * s.E, Nv, s, d, inner, a + bh * s.N, counts + bh * s.C);
   };
   if (BH >= num_threads() || s.N < kInnerMinN) {
 #pragma omp parallel for schedule(dynamic)

@@ -2,7 +2,7 @@
 // semantics). Written against core/cuda/kernel.h, so the same code runs on a GPU and in device
 // emulation.
 //
-// Legend: B batch, H heads, N queries, E per-head dim, C clusters, V valid queries of one (b, h)
+// Legend: B batch, H heads, N queries, E per-head dim, C clusters, Nv valid queries of one (b, h)
 // (= lengths[b], or N); bits (hash bits, the planes) and iterations (Lloyd rounds) as words.
 //   proj: scratch (B H N, bits), the projections of every query on every plane.
 //
@@ -54,12 +54,12 @@ struct ThresholdKernel {
   uint64_t seed, threshold_base;
   CLUSTR_DEVICE void operator()(const Thread& t) const {
     const unsigned tid = t.thread_idx().x, nt = t.block_dim().x;
-    const int64_t bh = t.block_idx().x / bits, V = valid_queries(lengths, bh, H, N);
+    const int64_t bh = t.block_idx().x / bits, Nv = valid_queries(lengths, bh, H, N);
     const int k = static_cast<int>(t.block_idx().x % bits);
-    if (V == 0) return;  // the same for the whole block: no barrier is reached
+    if (Nv == 0) return;  // the same for the whole block: no barrier is reached
     const float* p = proj + bh * N * bits + k;
     float lo = p[0], hi = p[0];
-    for (int64_t i = tid; i < V; i += nt) {
+    for (int64_t i = tid; i < Nv; i += nt) {
       const float x = p[i * bits];
       lo = x < lo ? x : lo;
       hi = hi < x ? x : hi;
@@ -99,7 +99,7 @@ struct CodeKernel {
 };
 
 // k-means++ seeding (clustering.h), one CUDA block per (b, h): C sequential draws, each over the
-// pair's V codes. Every thread owns a contiguous span of the codes: it updates their distances
+// pair's Nv codes. Every thread owns a contiguous span of the codes: it updates their distances
 // to the nearest centroid so far (dist, global scratch) and sums their d^2 (integers: exact);
 // thread 0 draws x below the total and finds the span where the running sum passes x, and that
 // span's thread finds the code. So the pick is the first code whose running sum passes x, as
@@ -120,7 +120,7 @@ struct SeedKernel {
   }
   CLUSTR_DEVICE void operator()(const Thread& t) const {
     const unsigned tid = t.thread_idx().x, nt = t.block_dim().x;
-    const int64_t bh = t.block_idx().x, V = valid_queries(lengths, bh, H, N);
+    const int64_t bh = t.block_idx().x, Nv = valid_queries(lengths, bh, H, N);
     const uint64_t* code = codes + bh * N;
     int32_t* d = dist + bh * N;
     uint64_t* cent = centroids + bh * C;
@@ -129,14 +129,14 @@ struct SeedKernel {
     const uint64_t base = seed_base + static_cast<uint64_t>(bh * C);
     for (int c = static_cast<int>(tid); c < C; c += static_cast<int>(nt)) cent[c] = 0;
     t.sync();  // the zeros before thread 0's first centroid
-    if (V == 0) {  // the same for the whole block
+    if (Nv == 0) {  // the same for the whole block
       if (tid == 0) active[bh] = 0;
       return;
     }
-    const int64_t span = (V + nt - 1) / nt, i0 = tid * span < V ? tid * span : V,
-                  i1 = i0 + span < V ? i0 + span : V;
+    const int64_t span = (Nv + nt - 1) / nt, i0 = tid * span < Nv ? tid * span : Nv,
+                  i1 = i0 + span < Nv ? i0 + span : Nv;
     if (tid == 0) {
-      cent[0] = code[draw(base) % static_cast<uint64_t>(V)];
+      cent[0] = code[draw(base) % static_cast<uint64_t>(Nv)];
       pick[2] = 1;
     }
     t.sync();
@@ -197,14 +197,14 @@ struct LloydKernel {
   // For the clusters c0 .. c0 + n - 1: tally[(c - c0) (bits + 1) + k] = the members of c with
   // bit k set, and tally[(c - c0) (bits + 1) + bits] = its members. Every thread adds its own
   // queries (integer atomics: the counts do not depend on the order of the additions), so no
-  // thread walks all V queries for its cluster, which serialised a warp on every member.
+  // thread walks all Nv queries for its cluster, which serialised a warp on every member.
   CLUSTR_DEVICE void tally_members(const Thread& t, const uint64_t* code, const int32_t* a,
-                                   int64_t V, int c0, int n, int32_t* tally) const {
+                                   int64_t Nv, int c0, int n, int32_t* tally) const {
     const unsigned tid = t.thread_idx().x, nt = t.block_dim().x;
     const int w = bits + 1;
     for (int x = static_cast<int>(tid); x < n * w; x += static_cast<int>(nt)) tally[x] = 0;
     t.sync();
-    for (int64_t i = tid; i < V; i += nt) {
+    for (int64_t i = tid; i < Nv; i += nt) {
       const int c = a[i] - c0;
       if (c < 0 || c >= n) continue;
       int32_t* row = tally + c * w;
@@ -218,18 +218,18 @@ struct LloydKernel {
 
   CLUSTR_DEVICE void operator()(const Thread& t) const {
     const unsigned tid = t.thread_idx().x, nt = t.block_dim().x;
-    const int64_t bh = t.block_idx().x, V = valid_queries(lengths, bh, H, N);
+    const int64_t bh = t.block_idx().x, Nv = valid_queries(lengths, bh, H, N);
     const uint64_t* code = codes + bh * N;
     uint64_t* cent = centroids + bh * C;
     int32_t* a = assignment + bh * N;
     int32_t* tally = reinterpret_cast<int32_t*>(t.shared<int64_t>() + nt);
-    const int act = V > 0 ? active[bh] : 0;
+    const int act = Nv > 0 ? active[bh] : 0;
     // Each query is always handled by the same thread (i = tid + k nt), so a[i] needs no
     // barrier between its writes and reads by the assign step.
     for (int64_t i = tid; i < N; i += nt) a[i] = -1;
-    for (int round = 0; V > 0; ++round) {  // V is the same for the whole block
+    for (int round = 0; Nv > 0; ++round) {  // Nv is the same for the whole block
       int64_t changed = 0;
-      for (int64_t i = tid; i < V; i += nt) {
+      for (int64_t i = tid; i < Nv; i += nt) {
         int best = 0, best_d = math::popcount64(code[i] ^ cent[0]);
         for (int c = 1; c < act; ++c) {
           const int dist = math::popcount64(code[i] ^ cent[c]);
@@ -243,7 +243,7 @@ struct LloydKernel {
       // The majority vote of each cluster's members, bit by bit; a tie keeps the bit.
       for (int c0 = 0; c0 < act; c0 += tile) {
         const int n = act - c0 < tile ? act - c0 : tile;
-        tally_members(t, code, a, V, c0, n, tally);
+        tally_members(t, code, a, Nv, c0, n, tally);
         for (int c = static_cast<int>(tid); c < n; c += static_cast<int>(nt)) {
           const int32_t* row = tally + c * (bits + 1);
           const int64_t members = row[bits];
@@ -261,7 +261,7 @@ struct LloydKernel {
     }
     for (int c0 = 0; c0 < C; c0 += tile) {
       const int n = C - c0 < tile ? C - c0 : tile;
-      tally_members(t, code, a, V, c0, n, tally);
+      tally_members(t, code, a, Nv, c0, n, tally);
       for (int c = static_cast<int>(tid); c < n; c += static_cast<int>(nt))
         counts[bh * C + c0 + c] = tally[c * (bits + 1) + bits];
       t.sync();  // the tally read before the next pass clears it
