@@ -19,7 +19,9 @@
 #include "autograd/variable.h"
 #include "core/random.h"
 #include "layers/attention/config.h"
-#include "layers/basic.h"
+#include "layers/dropout.h"
+#include "layers/layer_norm.h"
+#include "layers/linear.h"
 #include "layers/module.h"
 #include "layers/multihead_attention.h"
 

@@ -56,4 +56,21 @@ class Module {
   bool training_ = true;
 };
 
+// Numbered submodules of one type, registered as "0", "1", ...; a parent registers the list
+// itself (e.g. as "layers"), which gives PyTorch's nn.ModuleList names "layers.0.<...>".
+template <typename M>
+class ModuleList : public Module {
+ public:
+  void push_back(std::shared_ptr<M> module) {
+    items_.push_back(register_module(std::to_string(items_.size()), std::move(module)));
+  }
+  size_t size() const { return items_.size(); }
+  M& operator[](size_t i) const { return *items_.at(i); }
+  typename std::vector<std::shared_ptr<M>>::const_iterator begin() const { return items_.begin(); }
+  typename std::vector<std::shared_ptr<M>>::const_iterator end() const { return items_.end(); }
+
+ private:
+  std::vector<std::shared_ptr<M>> items_;
+};
+
 }  // namespace clustr

@@ -22,7 +22,7 @@
 #include "autograd/variable.h"
 #include "core/random.h"
 #include "layers/attention/config.h"
-#include "layers/basic.h"
+#include "layers/linear.h"
 #include "layers/module.h"
 
 namespace clustr {

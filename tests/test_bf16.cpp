@@ -40,8 +40,8 @@
 #include "core/ops.h"
 #include "core/random.h"
 #include "core/safetensors.h"
-#include "layers/basic.h"
 #include "layers/checkpoint.h"
+#include "layers/linear.h"
 
 #ifndef CLUSTR_FIXTURE_DIR
 #error "CLUSTR_FIXTURE_DIR must name the folder of the reference fixtures (tests/CMakeLists.txt)"

@@ -29,11 +29,14 @@
 #include "check.h"
 #include "core/cuda/cuda.h"
 #include "core/ops.h"
+#include "core/random.h"
 #include "core/tensor.h"
 #include "cuda_check.h"
-#include "core/random.h"
-#include "layers/basic.h"
 #include "layers/ctc.h"
+#include "layers/dropout.h"
+#include "layers/embedding.h"
+#include "layers/layer_norm.h"
+#include "layers/linear.h"
 #include "layers/module.h"
 
 using clustr::Device;

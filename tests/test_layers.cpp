@@ -15,8 +15,11 @@
 #include "check.h"
 #include "core/random.h"
 #include "layers/attention/full.h"
-#include "layers/basic.h"
+#include "layers/dropout.h"
+#include "layers/embedding.h"
 #include "layers/encoder.h"
+#include "layers/layer_norm.h"
+#include "layers/linear.h"
 #include "layers/multihead_attention.h"
 
 using namespace clustr;

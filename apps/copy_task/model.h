@@ -17,8 +17,10 @@
 #include "autograd/variable.h"
 #include "core/random.h"
 #include "core/tensor.h"
-#include "layers/basic.h"
+#include "layers/dropout.h"
+#include "layers/embedding.h"
 #include "layers/encoder.h"
+#include "layers/linear.h"
 #include "layers/module.h"
 
 namespace clustr::copy {

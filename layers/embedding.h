@@ -1,0 +1,55 @@
+// Token embeddings and the sinusoidal positional encoding.
+//
+// Legend: B batch, N positions, D model width, V vocabulary.
+// Initialisation follows PyTorch's defaults (named at each layer), drawn from the run's
+// Generator, so a model is reproducible from its seed.
+#pragma once
+
+#include <cstdint>
+
+#include "autograd/variable.h"
+#include "core/random.h"
+#include "core/tensor.h"
+#include "layers/module.h"
+
+namespace clustr {
+
+// A lookup table "weight" (V, D), init normal(0, 1) (torch.nn.Embedding).
+class Embedding : public Module {
+ public:
+  Embedding(int64_t num_embeddings, int64_t dim, Generator& gen);
+
+  // index i32 of any shape, values in [0, V) -> (index.shape..., D).
+  Variable forward(const Tensor& index) const;
+
+  int64_t num_embeddings() const { return num_; }
+  int64_t dim() const { return dim_; }
+  const Variable& weight() const { return weight_; }
+
+ private:
+  int64_t num_, dim_;
+  Variable weight_;
+};
+
+// The fixed table of "Attention is all you need" (sec. 3.5), (N, D) f32 on `device`:
+//   PE[pos, 2i] = sin(pos / 10000^(2i/D)),  PE[pos, 2i+1] = cos(pos / 10000^(2i/D)).
+// Computed in double and rounded once. D may be odd (the last column is then a sine).
+Tensor sinusoidal_positional_encoding(int64_t positions, int64_t dim, Device device = Device::cpu);
+
+// Adds the sinusoidal table to a batch of sequences: x (B, N, D) -> x + PE[:N] (broadcast over
+// B). No parameters; the table is computed for each call's N (its cost, N x D sines, is small
+// next to the layer that follows), so any length works.
+class PositionalEncoding : public Module {
+ public:
+  explicit PositionalEncoding(int64_t dim);
+
+  // x (B, N, D) -> (B, N, D).
+  Variable forward(const Variable& x) const;
+
+  int64_t dim() const { return dim_; }
+
+ private:
+  int64_t dim_;
+};
+
+}  // namespace clustr
