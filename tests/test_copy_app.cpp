@@ -4,7 +4,7 @@
 // flag checks, config round trips, and the heatmap writer.
 //
 // The app executable itself (a smoke run whose loss must fall, bad flags, resume mismatch on
-// the command line) is run by ctest entries in tests/CMakeLists.txt.
+// the command line) is run by test_app_cli_copy.cpp.
 #include <CLI/CLI.hpp>
 #include <doctest/doctest.h>
 

@@ -1,0 +1,267 @@
+// The speech executable on the command line, on the synthetic corpus of tone utterances that
+// test_speech_app's case "speech app: write the synthetic corpus" writes (ctest test
+// speech_app_corpus, the fixture speech_corpus): a short run, evaluating, decoding and the
+// matrix of its checkpoint, resuming, refused flags and folders, divergence, the emulated
+// device. Each test case is one ctest test of the same name (tests/CMakeLists.txt:
+// app_cli_test), whose fixtures order them. Ctrl-C and the folder lock:
+// tests/app_signal_test.sh.
+//
+// A refused command checks for a status other than 0 (CLI11's own refusals end with its exit
+// codes, the app's with 1).
+#include "app_cli.h"
+
+#include <string>
+#include <vector>
+
+namespace {
+
+using clustr::test::AppRun;
+using clustr::test::cat;
+using clustr::test::RunOptions;
+using Args = std::vector<std::string>;
+
+const std::string corpus = CLUSTR_APP_SPEECH_CORPUS;  // written by speech_app_corpus
+const std::string speech_out = CLUSTR_APP_SPEECH_OUT;  // the runs' folders (in the build tree)
+
+AppRun speech(const Args& args, const RunOptions& options = {}) {
+  return clustr::test::run_app(cat({{CLUSTR_APP_SPEECH}, args}), options);
+}
+
+// A tiny model (60 steps take a few seconds).
+const Args speech_tiny = {"--layers", "1", "--heads", "2", "--head-dim", "16", "--feedforward",
+                          "64", "--dropout", "0", "--stacking", "2", "--clusters", "4",
+                          "--topk", "8", "--batch", "8", "--threads", "2", "--log-interval",
+                          "10", "--lr", "3e-3", "--warmup", "10", "--lr-schedule", "warmup",
+                          "--no-plots"};
+
+const RunOptions no_gpu = {{{"CLUSTR_CUDA_EMULATION_DEVICES", "0"}, {"CUDA_VISIBLE_DEVICES", ""}}};
+
+}  // namespace
+
+// 60 steps of a tiny model; the bad lines the corpus holds are counted.
+TEST_CASE("speech_app_train") {
+  const AppRun r = speech(cat({{"train", "--corpus", corpus}, speech_tiny,
+                               {"--epochs", "100", "--max-steps", "60", "--out",
+                                speech_out + "/full", "--overwrite"}}));
+  CHECK_OUTPUT_MATCHES(r, "skipped 3 \\(1 bad manifest lines, 1 unreadable audio, 1 too short.*"
+                 "3 utterances left out [^\n]*all listed in [^\n]*full/skipped.txt.*"
+                 "trained 60 steps");
+  CHECK_STATUS(r, 0);
+}
+
+// The same with every waveform augmentation on, from the command line.
+TEST_CASE("speech_app_train_augmented") {
+  const AppRun r = speech(cat({{"train", "--corpus", corpus}, speech_tiny,
+                               {"--epochs", "100", "--max-steps", "20", "--speed-perturb",
+                                "0.9,1,1.1", "--vtlp", "0.9:1.1", "--gain-db", "6",
+                                "--noise-prob", "0.5", "--noise-snr", "5:20", "--reverb-prob",
+                                "0.5", "--reverb-rt60", "0.2:0.5", "--out",
+                                speech_out + "/augmented", "--overwrite"}}));
+  CHECK_OUTPUT_MATCHES(r, "--speed-perturb +0.9,1,1.1.*--vtlp +0.9:1.1.*"
+                 "epoch 1: [0-9]+ training utterances augmented.*trained 20 steps");
+  CHECK_STATUS(r, 0);
+}
+
+TEST_CASE("speech_app_bad_speed") {
+  const AppRun r = speech({"train", "--corpus", corpus, "--speed-perturb", "0.3:1"});
+  CHECK_OUTPUT_HAS(r, "--speed-perturb must keep to [0.5, 2]");
+  CHECK_RUN(r, r.status != 0);
+}
+
+TEST_CASE("speech_app_bad_vtlp") {
+  const AppRun r = speech({"train", "--corpus", corpus, "--vtlp", "1,x"});
+  CHECK_OUTPUT_HAS(r, "--vtlp '1,x' is not a value");
+  CHECK_RUN(r, r.status != 0);
+}
+
+TEST_CASE("speech_app_evaluate") {
+  const AppRun r = speech({"evaluate", "--checkpoint", speech_out + "/full", "--manifest",
+                           corpus + "/dev.tsv", "--attention", "improved-clustered", "--beam",
+                           "4"});
+  CHECK_OUTPUT_MATCHES(r, "evaluated with improved-clustered.*PER greedy [0-9.]+  PER beam 4 [0-9.]+");
+  CHECK_STATUS(r, 0);
+}
+
+TEST_CASE("speech_app_decode") {
+  const AppRun r = speech({"decode", "--checkpoint", speech_out + "/full/best.safetensors",
+                           "--manifest", corpus + "/dev.tsv"});
+  CHECK_OUTPUT_MATCHES(r, "dev0\t.*PER [0-9.]+ \\([0-9]+ edits");
+  CHECK_STATUS(r, 0);
+}
+
+TEST_CASE("speech_app_matrix") {
+  const AppRun r = speech({"matrix", "--checkpoints", speech_out + "/full", "--manifest",
+                           corpus + "/dev.tsv", "--attention-map",
+                           speech_out + "/attention.png"});
+  CHECK_OUTPUT_MATCHES(r, "attention maps of dev0.*train \\\\ evaluate[^\n]*\n"
+                 "full +[0-9.]+ +[0-9.]+ +[0-9.]+");
+  CHECK_STATUS(r, 0);
+}
+
+// Resuming takes the model's shape and the attention settings from the checkpoint (none of
+// the tiny model's flags is repeated); a model flag that contradicts it is refused.
+TEST_CASE("speech_app_resume") {
+  const AppRun r = speech({"train", "--corpus", corpus, "--resume", speech_out + "/full",
+                           "--dropout", "0", "--batch", "8", "--threads", "2", "--log-interval",
+                           "10", "--lr", "3e-3", "--warmup", "10", "--lr-schedule", "warmup",
+                           "--no-plots", "--epochs", "100", "--max-steps", "70", "--out",
+                           speech_out + "/resumed"});
+  CHECK_OUTPUT_MATCHES(r, "resumed from .* at step 60.*trained 70 steps");
+  CHECK_STATUS(r, 0);
+}
+
+TEST_CASE("speech_app_resume_other_model") {
+  const AppRun r = speech({"train", "--corpus", corpus, "--resume", speech_out + "/full",
+                           "--layers", "2", "--out", speech_out + "/resumed_wrong"});
+  CHECK_OUTPUT_MATCHES(r, "other settings.*--layers: checkpoint 1, now 2");
+  CHECK_RUN(r, r.status != 0);
+}
+
+// A new run refuses the folder of an earlier one; --clip 0 trains without clipping.
+TEST_CASE("speech_app_refuses_earlier_run") {
+  const AppRun r = speech(cat({{"train", "--corpus", corpus}, speech_tiny,
+                               {"--max-steps", "2", "--out", speech_out + "/full"}}));
+  CHECK_OUTPUT_MATCHES(r, "--out [^\n]*full already holds files \\(best.safetensors.*--resume.*--overwrite");
+  CHECK_RUN(r, r.status != 0);
+}
+
+TEST_CASE("speech_app_clip_zero") {
+  const AppRun r = speech(cat({{"train", "--corpus", corpus}, speech_tiny,
+                               {"--clip", "0", "--epochs", "1", "--max-steps", "3", "--out",
+                                speech_out + "/clip0", "--overwrite"}}));
+  CHECK_OUTPUT_MATCHES(r, "--clip +0\n.*trained 3 steps");
+  CHECK_STATUS(r, 0);
+}
+
+// Divergence without clipping: every step skipped, the run stops after --max-skipped-steps in
+// a row and writes no checkpoint.
+TEST_CASE("speech_app_diverges") {
+  const AppRun r = speech({"train", "--corpus", corpus, "--layers", "1", "--heads", "2",
+                           "--head-dim", "16", "--feedforward", "64", "--dropout", "0",
+                           "--stacking", "2", "--clusters", "4", "--topk", "8", "--batch", "8",
+                           "--threads", "2", "--no-plots", "--lr", "1e30", "--clip", "0",
+                           "--warmup", "0", "--lr-schedule", "constant", "--max-skipped-steps",
+                           "3", "--out", speech_out + "/diverges", "--overwrite"});
+  CHECK_OUTPUT_MATCHES(r, "training stopped: 3 steps in a row had a non-finite (loss|gradient norm).*"
+                 "no checkpoint was written");
+  CHECK_RUN(r, r.status != 0);
+}
+
+TEST_CASE("speech_app_evaluate_bf16") {
+  const AppRun r = speech({"evaluate", "--checkpoint", speech_out + "/full", "--manifest",
+                           corpus + "/dev.tsv", "--precision", "bf16"});
+  CHECK_OUTPUT_MATCHES(r, "trained with [^\n]* in fp32.*evaluated with [^\n]* in bf16 on");
+  CHECK_STATUS(r, 0);
+}
+
+TEST_CASE("speech_app_bad_precision") {
+  const AppRun r = speech({"train", "--corpus", "x", "--precision", "fp16"});
+  CHECK_OUTPUT_HAS(r, "unknown precision 'fp16'");
+  CHECK_RUN(r, r.status != 0);
+}
+
+TEST_CASE("speech_app_no_command") {
+  const AppRun r = speech({});
+  CHECK_OUTPUT_HAS(r, "A subcommand is required");
+  CHECK_RUN(r, r.status != 0);
+}
+
+TEST_CASE("speech_app_bad_stacking") {
+  const AppRun r = speech({"train", "--corpus", "x", "--stacking", "3"});
+  CHECK_OUTPUT_HAS(r, "--stacking must be 1, 2 or 4, got 3");
+  CHECK_RUN(r, r.status != 0);
+}
+
+TEST_CASE("speech_app_bad_attention") {
+  const AppRun r = speech({"train", "--corpus", "x", "--attention", "linear"});
+  CHECK_OUTPUT_HAS(r, "unknown attention type 'linear'");
+  CHECK_RUN(r, r.status != 0);
+}
+
+TEST_CASE("speech_app_no_corpus") {
+  const AppRun r = speech({"train"});
+  CHECK_OUTPUT_HAS(r, "give --corpus, or both --train-manifest and --dev-manifest");
+  CHECK_RUN(r, r.status != 0);
+}
+
+TEST_CASE("speech_app_missing_corpus") {
+  const AppRun r = speech({"train", "--corpus", speech_out + "/nowhere"});
+  CHECK_OUTPUT_MATCHES(r, "speech: error: read_tokens: cannot open .*nowhere/tokens.txt");
+  CHECK_RUN(r, r.status != 0);
+}
+
+TEST_CASE("speech_app_import_bad_format") {
+  const AppRun r = speech({"import", "--format", "timit", "--in", "x", "--out", "y.tsv"});
+  CHECK_OUTPUT_HAS(r, "--format must be librispeech, kaldi or nemo, got 'timit'");
+  CHECK_RUN(r, r.status != 0);
+}
+
+TEST_CASE("speech_app_import_missing") {
+  const AppRun r = speech({"import", "--format", "kaldi", "--in", speech_out + "/nowhere",
+                           "--out", speech_out + "/imported.tsv"});
+  CHECK_OUTPUT_MATCHES(r, "import kaldi: cannot open [^\n]*nowhere/wav.scp: does not exist");
+  CHECK_RUN(r, r.status != 0);
+}
+
+TEST_CASE("speech_app_bad_beam") {
+  const AppRun r = speech({"evaluate", "--checkpoint", "x", "--manifest", "y", "--beam", "0"});
+  CHECK_OUTPUT_HAS(r, "--beam must be in [1, 256], got 0");
+  CHECK_RUN(r, r.status != 0);
+}
+
+TEST_CASE("speech_app_huge_beam") {
+  const AppRun r = speech({"evaluate", "--checkpoint", "x", "--manifest", "y", "--beam",
+                           "100000"});
+  CHECK_OUTPUT_HAS(r, "--beam must be in [1, 256], got 100000");
+  CHECK_RUN(r, r.status != 0);
+}
+
+TEST_CASE("speech_app_negative_seed") {
+  const AppRun r = speech({"train", "--corpus", "x", "--seed", "-1"});
+  CHECK_OUTPUT_HAS(r, "--seed -1: expected a whole number from 0");
+  CHECK_RUN(r, r.status != 0);
+}
+
+TEST_CASE("speech_app_missing_checkpoint") {
+  const AppRun r = speech({"evaluate", "--checkpoint", speech_out + "/nowhere", "--manifest",
+                           "y"});
+  CHECK_OUTPUT_HAS(r, "no such checkpoint file or folder");
+  CHECK_RUN(r, r.status != 0);
+}
+
+// --device cuda without a usable GPU (hidden as for copy_task_cuda): refused before any data
+// is read (the corpus does not exist).
+TEST_CASE("speech_app_cuda_train") {
+  const AppRun r = speech({"train", "--corpus", speech_out + "/nowhere", "--device", "cuda"},
+                          no_gpu);
+  CHECK_OUTPUT_MATCHES(r, "--device cuda: (clustr was built without the CUDA backend|no usable GPU)");
+  CHECK_RUN(r, r.status != 0);
+}
+
+TEST_CASE("speech_app_cuda_evaluate") {
+  const AppRun r = speech({"evaluate", "--checkpoint", "x", "--manifest", "y", "--device",
+                           "cuda"},
+                          no_gpu);
+  CHECK_OUTPUT_MATCHES(r, "--device cuda: (clustr was built without the CUDA backend|no usable GPU)");
+  CHECK_RUN(r, r.status != 0);
+}
+
+#ifdef CLUSTR_APP_CLI_CUDA_EMULATION
+// The app on the emulated device: a few steps, then evaluate (with beam search on host copies
+// of the logits) and decode on the device.
+TEST_CASE("speech_app_cuda_run") {
+  const AppRun r = speech(cat({{"train", "--corpus", corpus}, speech_tiny,
+                               {"--attention", "full", "--epochs", "1", "--max-steps", "3",
+                                "--device", "cuda", "--out", speech_out + "/cuda",
+                                "--overwrite"}}));
+  CHECK_OUTPUT_MATCHES(r, "--device +cuda.*trained 3 steps");
+  CHECK_STATUS(r, 0);
+}
+
+TEST_CASE("speech_app_cuda_evaluate_run") {
+  const AppRun r = speech({"evaluate", "--checkpoint", speech_out + "/cuda", "--device", "cuda",
+                           "--manifest", corpus + "/dev.tsv", "--beam", "4"});
+  CHECK_OUTPUT_MATCHES(r, "PER greedy [0-9.]+  PER beam 4 [0-9.]+");
+  CHECK_STATUS(r, 0);
+}
+#endif
