@@ -1,4 +1,4 @@
-// Decoding CTC outputs into label sequences, and the error rate of the result.
+// Decoding CTC outputs into label sequences (their error rate: layers/error_rate.h).
 //
 // Legend: B utterances, T frames (padded), V classes (blank included).
 // The decoders take logits f32 (B, T, V), batch-first as layers/ctc.h does, and input_lengths
@@ -10,10 +10,9 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "layers/error_rate.h"
 
 namespace clustr {
-
-using LabelSequence = std::vector<int32_t>;
 
 // Best path: the most probable class of each frame (the lowest index on a tie), repeats
 // merged, then blanks dropped. One sequence per utterance.
@@ -38,25 +37,5 @@ std::vector<CtcHypothesis> ctc_beam_search(const Tensor& logits, const Tensor& i
 // The label sequences of a CTC target batch: targets i32 (B, Umax) padded or (sum of
 // target_lengths) concatenated, target_lengths i32 (B), as layers/ctc.h takes them.
 std::vector<LabelSequence> target_sequences(const Tensor& targets, const Tensor& target_lengths);
-
-// Levenshtein distance: the fewest substitutions, insertions and deletions that turn
-// `hypothesis` into `reference`.
-int64_t edit_distance(const LabelSequence& reference, const LabelSequence& hypothesis);
-
-// Corpus error rate (phone error rate for phone targets): total edits / total reference
-// length, summed over the corpus, not averaged per utterance. Accumulate batch by batch.
-struct ErrorRate {
-  int64_t edits = 0;
-  int64_t reference_length = 0;
-
-  void add(const LabelSequence& reference, const LabelSequence& hypothesis);
-  void add(const std::vector<LabelSequence>& references,
-           const std::vector<LabelSequence>& hypotheses);
-  // edits / reference_length; 0 for an empty corpus with no edits, +inf when there are edits
-  // against empty references only.
-  double rate() const;
-};
-double error_rate(const std::vector<LabelSequence>& references,
-                  const std::vector<LabelSequence>& hypotheses);
 
 }  // namespace clustr

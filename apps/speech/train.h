@@ -34,6 +34,7 @@
 #include "data/fbank.h"
 #include "data/manifest.h"
 #include "layers/ctc_decode.h"
+#include "layers/error_rate.h"
 #include "optim/optimizer.h"
 
 namespace clustr::speech {
