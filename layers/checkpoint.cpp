@@ -3,6 +3,7 @@
 #include "layers/checkpoint.h"
 
 #include <charconv>
+#include <cstdlib>
 #include <set>
 
 #include "core/error.h"
@@ -96,12 +97,11 @@ void LoadedCheckpoint::restore_generator(Generator& gen) const {
   rng->restore(gen);
 }
 
-LoadedCheckpoint load_checkpoint(const std::string& path, Module& model,
-                                 const CheckpointLoadOptions& options) {
-  SafetensorsFile file = load_safetensors(path);
+namespace {
 
-  // A file that is not a checkpoint of this version: its tensors cannot be interpreted, so
-  // listing them as missing or unexpected would only bury the real problem.
+// A file that is not a checkpoint of this version: its tensors cannot be interpreted, so
+// listing them as missing or unexpected would only bury the real problem.
+void check_format(const std::string& path, const SafetensorsFile& file) {
   auto format = file.metadata.find("format");
   if (format == file.metadata.end() || format->second != kCheckpointFormat)
     fail(path, "not a clustr checkpoint (metadata \"format\" is ",
@@ -113,6 +113,39 @@ LoadedCheckpoint load_checkpoint(const std::string& path, Module& model,
     fail(path, "unsupported checkpoint format_version ",
          version == file.metadata.end() ? std::string("(absent)") : "\"" + version->second + "\"",
          "; this build reads version ", expected_version);
+}
+
+std::map<std::string, std::string> config_of(const SafetensorsFile& file) {
+  std::map<std::string, std::string> config;
+  for (const auto& [key, value] : file.metadata)
+    if (starts_with(key, kConfigPrefix))
+      config[key.substr(std::char_traits<char>::length(kConfigPrefix))] = value;
+  return config;
+}
+
+}  // namespace
+
+std::map<std::string, std::string> read_checkpoint_config(const std::string& path) {
+  const SafetensorsFile file = load_safetensors(path);
+  check_format(path, file);
+  return config_of(file);
+}
+
+double config_number(const std::map<std::string, std::string>& config, const char* key,
+                     const std::string& file) {
+  auto it = config.find(key);
+  CLUSTR_CHECK(it != config.end(), file, " lacks config entry '", key, "'");
+  char* end = nullptr;
+  const double v = std::strtod(it->second.c_str(), &end);
+  CLUSTR_CHECK(!it->second.empty() && *end == '\0', file, ": config entry '", key, "' is \"",
+               it->second, "\", not a number");
+  return v;
+}
+
+LoadedCheckpoint load_checkpoint(const std::string& path, Module& model,
+                                 const CheckpointLoadOptions& options) {
+  SafetensorsFile file = load_safetensors(path);
+  check_format(path, file);
 
   LoadedCheckpoint out;
   out.path = path;
@@ -135,9 +168,7 @@ LoadedCheckpoint load_checkpoint(const std::string& path, Module& model,
                                    "'"));
   if (seed && offset) out.rng = GeneratorState{*seed, *offset};
 
-  for (const auto& [key, value] : file.metadata)
-    if (starts_with(key, kConfigPrefix))
-      out.config[key.substr(std::char_traits<char>::length(kConfigPrefix))] = value;
+  out.config = config_of(file);
 
   // Validate every parameter before copying any.
   const auto params = model.named_parameters();

@@ -91,4 +91,12 @@ struct LoadedCheckpoint {
 LoadedCheckpoint load_checkpoint(const std::string& path, Module& model,
                                  const CheckpointLoadOptions& options = {});
 
+// The run config of a checkpoint (LoadedCheckpoint::config) without a model, e.g. to build the
+// model it describes before loading it. Throws clustr::Error when the file is unreadable or not
+// a clustr checkpoint of a supported version.
+std::map<std::string, std::string> read_checkpoint_config(const std::string& path);
+// The number `config` holds under `key`; throws clustr::Error naming `file` and the key.
+double config_number(const std::map<std::string, std::string>& config, const char* key,
+                     const std::string& file);
+
 }  // namespace clustr

@@ -140,6 +140,13 @@ TEST_CASE("checkpoint: parameters, step, config and extras round trip bit-exactl
   CHECK(ck.path == path);
   CHECK(ck.step == state.step);
   CHECK(ck.config == state.config);
+  CHECK(read_checkpoint_config(path) == state.config);  // the same, without a model
+  CHECK(config_number(ck.config, "lr", path) == 0.0001);
+  CHECK_ERROR(config_number(ck.config, "text", path), path.c_str(), ": config entry 'text' is ",
+              "not a number");
+  CHECK_ERROR(config_number(ck.config, "empty", path),
+              "config entry 'empty' is \"\", not a number");
+  CHECK_ERROR(config_number(ck.config, "steps", path), path.c_str(), " lacks config entry 'steps'");
   CHECK(ck.metadata.at("format") == "clustr-checkpoint");
   CHECK(ck.metadata.at("format_version") == "1");
   CHECK(ck.metadata.at("step") == "1234567890123");
@@ -341,6 +348,7 @@ TEST_CASE("checkpoint: foreign files and malformed metadata are rejected") {
     CHECK_ERROR(load_checkpoint(path, model), "checkpoint: ", path.c_str(),
                 "not a clustr checkpoint (metadata \"format\" is absent, expected "
                 "\"clustr-checkpoint\")");
+    CHECK_ERROR(read_checkpoint_config(path), "not a clustr checkpoint");
   }
   SUBCASE("another format") {
     meta["format"] = "pt";

@@ -3,8 +3,10 @@
 
 #include <cmath>
 #include <cstdarg>
+#include <filesystem>
 #include <new>
 #include <cstdlib>
+#include <system_error>
 
 #include "core/error.h"
 #include "core/safetensors.h"
@@ -118,22 +120,22 @@ void LrSchedule::restore(const std::map<std::string, std::string>& config,
                     int64_t(config_number(config, kPlateauCooldown, file)));
 }
 
-std::map<std::string, std::string> read_checkpoint_config(const std::string& file) {
-  std::map<std::string, std::string> config;
-  for (const auto& [key, value] : load_safetensors(file).metadata)
-    if (key.rfind("config.", 0) == 0) config[key.substr(7)] = value;
-  return config;
-}
-
-double config_number(const std::map<std::string, std::string>& config, const char* key,
-                     const std::string& file) {
-  auto it = config.find(key);
-  CLUSTR_CHECK(it != config.end(), file, " lacks config entry '", key, "'");
-  char* end = nullptr;
-  const double v = std::strtod(it->second.c_str(), &end);
-  CLUSTR_CHECK(!it->second.empty() && *end == '\0', file, ": config entry '", key, "' is \"",
-               it->second, "\", not a number");
-  return v;
+std::string resolve_checkpoint(const std::string& path, const char* flag,
+                               std::initializer_list<const char*> names) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(path, ec)) {
+    CLUSTR_CHECK(std::filesystem::is_regular_file(path, ec), flag,
+                 ": no such checkpoint file or folder: ", path);
+    return path;
+  }
+  std::string listed;
+  for (const char* name : names) {
+    const std::string file = (std::filesystem::path(path) / name).string();
+    if (std::filesystem::is_regular_file(file, ec)) return file;
+    listed += listed.empty() ? name : std::string(" nor ") + name;
+  }
+  throw Error(detail::cat(flag, ": the folder ", path, " holds ",
+                          names.size() > 1 ? "neither " : "no ", listed));
 }
 
 double clip_or_measure(const optim::NamedParameters& params, float clip) {

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <exception>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <string>
@@ -17,6 +18,7 @@
 #include "apps/common/device.h"
 #include "apps/common/settings.h"
 #include "core/random.h"
+#include "layers/checkpoint.h"
 #include "layers/module.h"
 #include "optim/optimizer.h"
 
@@ -72,11 +74,11 @@ class LrSchedule {
   std::unique_ptr<optim::ReduceLrOnPlateau> plateau_;  // the plateau schedule only
 };
 
-// The run config saved in a checkpoint file (its "config.<key>" metadata, prefix removed).
-std::map<std::string, std::string> read_checkpoint_config(const std::string& file);
-// The number a checkpoint's config holds under `key`; throws naming the file and the key.
-double config_number(const std::map<std::string, std::string>& config, const char* key,
-                     const std::string& file);
+// The checkpoint a flag names: `path` itself when it is a file, or in a folder the first of
+// `names` it holds (e.g. best, then last); throws naming the flag otherwise. (Reading the
+// checkpoint's run config: layers/checkpoint.h's read_checkpoint_config.)
+std::string resolve_checkpoint(const std::string& path, const char* flag,
+                               std::initializer_list<const char*> names);
 
 // After backward: the global gradient norm, with the gradients clipped to `clip` when it is
 // > 0 (clip 0: no clipping, the norm only measured, so that a non-finite gradient is seen).

@@ -52,15 +52,7 @@ CopyTaskBatch to_device(const CopyTaskBatch& b, Device device) {
 }
 
 std::string resolve_checkpoint(const std::string& path, const char* flag) {
-  std::error_code ec;
-  if (fs::is_directory(path, ec)) {
-    const std::string file = (fs::path(path) / kCheckpointFile).string();
-    CLUSTR_CHECK(fs::is_regular_file(file, ec), flag, ": the folder ", path, " holds no ",
-                 kCheckpointFile);
-    return file;
-  }
-  CLUSTR_CHECK(fs::is_regular_file(path, ec), flag, ": no such checkpoint file or folder: ", path);
-  return path;
+  return clustr::resolve_checkpoint(path, flag, {kCheckpointFile});
 }
 
 std::vector<std::pair<std::string, std::string>> build_info(const std::string& device) {

@@ -170,16 +170,7 @@ Evaluation evaluate_set(SpeechModel& model, const SpeechSet& set, int64_t max_fr
 }
 
 std::string resolve_checkpoint(const std::string& path, const char* flag) {
-  std::error_code ec;
-  if (fs::is_directory(path, ec)) {
-    for (const char* name : {kBest, kLast}) {
-      const std::string file = (fs::path(path) / name).string();
-      if (fs::is_regular_file(file, ec)) return file;
-    }
-    throw Error(detail::cat(flag, ": the folder ", path, " holds neither ", kBest, " nor ", kLast));
-  }
-  CLUSTR_CHECK(fs::is_regular_file(path, ec), flag, ": no such checkpoint file or folder: ", path);
-  return path;
+  return clustr::resolve_checkpoint(path, flag, {kBest, kLast});
 }
 
 LoadedModel load_trained_model(const std::string& path, const char* flag, Device device,
