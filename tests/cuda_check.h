@@ -1,5 +1,6 @@
 // Helpers shared by the CUDA test files (tests/test_cuda*.cpp): comparisons of a device result
-// with its CPU twin, in ulps or row by row relative to each row's scale.
+// with its CPU twin, in ulps, within atol + rtol, or row by row relative to each row's scale, and
+// compare_devices, which runs an op on both devices and compares every output.
 //
 // A kernel that computes the same float formula as the CPU on one element must agree bit for
 // bit in emulation; on a GPU nvcc fuses a * b + c into one rounding and CUDA's libm differs from
@@ -13,8 +14,11 @@
 #include <cstdint>
 #include <cstring>
 #include <sstream>
+#include <string>
+#include <type_traits>
 #include <vector>
 
+#include "check.h"
 #include "core/tensor.h"
 
 namespace clustr::test {
@@ -55,23 +59,112 @@ inline void check_ulps(const std::vector<float>& actual, const std::vector<float
   CHECK_MESSAGE(bad == 0, os.str());
 }
 
+// How a device result must agree with the cpu's: within a number of ulps everywhere (an integer
+// converts: 0 is bit for bit), or, made by Tolerance::close(atol, rtol), within
+// atol + rtol |cpu| everywhere (CHECK_CLOSE's rule: NaN where the cpu has NaN, the same
+// infinity). i32 results must be equal whatever the tolerance.
+struct Tolerance {
+  template <class T, std::enable_if_t<std::is_integral_v<T>, int> = 0>
+  Tolerance(T max_ulps) : ulps(static_cast<int64_t>(max_ulps)) {}  // NOLINT: implicit on purpose
+  template <class T, std::enable_if_t<std::is_floating_point_v<T>, int> = 0>
+  Tolerance(T) = delete;  // ulps are whole; an absolute or relative one is Tolerance::close
+  static Tolerance close(double atol, double rtol) {
+    Tolerance t(0);
+    t.relative = true;
+    t.atol = atol;
+    t.rtol = rtol;
+    return t;
+  }
+  int64_t ulps = 0;
+  bool relative = false;
+  double atol = 0, rtol = 0;
+};
+
+// Indices from the device against the cpu's, exactly; the message names the first difference.
+inline void check_ints(const std::vector<int32_t>& actual, const std::vector<int32_t>& expected) {
+  REQUIRE(actual.size() == expected.size());
+  size_t bad = 0, first = 0;
+  for (size_t i = 0; i < actual.size(); ++i)
+    if (actual[i] != expected[i] && bad++ == 0) first = i;
+  std::ostringstream os;
+  if (bad)
+    os << bad << " of " << actual.size() << " integers differ; first at " << first << ": device "
+       << actual[first] << ", cpu " << expected[first];
+  CHECK_MESSAGE(bad == 0, os.str());
+}
+
+// got (the device's result) against expected (the cpu's): both undefined (an output that was not
+// asked for), or got on the device with expected's dtype and shape and its values within tol.
+inline void check_output(const Tensor& got, const Tensor& expected, const Tolerance& tol) {
+  REQUIRE_MESSAGE(got.defined() == expected.defined(),
+                  "defined on the device: " << got.defined() << ", on the cpu: "
+                                            << expected.defined());
+  if (!expected.defined()) return;
+  CHECK(got.device() == Device::cuda);
+  REQUIRE_MESSAGE(got.dtype() == expected.dtype(),
+                  "device dtype " << clustr::to_string(got.dtype()) << ", cpu "
+                                  << clustr::to_string(expected.dtype()));
+  REQUIRE_MESSAGE(got.shape() == expected.shape(),
+                  "device shape " << clustr::to_string(got.shape()) << ", cpu "
+                                  << clustr::to_string(expected.shape()));
+  if (expected.dtype() == DType::i32)
+    check_ints(got.to_int_vector(), expected.to_int_vector());
+  else if (tol.relative)
+    CHECK_CLOSE(got.to_vector(), expected.to_vector(), tol.atol, tol.rtol);
+  else
+    check_ulps(got.to_vector(), expected.to_vector(), tol.ulps);
+}
+
 // t on device d; an undefined tensor (an absent optional input) stays undefined.
 inline Tensor on(const Tensor& t, Device d) { return t.defined() ? t.to(d) : Tensor(); }
 
+// What compare_devices computed, for checks of its own that a caller adds.
+template <class R>
+struct Compared {
+  R cpu, device;
+};
+
 // An op on the CPU and on the device, in the manner of ggml's test-backend-ops: op(inputs)
-// computed from CPU tensors and from their device copies (undefined inputs stay undefined); the
-// device's result must live on the device, have the CPU result's shape and be within max_ulps
-// of it everywhere (0: bit for bit). One line per case:
+// computed from CPU tensors and then from their device copies (undefined inputs stay undefined;
+// the copies are made before op first runs, so an op may write to a clone of its inputs); the
+// device's result must live on the device, have the CPU result's dtype and shape and be within
+// max_ulps of it everywhere (0: bit for bit), or within the Tolerance given. One line per case:
 //   compare_devices([&](const Inputs& x) { return clustr::add(x[0], x[1]); }, {a, b}, 0);
 using Inputs = std::vector<Tensor>;
 template <class Op>
-void compare_devices(Op op, const Inputs& inputs, int64_t max_ulps) {
+Compared<Tensor> compare_devices(Op op, const Inputs& inputs, const Tolerance& tol) {
   Inputs device;
   for (const Tensor& t : inputs) device.push_back(on(t, Device::cuda));
-  const Tensor expected = op(inputs), got = op(device);
-  CHECK(got.device() == Device::cuda);
-  REQUIRE(got.shape() == expected.shape());
-  check_ulps(got.to_vector(), expected.to_vector(), max_ulps);
+  Tensor expected = op(inputs), got = op(device);
+  REQUIRE(expected.defined());
+  check_output(got, expected, tol);
+  return {expected, got};
+}
+
+// One output of an op with several, and how its device value must agree with the cpu's.
+struct Output {
+  const char* name;
+  Tolerance tol;
+};
+
+// The same for an op that returns several tensors (a forward's outputs, a backward's
+// gradients), in the order of `outputs`: each compared with its own tolerance, the message
+// naming it. An output may be undefined (a gradient not asked for), on both devices alike.
+//   compare_devices([&](const Inputs& x) { const auto g = f_backward(x[0], x[1]);
+//                                          return Inputs{g.dx, g.dw}; },
+//                   {dy, x}, {{"dx", 0}, {"dw", Tolerance::close(1e-6, 1e-6)}});
+template <class Op>
+Compared<Inputs> compare_devices(Op op, const Inputs& inputs, const std::vector<Output>& outputs) {
+  Inputs device;
+  for (const Tensor& t : inputs) device.push_back(on(t, Device::cuda));
+  Inputs expected = op(inputs), got = op(device);
+  REQUIRE(expected.size() == outputs.size());
+  REQUIRE(got.size() == outputs.size());
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    INFO("output " << std::string(outputs[i].name));
+    check_output(got[i], expected[i], outputs[i].tol);
+  }
+  return {expected, got};
 }
 
 // How check_rows treats a row of expected (finite) values that are all 0: `scaled` gives it the

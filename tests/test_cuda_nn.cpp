@@ -38,7 +38,10 @@ using clustr::DType;
 using clustr::Shape;
 using clustr::Tensor;
 using clustr::test::check_ulps;
+using clustr::test::compare_devices;
+using clustr::test::Inputs;
 using clustr::test::random_values;
+using clustr::test::Tolerance;
 namespace cuda = clustr::cuda;
 
 namespace {
@@ -50,12 +53,10 @@ constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 // libm) within a small relative tolerance rather than a few ulps: a derivative that cancels
 // (gelu's cdf + x pdf, softmax - 1 at the target) turns a few ulps of a term into many of the
 // result.
-void check_formula(const std::vector<float>& actual, const std::vector<float>& expected) {
-  if (cuda::exact_numerics())
-    check_ulps(actual, expected, 0);
-  else
-    CHECK_CLOSE(actual, expected, 1e-6, 1e-5);
-}
+Tolerance formula() { return cuda::exact_numerics() ? Tolerance(0) : Tolerance::close(1e-6, 1e-5); }
+
+// CHECK_CLOSE's atol and rtol.
+Tolerance close(double atol, double rtol) { return Tolerance::close(atol, rtol); }
 
 Tensor on_cpu(const std::vector<float>& v, const Shape& s) { return Tensor::from_vector(v, s); }
 Tensor on_device(const Tensor& t) { return t.to(Device::cuda); }
@@ -94,28 +95,26 @@ TEST_CASE("cuda nn: unary derivatives match the cpu, from x or y alone") {
     for (size_t i = 0; i < xv.size(); i += 5) xv[i] = specials[(i / 5) % 8];
     Tensor x = on_cpu(xv, {n});
     Tensor dy = on_cpu(random_values(n, 101), {n});
-    Tensor dx_d = on_device(x), ddy = on_device(dy);
     for (clustr::UnaryOp op : ops) {
       CAPTURE(n);
       CAPTURE(clustr::op_name(op));
-      Tensor y = clustr::unary(op, x), dy_d = on_device(y);
+      Tensor y = clustr::unary(op, x);
       const clustr::cpu::UnaryGradInputs need = clustr::cpu::unary_grad_inputs(op);
       // One IEEE operation (or none): exact on any device.
       const bool exact = op == clustr::UnaryOp::neg || op == clustr::UnaryOp::abs ||
                          op == clustr::UnaryOp::relu || op == clustr::UnaryOp::exp ||
                          op == clustr::UnaryOp::log;
-      Tensor expected = clustr::unary_backward(op, x, y, dy);
-      Tensor got = clustr::unary_backward(op, dx_d, dy_d, ddy);
-      CHECK(got.device() == Device::cuda);
-      // Only the input the derivative reads; the other is an undefined tensor.
-      Tensor got_one = clustr::unary_backward(op, need.x ? dx_d : Tensor(),
-                                              need.y ? dy_d : Tensor(), ddy);
-      for (const Tensor* t : {&got, &got_one}) {
-        if (exact)
-          check_ulps(t->to_vector(), expected.to_vector(), 0);
-        else
-          check_formula(t->to_vector(), expected.to_vector());
-      }
+      const Tolerance tol = exact ? Tolerance(0) : formula();
+      // From x and y, and from only the input the derivative reads (the other undefined).
+      const auto r = compare_devices(
+          [&](const Inputs& v) {
+            return Inputs{clustr::unary_backward(op, v[0], v[1], v[2]),
+                          clustr::unary_backward(op, need.x ? v[0] : Tensor(),
+                                                 need.y ? v[1] : Tensor(), v[2])};
+          },
+          {x, y, dy}, {{"from x and y", tol}, {"from one", tol}});
+      // The cpu's from one is its from x and y, so the device's from one is held to that too.
+      check_ulps(r.cpu[1].to_vector(), r.cpu[0].to_vector(), 0);
     }
   }
   Tensor m = on_cpu(random_values(17 * 3, 102), {17, 3});  // a non-vector shape is kept
@@ -134,14 +133,13 @@ TEST_CASE("cuda nn: softmax and log-softmax backward match the cpu, masked rows 
       for (int64_t j = 0; j < cols; ++j) v[cols + j] = -kInf;  // a fully masked row
     Tensor x = on_cpu(v, s);
     Tensor dy = on_cpu(random_values(clustr::numel(s), seed++), s);
-    Tensor ddy = on_device(dy);
     CAPTURE(clustr::to_string(s));
     Tensor y = clustr::softmax(x), ly = clustr::log_softmax(x);
     // An ulp of the row sum s, or of dy - exp(y) s fused on a GPU, is about 1e-7 of |dy| <= 2.
-    CHECK_CLOSE(clustr::softmax_backward(on_device(y), ddy).to_vector(),
-                clustr::softmax_backward(y, dy).to_vector(), 1e-6, 1e-6);
-    CHECK_CLOSE(clustr::log_softmax_backward(on_device(ly), ddy).to_vector(),
-                clustr::log_softmax_backward(ly, dy).to_vector(), 1e-6, 1e-6);
+    compare_devices([](const Inputs& in) { return clustr::softmax_backward(in[0], in[1]); },
+                    {y, dy}, close(1e-6, 1e-6));
+    compare_devices([](const Inputs& in) { return clustr::log_softmax_backward(in[0], in[1]); },
+                    {ly, dy}, close(1e-6, 1e-6));
   }
 }
 
@@ -161,22 +159,24 @@ TEST_CASE("cuda nn: layer norm forward and backward match the cpu") {
     Tensor beta = on_cpu(random_values(D, seed++), {D});
     Tensor dy = on_cpu(random_values(clustr::numel(s), seed++), s);
     CAPTURE(clustr::to_string(s));
-    const clustr::LayerNormOutput e = clustr::layer_norm(x, gamma, beta, 1e-5f);
-    const clustr::LayerNormOutput g =
-        clustr::layer_norm(on_device(x), on_device(gamma), on_device(beta), 1e-5f);
-    CHECK(g.y.device() == Device::cuda);
-    CHECK(g.mean.shape() == e.mean.shape());
-    CHECK_CLOSE(g.y.to_vector(), e.y.to_vector(), 1e-6, 1e-6);
-    check_ulps(g.mean.to_vector(), e.mean.to_vector(), 1);
-    check_ulps(g.rstd.to_vector(), e.rstd.to_vector(), 1);
-
-    const clustr::LayerNormGrads eg = clustr::layer_norm_backward(dy, x, e.mean, e.rstd, gamma);
+    const Inputs e = compare_devices(
+                         [](const Inputs& v) {
+                           const clustr::LayerNormOutput o = clustr::layer_norm(v[0], v[1], v[2],
+                                                                                1e-5f);
+                           return Inputs{o.y, o.mean, o.rstd};
+                         },
+                         {x, gamma, beta},
+                         {{"y", close(1e-6, 1e-6)}, {"mean", 1}, {"rstd", 1}})
+                         .cpu;
     // The device's backward reads the cpu's saved mean and rstd, so that only backward differs.
-    const clustr::LayerNormGrads gg = clustr::layer_norm_backward(
-        on_device(dy), on_device(x), on_device(e.mean), on_device(e.rstd), on_device(gamma));
-    CHECK_CLOSE(gg.dx.to_vector(), eg.dx.to_vector(), 1e-5, 1e-5);
-    CHECK_CLOSE(gg.dgamma.to_vector(), eg.dgamma.to_vector(), 1e-6, 1e-6);
-    CHECK_CLOSE(gg.dbeta.to_vector(), eg.dbeta.to_vector(), 1e-6, 1e-6);
+    compare_devices(
+        [](const Inputs& v) {
+          const clustr::LayerNormGrads g = clustr::layer_norm_backward(v[0], v[1], v[2], v[3],
+                                                                       v[4]);
+          return Inputs{g.dx, g.dgamma, g.dbeta};
+        },
+        {dy, x, e[1], e[2], gamma},
+        {{"dx", close(1e-5, 1e-5)}, {"dgamma", close(1e-6, 1e-6)}, {"dbeta", close(1e-6, 1e-6)}});
   }
 }
 
@@ -204,32 +204,31 @@ TEST_CASE("cuda nn: cross-entropy forward and backward match the cpu") {
     Tensor logits = on_cpu(lv, {c.R, c.V});
     Tensor target = Tensor::from_int_vector(tv, {c.R});
     Tensor weight = c.weighted ? on_cpu(wv, {c.R}) : Tensor();
-    Tensor dlogits_d = on_device(logits), dtarget = on_device(target);
-    Tensor dweight = c.weighted ? on_device(weight) : Tensor();
     for (clustr::Reduction red : {clustr::Reduction::mean, clustr::Reduction::sum}) {
       CAPTURE(c.R);
       CAPTURE(c.V);
       CAPTURE(c.weighted);
       CAPTURE(c.ignore_index);
       CAPTURE(static_cast<int>(red));
-      const clustr::CrossEntropyOutput e =
-          clustr::cross_entropy(logits, target, weight, c.ignore_index, red);
-      const clustr::CrossEntropyOutput g =
-          clustr::cross_entropy(dlogits_d, dtarget, dweight, c.ignore_index, red);
-      CHECK(g.loss.device() == Device::cuda);
-      CHECK_CLOSE(std::vector<float>{g.loss.item()}, std::vector<float>{e.loss.item()}, 1e-6,
-                  1e-6);
-      CHECK_CLOSE(g.logsumexp.to_vector(), e.logsumexp.to_vector(), 1e-6, 1e-6);
-      CHECK(g.total_weight == doctest::Approx(e.total_weight).epsilon(1e-12));
+      std::vector<clustr::CrossEntropyOutput> out;  // the cpu's, then the device's
+      compare_devices(
+          [&](const Inputs& v) {
+            out.push_back(clustr::cross_entropy(v[0], v[1], v[2], c.ignore_index, red));
+            return Inputs{out.back().loss, out.back().logsumexp};
+          },
+          {logits, target, weight},
+          {{"loss", close(1e-6, 1e-6)}, {"logsumexp", close(1e-6, 1e-6)}});
+      REQUIRE(out.size() == 2);
+      const clustr::CrossEntropyOutput& e = out[0];
+      CHECK(out[1].total_weight == doctest::Approx(e.total_weight).epsilon(1e-12));
 
-      Tensor dloss = Tensor::scalar(0.75f);
-      Tensor eg = clustr::cross_entropy_backward(dloss, logits, target, weight, e.logsumexp,
-                                                 c.ignore_index, red, e.total_weight);
       // The cpu's logsumexp and total weight, so that only backward differs.
-      Tensor gg = clustr::cross_entropy_backward(on_device(dloss), dlogits_d, dtarget, dweight,
-                                                 on_device(e.logsumexp), c.ignore_index, red,
-                                                 e.total_weight);
-      check_formula(gg.to_vector(), eg.to_vector());
+      compare_devices(
+          [&](const Inputs& v) {
+            return clustr::cross_entropy_backward(v[0], v[1], v[2], v[3], v[4], c.ignore_index,
+                                                  red, e.total_weight);
+          },
+          {Tensor::scalar(0.75f), logits, target, weight, e.logsumexp}, formula());
     }
   }
   // Every row ignored: mean is 0, and so is the gradient.
@@ -268,21 +267,15 @@ TEST_CASE("cuda layout: permute and transpose match the cpu bit for bit, f32 and
     CAPTURE(clustr::to_string(c.s));
     CAPTURE(c.perm.size() > 0 ? c.perm[0] : -1);
     Tensor x = on_cpu(random_values(clustr::numel(c.s), seed++), c.s);
-    Tensor e = clustr::permute(x, c.perm), g = clustr::permute(on_device(x), c.perm);
-    CHECK(g.device() == Device::cuda);
-    CHECK(g.shape() == e.shape());
-    check_ulps(g.to_vector(), e.to_vector(), 0);
     std::vector<int32_t> iv(static_cast<size_t>(x.numel()));
     std::iota(iv.begin(), iv.end(), -7);
     Tensor xi = Tensor::from_int_vector(iv, c.s);
-    CHECK(clustr::permute(on_device(xi), c.perm).to_int_vector() ==
-          clustr::permute(xi, c.perm).to_int_vector());
+    for (const Tensor& t : {x, xi})  // f32 to 0 ulps, i32 exactly
+      compare_devices([&](const Inputs& v) { return clustr::permute(v[0], c.perm); }, {t}, 0);
   }
   Tensor x = on_cpu(random_values(3 * 17 * 129, seed++), {3, 17, 129});
-  check_ulps(clustr::transpose(on_device(x), 0, 2).to_vector(),
-             clustr::transpose(x, 0, 2).to_vector(), 0);
-  check_ulps(clustr::transpose(on_device(x), -1, -2).to_vector(),
-             clustr::transpose(x, -1, -2).to_vector(), 0);
+  compare_devices([](const Inputs& v) { return clustr::transpose(v[0], 0, 2); }, {x}, 0);
+  compare_devices([](const Inputs& v) { return clustr::transpose(v[0], -1, -2); }, {x}, 0);
 }
 
 TEST_CASE("cuda layout: gather_rows and scatter_add_rows_ match the cpu bit for bit") {
@@ -302,18 +295,19 @@ TEST_CASE("cuda layout: gather_rows and scatter_add_rows_ match the cpu bit for 
     Tensor index = Tensor::from_int_vector(random_ints(clustr::numel(c.index), seed++, 0, hi),
                                            c.index);
     Tensor table = on_cpu(random_values(c.V * c.D, seed++), {c.V, c.D});
-    Tensor e = clustr::gather_rows(table, index);
-    Tensor g = clustr::gather_rows(on_device(table), on_device(index));
-    CHECK(g.shape() == e.shape());
-    check_ulps(g.to_vector(), e.to_vector(), 0);
+    compare_devices([](const Inputs& v) { return clustr::gather_rows(v[0], v[1]); },
+                    {table, index}, 0);
 
     Shape src_shape = c.index;
     src_shape.push_back(c.D);
     Tensor src = on_cpu(random_values(clustr::numel(src_shape), seed++), src_shape);
-    Tensor dtable = on_device(table);
-    clustr::scatter_add_rows_(table, index, src);
-    clustr::scatter_add_rows_(dtable, on_device(index), on_device(src));
-    check_ulps(dtable.to_vector(), table.to_vector(), 0);
+    compare_devices(
+        [](const Inputs& v) {
+          Tensor t = v[0].clone();
+          clustr::scatter_add_rows_(t, v[1], v[2]);
+          return t;
+        },
+        {table, index, src}, 0);
   }
 }
 
@@ -329,12 +323,10 @@ TEST_CASE("cuda shape ops: broadcast_to, sum_to, slice, slice_add_ and concat ma
     CAPTURE(clustr::to_string(p.small));
     CAPTURE(clustr::to_string(p.big));
     Tensor x = on_cpu(random_values(clustr::numel(p.small), seed++), p.small);
-    check_ulps(clustr::broadcast_to(on_device(x), p.big).to_vector(),
-               clustr::broadcast_to(x, p.big).to_vector(), 0);
+    compare_devices([&](const Inputs& v) { return clustr::broadcast_to(v[0], p.big); }, {x}, 0);
     Tensor big = on_cpu(random_values(clustr::numel(p.big), seed++), p.big);
-    Tensor e = clustr::sum_to(big, p.small), g = clustr::sum_to(on_device(big), p.small);
-    CHECK(g.shape() == e.shape());
-    CHECK_CLOSE(g.to_vector(), e.to_vector(), 1e-6, 1e-6);
+    compare_devices([&](const Inputs& v) { return clustr::sum_to(v[0], p.small); }, {big},
+                    close(1e-6, 1e-6));
   }
   Tensor xi = Tensor::from_int_vector({1, 2, 3}, {3});
   CHECK(clustr::broadcast_to(on_device(xi), {2, 3}).to_int_vector() ==
@@ -343,7 +335,6 @@ TEST_CASE("cuda shape ops: broadcast_to, sum_to, slice, slice_add_ and concat ma
   const Shape shapes[] = {{129}, {17, 129}, {3, 17, 5}, {1, 3}};
   for (const Shape& s : shapes) {
     Tensor x = on_cpu(random_values(clustr::numel(s), seed++), s);
-    Tensor dx = on_device(x);
     for (int axis = 0; axis < static_cast<int>(s.size()); ++axis) {
       const int64_t len = s[axis];
       for (int64_t start : {int64_t(0), len / 3}) {
@@ -352,29 +343,26 @@ TEST_CASE("cuda shape ops: broadcast_to, sum_to, slice, slice_add_ and concat ma
           CAPTURE(axis);
           CAPTURE(start);
           CAPTURE(length);
-          Tensor e = clustr::slice(x, axis, start, length);
-          Tensor g = clustr::slice(dx, axis, start, length);
-          CHECK(g.shape() == e.shape());
-          check_ulps(g.to_vector(), e.to_vector(), 0);
           Tensor acc = on_cpu(random_values(clustr::numel(s), seed++), s);
-          Tensor dacc = on_device(acc);
-          clustr::slice_add_(acc, axis, start, e);
-          clustr::slice_add_(dacc, axis, start, g);
-          check_ulps(dacc.to_vector(), acc.to_vector(), 0);
+          // The slice, and acc with it added back where it came from (each device its own).
+          compare_devices(
+              [&](const Inputs& v) {
+                Tensor part = clustr::slice(v[0], axis, start, length), sum = v[1].clone();
+                clustr::slice_add_(sum, axis, start, part);
+                return Inputs{part, sum};
+              },
+              {x, acc}, {{"slice", 0}, {"slice_add_", 0}});
         }
       }
       // Three pieces of different lengths joined along the axis.
       Shape s1 = s, s2 = s;
       s1[axis] = 1;
       s2[axis] = 2 * len + 1;
-      std::vector<Tensor> parts = {x, on_cpu(random_values(clustr::numel(s1), seed++), s1),
-                                   on_cpu(random_values(clustr::numel(s2), seed++), s2)};
-      std::vector<Tensor> dparts;
-      for (const Tensor& t : parts) dparts.push_back(on_device(t));
+      Inputs parts = {x, on_cpu(random_values(clustr::numel(s1), seed++), s1),
+                      on_cpu(random_values(clustr::numel(s2), seed++), s2)};
       CAPTURE(clustr::to_string(s));
       CAPTURE(axis);
-      check_ulps(clustr::concat(dparts, axis).to_vector(), clustr::concat(parts, axis).to_vector(),
-                 0);
+      compare_devices([&](const Inputs& v) { return clustr::concat(v, axis); }, parts, 0);
     }
   }
   Tensor a = Tensor::from_int_vector({1, 2}, {2, 1}), b = Tensor::from_int_vector({3, 4}, {2, 1});
