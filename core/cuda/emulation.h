@@ -1,95 +1,18 @@
 // Device emulation: the CUDA backend built with the host compiler (configure with
 // -DCLUSTR_CUDA=EMULATE), so that every kernel runs, and is tested, on a machine without a GPU.
 // Included only through core/cuda/check.h, in place of the toolkit's headers, by core/cuda/*
-// sources compiled with CLUSTR_CUDA_EMULATION.
+// sources compiled with CLUSTR_CUDA_EMULATION. How it works (the device-memory arena that
+// faults on host access, checked stream and event handles, the cuBLAS subset and its numerics,
+// fibers for barriers and warp shuffles, schedules, ThreadSanitizer): docs/ARCHITECTURE.md,
+// "Device emulation".
 //
-// Two parts: the runtime and cuBLAS subsets (emulation.cpp, emulation_blas.cpp) and the launcher
-// (emulation_launch.cpp):
-//
+// Two parts:
 // 1. The subset of the CUDA runtime and cuBLAS APIs that core/cuda/ calls, with the same names,
-//    signatures and error codes, so that runtime.cu and blas.cu compile unchanged:
-//    - device memory is host memory, but in an arena of its own: address space reserved at the
-//      first cudaMalloc (the host's physical memory in size, pages cost memory only once
-//      written), carved into 256-byte aligned blocks with a 256-byte gap after each. The arena
-//      is inaccessible (PROT_NONE) except while the emulator itself works on it (a launch, a
-//      copy, a GEMM, a fill), so host code that reads or writes device memory directly faults;
-//      a SIGSEGV handler names the address and prints a backtrace before the process ends.
-//      Under AddressSanitizer everything in the arena outside live blocks is poisoned, so a
-//      kernel running past its block or into a freed one is reported as on the heap. Every
-//      allocation is registered, and cudaMemcpyAsync checks that each side of a copy is, or is
-//      not, device memory as its direction says (a host pointer handed to the device is an
-//      error); cudaMalloc fails with cudaErrorMemoryAllocation past the emulated device's
-//      capacity (the host's physical memory). What the arena cannot catch: a kernel given a
-//      host pointer reads host memory (kernels run on the host);
-//    - streams and events: every launch, copy and GEMM has finished when its call returns, so
-//      work is trivially ordered and synchronizing or querying returns at once. What is checked
-//      is the handles: a stream or event is live from its create call to its destroy call, and
-//      any call given one that is not (destroyed, never created, an event passed as a stream)
-//      fails with cudaErrorInvalidResourceHandle; a kernel launched on such a stream is
-//      reported by cudaGetLastError and does not run, and a GEMM on a handle bound to one fails
-//      with CUBLAS_STATUS_EXECUTION_FAILED. Handles are numbers that are never reused, so a
-//      destroyed one stays invalid (a driver may hand the same value out again);
-//    - cublasSgemm and cublasSgemmStridedBatched are a plain host GEMM with cuBLAS's
-//      column-major semantics: op N/T, m/n/k, lda/ldb/ldc and their validity rules
-//      (CUBLAS_STATUS_INVALID_VALUE), alpha/beta with C not read when beta == 0 and A, B not
-//      read when alpha == 0 or k == 0, strides and batch count. The matrices each call reads and
-//      writes must lie inside device allocations, or the call fails (a GPU would fault), so a
-//      wrong leading dimension in our row-major mapping is caught even where it stays in bounds
-//      of the host heap.
-//      cublasGemmEx and cublasGemmStridedBatchedEx follow the same contract for the type
-//      combinations clustr uses, CUDA_R_16BF x CUDA_R_16BF -> CUDA_R_32F and CUDA_R_32F x
-//      CUDA_R_32F -> CUDA_R_32F, both with CUBLAS_COMPUTE_32F (alpha and beta are floats), and
-//      algorithm CUBLAS_GEMM_DEFAULT or CUBLAS_GEMM_DEFAULT_TENSOR_OP; any other combination is
-//      CUBLAS_STATUS_NOT_SUPPORTED, any other algorithm CUBLAS_STATUS_INVALID_VALUE.
-//      The arithmetic: each product of two operands is formed in float and the products are
-//      added in float, in order of k (a GPU adds in another order, and fuses float32
-//      multiply-adds; tests allow for that). A product of two bf16 values is exact in float
-//      (8-bit significands), as on tensor cores, so for bf16 the only rounding is float32
-//      accumulation, as on a GPU. With the handle's math mode
-//      CUBLAS_TF32_TENSOR_OP_MATH, every float32 operand (of cublasSgemm, of
-//      cublasSgemmStridedBatched, and of cublasGemmEx with float32 inputs) is first rounded to
-//      TF32 as the cvt.rna.tf32.f32 instruction does: to 10 explicit mantissa bits, to nearest
-//      with ties away from zero (NaN and infinities kept). A GPU's TF32 kernels may round
-//      another way (or drop the low bits), so tests of TF32 on a GPU allow for that.
-//      Built with -DCLUSTR_EMULATION_NUMERICS=gpu (GPU-like numerics), each product is instead
-//      fused into one of four partial sums (k mod 4, fmaf), added pairwise at the end, and beta
-//      C is fused in too: another summation order, as a GPU's GEMM has its own, so that tests
-//      take the tolerance branches they take on a GPU (cuda::exact_numerics() is false);
-//    - fresh device memory (and a block the allocator of runtime.cu hands out again) holds NaN
-//      bytes (0xff), so a kernel reading memory it never wrote computes NaN, not a plausible 0;
-//    - a device-to-device copy whose ranges overlap is refused (cudaErrorInvalidValue; its
-//      result is undefined on a GPU);
-//    - the environment variable CLUSTR_CUDA_EMULATION_DEVICES=0 makes cudaGetDeviceCount report
-//      no device, to test the "no GPU" paths.
-//
-// 2. The launcher behind launch() of core/cuda/kernel.h. Blocks run in parallel over the
-//    OpenMP threads (one after another without OpenMP); within a block:
-//    - a kernel that declares kUsesBarrier = false has its threads run one after another, each
-//      to its end (t.sync() is then an error);
-//    - a kernel with kUsesBarrier = true runs each CUDA thread of the block as a fiber: an
-//      execution context with its own stack (POSIX ucontext), all of the block's fibers on one
-//      host thread. t.sync() is a real barrier: the fiber switches back to the block's
-//      scheduler, which resumes the fibers only when every one of them has arrived. A fiber
-//      switch costs well under a microsecond, where waking host threads at every barrier costs
-//      tens of microseconds each, and the emulation stays deterministic. Threads that return
-//      while others wait at a barrier, and threads waiting at different t.sync() calls (the
-//      call's file and line), are reported as an error (on a GPU that is undefined behaviour,
-//      often a hang). Under AddressSanitizer the switches are announced to it
-//      (__sanitizer_start_switch_fiber), so it follows the fibers' stacks.
-//    The schedule (CLUSTR_EMULATION_SCHEDULE, or set_schedule below) orders all of this: the
-//    threads of a block without barriers, the fibers' resumption in every barrier round, and
-//    the blocks each host thread takes. In thread order ("forward", the default) a missing
-//    barrier goes unseen whenever the reader of a value has a higher index than its writer;
-//    "reverse" and "random:SEED" (a permutation drawn afresh for every launch, block and round,
-//    the same for a given seed) run readers first, which then see NaN shared memory.
-//    Built with ThreadSanitizer (-DCLUSTR_TSAN=ON, no OpenMP), every CUDA thread is a fiber of
-//    its own to it, kernels without barriers included, and it is told only the GPU's orderings
-//    (host work before a launch, a block's threads before and after each t.sync(), the launch
-//    before the host's next work): two threads touching the same byte between barriers, or two
-//    blocks of a launch, without an atomic, are reported as a data race whatever the schedule.
-//    Launch configurations a GPU rejects (more than 1024 threads per block, block or grid sizes
-//    past CUDA's limits, more than 48 KiB of dynamic shared memory) are recorded as
-//    cudaErrorInvalidConfiguration for cudaGetLastError, as the runtime does.
+//    signatures and error codes, so that runtime.cu and blas.cu compile unchanged
+//    (emulation.cpp, emulation_blas.cpp). CLUSTR_CUDA_EMULATION_DEVICES=0 in the environment
+//    makes cudaGetDeviceCount report no device, to test the "no GPU" paths.
+// 2. The launcher behind launch() of core/cuda/kernel.h (emulation_launch.cpp), ordered by
+//    CLUSTR_EMULATION_SCHEDULE (forward, reverse, random:SEED) or set_schedule below.
 #pragma once
 
 #include <cstddef>
