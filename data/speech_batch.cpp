@@ -18,14 +18,14 @@ int64_t stacked_length(int64_t frames, int k) {
 Tensor stack_frames(const Tensor& features, int k) {
   CLUSTR_CHECK(features.defined() && features.dtype() == DType::f32 && features.rank() == 2 &&
                    features.device() == Device::cpu,
-               "stack_frames: expected f32 (T, M) features on cpu, got ",
+               "stack_frames: expected f32 (T, bins) features on cpu, got ",
                features.defined() ? describe(features) : std::string("an undefined tensor"));
   CLUSTR_CHECK(k >= 1, "stack_frames: the stacking factor must be >= 1, got ", k);
   const Tensor& src = features;
-  const int64_t T = src.size(0), M = src.size(1), Tk = stacked_length(T, k);
-  Tensor out = Tensor::zeros({Tk, k * M});
-  // Row-major (T, M) read as (T', k M) is exactly the stacking; only the tail group is short.
-  if (T * M > 0) std::memcpy(out.f32(), src.f32(), sizeof(float) * size_t(T * M));
+  const int64_t T = src.size(0), bins = src.size(1), Tk = stacked_length(T, k);
+  Tensor out = Tensor::zeros({Tk, k * bins});
+  // Row-major (T, bins) read as (T', k bins) is exactly the stacking; only the tail group is short.
+  if (T * bins > 0) std::memcpy(out.f32(), src.f32(), sizeof(float) * size_t(T * bins));
   return out;
 }
 
@@ -78,24 +78,24 @@ void shuffle_batches(std::vector<std::vector<size_t>>& batches, Generator& gen) 
 SpeechBatch collate_speech(const std::vector<SpeechExample>& examples,
                            const std::vector<size_t>& indices) {
   CLUSTR_CHECK(!indices.empty(), "collate_speech: no utterances to batch");
-  int64_t F = -1, Tmax = 0, Umax = 0;
+  int64_t width = -1, Tmax = 0, Umax = 0;
   for (size_t i : indices) {
     CLUSTR_CHECK(i < examples.size(), "collate_speech: index ", i, " out of range (",
                  examples.size(), " examples)");
     const SpeechExample& e = examples[i];
     CLUSTR_CHECK(e.features.defined() && e.features.dtype() == DType::f32 &&
                      e.features.rank() == 2,
-                 "collate_speech: utterance '", e.id, "' has no f32 (T, F) features");
-    if (F < 0) F = e.features.size(1);
-    CLUSTR_CHECK(e.features.size(1) == F, "collate_speech: utterance '", e.id, "' has ",
-                 e.features.size(1), " features per frame, the batch's first has ", F);
+                 "collate_speech: utterance '", e.id, "' has no f32 (T, features) features");
+    if (width < 0) width = e.features.size(1);
+    CLUSTR_CHECK(e.features.size(1) == width, "collate_speech: utterance '", e.id, "' has ",
+                 e.features.size(1), " features per frame, the batch's first has ", width);
     Tmax = std::max(Tmax, e.features.size(0));
     Umax = std::max(Umax, int64_t(e.labels.size()));
   }
   const int64_t B = int64_t(indices.size());
   SpeechBatch b;
   b.indices = indices;
-  b.features = Tensor::zeros({B, Tmax, F});
+  b.features = Tensor::zeros({B, Tmax, width});
   b.lengths = Tensor::zeros({B}, DType::i32);
   b.targets = Tensor::zeros({B, std::max<int64_t>(Umax, 1)}, DType::i32);
   b.target_lengths = Tensor::zeros({B}, DType::i32);
@@ -108,7 +108,8 @@ SpeechBatch collate_speech(const std::vector<SpeechExample>& examples,
     const SpeechExample& e = examples[indices[size_t(r)]];
     const Tensor& f = e.features;
     const int64_t T = f.size(0);
-    if (T * F > 0) std::memcpy(x + r * Tmax * F, f.f32(), sizeof(float) * size_t(T * F));
+    if (T * width > 0)
+      std::memcpy(x + r * Tmax * width, f.f32(), sizeof(float) * size_t(T * width));
     len[r] = int32_t(T);
     tlen[r] = int32_t(e.labels.size());
     std::copy(e.labels.begin(), e.labels.end(), tgt + r * Sw);

@@ -1,11 +1,11 @@
 // Batches of speech utterances for CTC training: frame stacking, length buckets and padding.
 //
-// Legend: B utterances in a batch, T frames of one utterance (10 ms each), M feature bins (40),
-// k the stacking factor, T' = ceil(T / k) stacked frames, Tmax the longest T' of a batch, U
-// labels of one utterance, Umax the most labels in a batch.
+// Legend: B utterances in a batch, T frames of one utterance (10 ms each), `bins` the feature
+// bins (40), k the stacking factor, T' = ceil(T / k) stacked frames, Tmax the longest T' of a
+// batch, U labels of one utterance, Umax the most labels in a batch; `features` = k bins.
 //
 // Frame stacking (time subsampling, as in the paper's WSJ setup where the corpus allows it):
-// frames k t .. k t + k - 1 are concatenated into one frame of k M values, so the encoder sees
+// frames k t .. k t + k - 1 are concatenated into one frame of k bins values, so the encoder sees
 // T' = ceil(T / k) positions, each covering k x 10 ms. The last group of an utterance whose T is
 // not a multiple of k is completed with zero frames (the per-utterance mean once features are
 // normalised), so no audio is dropped. CTC needs T' >= U + (the repeated neighbours in the
@@ -32,14 +32,14 @@ namespace clustr {
 // The number of stacked frames of an utterance of `frames` frames: ceil(frames / k), k >= 1.
 int64_t stacked_length(int64_t frames, int k);
 
-// features f32 (T, M) on cpu -> (ceil(T / k), k M): row t is frames k t .. k t + k - 1 side by
-// side, zero frames past T. k = 1 returns a copy.
+// features f32 (T, bins) on cpu -> (ceil(T / k), k bins): row t is frames k t .. k t + k - 1
+// side by side, zero frames past T. k = 1 returns a copy.
 Tensor stack_frames(const Tensor& features, int k);
 
 // One utterance ready for batching: features already normalised and stacked.
 struct SpeechExample {
   std::string id;
-  Tensor features;              // f32 (T', F) with F = k M
+  Tensor features;              // f32 (T', k bins)
   std::vector<int32_t> labels;  // token indices (never the blank)
   int64_t frames = 0;           // 10 ms frames before stacking (T)
 };
@@ -64,7 +64,7 @@ void shuffle_batches(std::vector<std::vector<size_t>>& batches, Generator& gen);
 
 // A padded batch; everything on cpu.
 struct SpeechBatch {
-  Tensor features;        // f32 (B, Tmax, F), zeros past each utterance's length
+  Tensor features;        // f32 (B, Tmax, features), zeros past each utterance's length
   Tensor lengths;         // i32 (B): T' of each utterance; the encoder's attention masks keys
                           // (and queries) at positions >= lengths[b], CTC reads t < lengths[b]
   Tensor targets;         // i32 (B, Umax), zeros past each target length

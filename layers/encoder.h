@@ -1,7 +1,7 @@
 // The transformer encoder: EncoderLayer (self-attention + feed-forward, each in a residual
-// branch with layer normalisation) and Encoder, a stack of L of them.
+// branch with layer normalisation) and Encoder, a stack of them.
 //
-// Legend: B batch, N positions, D model width, H heads, F feed-forward width, L layers.
+// Legend: B batch, N positions, D model width, H heads, F feed-forward width.
 //
 // Parameter names of one layer, and PyTorch's nn.TransformerEncoderLayer names they map to:
 //   attention.query.weight/bias   self_attn.in_proj_weight/bias, rows [0, D)
@@ -56,7 +56,7 @@ class EncoderLayer : public Module {
   std::shared_ptr<Dropout> dropout1_, dropout2_;
 };
 
-// L encoder layers, registered as "layers.0", "layers.1", ... A pre-norm stack ends with a
+// num_layers encoder layers, registered as "layers.0", "layers.1", ... A pre-norm stack ends with a
 // LayerNorm "norm" (as PyTorch's nn.TransformerEncoder with a final norm), since its residual
 // stream is never normalised otherwise; a post-norm stack has none.
 class Encoder : public Module {

@@ -114,7 +114,7 @@ TEST_CASE("speech batch: frame stacking pads the last group with zero frames") {
   CHECK(s4.f32()[10] == 0.0f);
   CHECK(stack_frames(x, 1).shape() == Shape{5, 2});
   CHECK_ERROR(stack_frames(x, 0), "stacking factor must be >= 1");
-  CHECK_ERROR(stack_frames(Tensor::zeros({2, 2, 2}), 2), "stack_frames", "(T, M)");
+  CHECK_ERROR(stack_frames(Tensor::zeros({2, 2, 2}), 2), "stack_frames", "(T, bins)");
 }
 
 TEST_CASE("speech batch: CTC needs a blank between repeated labels") {

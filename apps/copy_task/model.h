@@ -1,7 +1,8 @@
 // The copy-task model: token embedding + sinusoidal positional encoding + dropout + transformer
 // encoder (any attention type) + a linear output layer over the vocabulary.
 //
-// Legend: B batch, N = 2L + 2 positions, D = H x E model width, V = S + 2 vocabulary.
+// Legend: B batch, N = 2 length + 2 positions, D = H x E model width, V = symbols + 2
+// vocabulary (data/copy_task.h).
 // Parameter names: embedding.weight (V, D), encoder.layers.<i>.* (layers/encoder.h),
 // encoder.norm.* (pre-norm only), output.weight (V, D), output.bias (V).
 //

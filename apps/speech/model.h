@@ -1,11 +1,11 @@
 // The speech model: stacked filterbank frames -> Linear to D -> sinusoidal positions -> dropout
-// -> transformer encoder (any attention type) -> Linear to the C output classes (blank 0),
+// -> transformer encoder (any attention type) -> Linear to the V output classes (blank 0),
 // trained with CTC (layers/ctc.h).
 //
-// Legend: B utterances, T stacked frames (padded), F = k x 40 features per stacked frame, D
-// model width, C classes (the tokens file: blank + 39 phones = 40).
-// Parameter names: input.weight (D, F), input.bias (D), encoder.layers.<i>.* (layers/encoder.h),
-// encoder.norm.* (pre-norm only), output.weight (C, D), output.bias (C).
+// Legend: B utterances, T stacked frames (padded), D model width, V classes (the tokens file:
+// blank + 39 phones = 40); `features` = k x 40 values per stacked frame, as a word.
+// Parameter names: input.weight (D, features), input.bias (D), encoder.layers.<i>.*
+// (layers/encoder.h), encoder.norm.* (pre-norm only), output.weight (V, D), output.bias (V).
 #pragma once
 
 #include <cstdint>
@@ -28,10 +28,10 @@ class SpeechModel : public Module {
   // Parameters are initialised from gen (layers' PyTorch defaults).
   SpeechModel(const ModelOptions& options, int64_t features, int64_t classes, Generator& gen);
 
-  // features f32 (B, T, F), lengths i32 (B) -> logits (B, T, C). gen draws dropout masks
+  // features f32 (B, T, features), lengths i32 (B) -> logits (B, T, V). gen draws dropout masks
   // (training) and the clustered types' hashing.
   Variable forward(const Tensor& features, const Tensor& lengths, Generator& gen) const;
-  // The encoder's input: features (B, T, F) -> (B, T, D) (projection, positions, dropout).
+  // The encoder's input: features (B, T, features) -> (B, T, D) (projection, positions, dropout).
   Variable embed(const Tensor& features, Generator& gen) const;
 
   Encoder& encoder() const { return *encoder_; }
