@@ -369,7 +369,17 @@ inline void pack_b_cols(const GemmBf16Call& g, int64_t j, int64_t cols, int64_t 
         const char* x_row = k0 < kc ? byte_ptr(g.B, type, (p0 + k0) * g.ldb + j) : nullptr;
         const char* y_row = k1 < kc ? byte_ptr(g.B, type, (p0 + k1) * g.ldb + j) : nullptr;
         const int64_t elem = type == Operand::f32 ? 4 : 2;
+        // The pair of rows 8 pairs ahead, a line per colgroup: the rows of a deep B (the
+        // activations of a weight gradient) come from memory, and this loop does little else.
+        const int64_t ahead = k0 + 16;
+        const char* x_next = ahead < kc ? byte_ptr(g.B, type, (p0 + ahead) * g.ldb + j) : nullptr;
+        const char* y_next =
+            ahead + 1 < kc ? byte_ptr(g.B, type, (p0 + ahead + 1) * g.ldb + j) : nullptr;
         for (int64_t q = 0; q < groups; ++q) {
+          if ((16 * q * elem) % 64 == 0) {  // a new line of both rows
+            if (x_next) _mm_prefetch(x_next + 16 * q * elem, _MM_HINT_T0);
+            if (y_next) _mm_prefetch(y_next + 16 * q * elem, _MM_HINT_T0);
+          }
           const int64_t c = min64(16, cols - 16 * q);
           const __m512 x = x_row ? load16(x_row + 16 * q * elem, type, c) : _mm512_setzero_ps();
           const __m512 y = y_row ? load16(y_row + 16 * q * elem, type, c) : _mm512_setzero_ps();
