@@ -14,6 +14,8 @@
 // generic) on bf16 operands (--operands f32: float32 operands rounded as they are packed, the
 // precision policy's path), float32 C. OpenBLAS has no bf16 GEMM in Debian's build, so no peer
 // runs here; apps/bench_gemm_torch.py runs this beside torch.matmul on bf16 tensors.
+// --shapes encoder: the twelve products of one encoder-layer step (4096 tokens, D 192, F 768)
+// with the operand types, bf16 results and row-sum epilogues the bf16 policy gives them.
 #include <CLI/CLI.hpp>
 #include <dlfcn.h>
 
@@ -66,9 +68,13 @@ struct OpenBlas {
 };
 
 struct Case {
-  std::string group;  // "square" or "transformer"
+  std::string group;  // "square", "transformer", or in "encoder" the product's name
   int64_t M, K, N;
   bool ta, tb;
+  // The encoder products under the bf16 policy (core/precision.h): which operands are stored
+  // in bf16 (the others are float32, rounded as they are packed), whether C is stored in bf16,
+  // and whether the epilogue sums the rows of op(A) (a bias gradient). Elsewhere --operands says.
+  bool policy = false, a_bf16 = false, b_bf16 = false, c_bf16 = false, row_sums = false;
   std::string layout() const { return std::string(ta ? "T" : "N") + (tb ? "T" : "N"); }
 };
 
@@ -84,8 +90,30 @@ std::vector<Case> make_cases(const std::string& which) {
       for (auto [ta, tb] : {std::pair{false, true}, std::pair{false, false}, std::pair{true, false}})
         cases.push_back({"transformer", s[0], s[1], s[2], ta, tb});
   }
-  CLUSTR_CHECK(!cases.empty(), "bench_gemm: --shapes must be all, square or transformer, got '",
-               which, "'");
+  if (which == "encoder") {
+    // The twelve products of one step of the copy-task encoder layer (bench_encoder) at B N =
+    // 4096 tokens, D 192, F 768, as the layer runs them: forward (Q/K/V fused, attention
+    // output, feed-forward in and out), then each layer's input and weight gradients.
+    const int64_t R = 4096, D = 192, F = 768;
+    auto add = [&](const char* name, int64_t M, int64_t K, int64_t N, bool ta, bool tb, bool ab,
+                   bool bb, bool cb, bool sums) {
+      cases.push_back({name, M, K, N, ta, tb, true, ab, bb, cb, sums});
+    };
+    add("fwd qkv", R, D, 3 * D, false, true, false, false, false, false);
+    add("fwd out", R, D, D, false, true, false, false, false, false);
+    add("fwd ff1", R, D, F, false, true, false, false, true, false);   // H stored in bf16
+    add("fwd ff2", R, F, D, false, true, true, false, false, false);   // reads H
+    add("dX ff2", R, D, F, false, false, false, false, true, false);   // dP stored in bf16
+    add("dW ff2", D, R, F, true, false, false, true, false, true);     // dy^T H, db2
+    add("dX ff1", R, F, D, false, false, true, false, false, false);   // dP W1
+    add("dW ff1", F, R, D, true, false, true, false, false, true);     // dP^T x, db1
+    add("dX out", R, D, D, false, false, false, false, false, false);
+    add("dW out", D, R, D, true, false, false, false, false, true);
+    add("dX qkv", R, 3 * D, D, false, false, false, false, false, false);
+    add("dW qkv", 3 * D, R, D, true, false, false, false, false, true);
+  }
+  CLUSTR_CHECK(!cases.empty(), "bench_gemm: --shapes must be all, square, transformer or "
+               "encoder, got '", which, "'");
   return cases;
 }
 
@@ -181,7 +209,10 @@ int main(int argc, char** argv) try {
   double sample_ms = 40, pause_ms = 100;
   bool no_peer = false;
   std::string device = "cpu";
-  app.add_option("--shapes", shapes, "all, square or transformer")->capture_default_str();
+  app.add_option("--shapes", shapes,
+                 "all, square, transformer, or encoder (with --precision bf16: one encoder "
+                 "step's products as the bf16 policy runs them)")
+      ->capture_default_str();
   app.add_option("--threads", threads, "thread counts to run")->capture_default_str();
   app.add_option("--reps", reps, "timed samples per case and library")->capture_default_str()
       ->check(CLI::Range(1, 1000));
@@ -252,15 +283,22 @@ int main(int argc, char** argv) try {
     const Tensor Ah = bf16 ? A.astype(clustr::DType::bf16) : Tensor();
     const Tensor Bh = bf16 ? B.astype(clustr::DType::bf16) : Tensor();
     const bool f32_ops = operands == "f32";
-    const clustr::cpu::Operand type = f32_ops ? clustr::cpu::Operand::f32 : clustr::cpu::Operand::bf16;
+    const bool a_h = bf16 && (c.policy ? c.a_bf16 : !f32_ops);
+    const bool b_h = bf16 && (c.policy ? c.b_bf16 : !f32_ops);
+    using clustr::cpu::Operand;
+    Tensor Ch = c.c_bf16 ? Tensor::zeros({c.M * c.N}, clustr::DType::bf16) : Tensor();
+    std::vector<float> sums(c.row_sums ? size_t(c.M) : 0);
+    clustr::cpu::GemmEpilogue epilogue{};
+    if (c.row_sums) epilogue.a_row_sums = sums.data();
     const clustr::cpu::GemmBf16Call bf16_call{
         c.ta, c.tb, c.M, c.N, c.K, 1.0f,
-        f32_ops || !bf16 ? static_cast<const void*>(A.f32()) : static_cast<const void*>(Ah.bf16()),
-        type,
+        a_h ? static_cast<const void*>(Ah.bf16()) : static_cast<const void*>(A.f32()),
+        a_h ? Operand::bf16 : Operand::f32,
         lda,
-        f32_ops || !bf16 ? static_cast<const void*>(B.f32()) : static_cast<const void*>(Bh.bf16()),
-        type,
-        ldb, 0.0f, C.f32(), c.N, clustr::cpu::GemmEpilogue{}, nullptr, nullptr};
+        b_h ? static_cast<const void*>(Bh.bf16()) : static_cast<const void*>(B.f32()),
+        b_h ? Operand::bf16 : Operand::f32,
+        ldb, 0.0f, c.c_bf16 ? nullptr : C.f32(), c.N, epilogue,
+        c.c_bf16 ? Ch.bf16() : nullptr, nullptr};
     for (int t : threads) {
       clustr::set_num_threads(t);
       if (peer) blas.set_threads(t);
@@ -295,7 +333,7 @@ int main(int argc, char** argv) try {
                   sp.median, sp.max, rm);
       std::fflush(stdout);
       csv << c.group << ',' << c.M << ',' << c.K << ',' << c.N << ',' << c.layout() << ','
-          << precision << ',' << (bf16 ? operands : "f32") << ','
+          << precision << ',' << (!bf16 ? "f32" : c.policy ? "policy" : operands.c_str()) << ','
           << (bf16 ? clustr::cpu::gemm_bf16_kernel_name() : clustr::cpu::gemm_kernel_name())
           << ',' << t << ',' << so.min << ',' << so.median << ',' << so.max << ',' << sp.min << ','
           << sp.median << ',' << sp.max << ',' << rm << '\n';

@@ -149,6 +149,23 @@ TEST_CASE("bench_encoder_bad_shapes") {
   }
 }
 
+// bench_gemm --shapes encoder: the twelve products of an encoder step, each a row of the table;
+// an unknown group is refused by name.
+TEST_CASE("bench_gemm_encoder_products") {
+  const AppRun r = clustr::test::run_app(
+      {CLUSTR_APP_BENCH_GEMM, "--precision", "bf16", "--shapes", "encoder", "--threads", "1",
+       "--reps", "1", "--sample-ms", "1", "--pause-ms", "0", "--csv",
+       copy_out + "/bench_gemm_encoder.csv"});
+  for (const char* row : {"fwd qkv      4096x192x576      NT", "dW ff1       768x4096x192      TN",
+                          "dW qkv       576x4096x192      TN"})
+    CHECK_OUTPUT_HAS(r, std::string(row));
+  CHECK_STATUS(r, 0);
+  const AppRun bad = clustr::test::run_app({CLUSTR_APP_BENCH_GEMM, "--shapes", "encoders"});
+  CHECK_OUTPUT_HAS(bad, std::string("--shapes must be all, square, transformer or encoder, got "
+                                    "'encoders'"));
+  CHECK_STATUS(bad, 1);
+}
+
 #ifdef CLUSTR_APP_CLI_MEMORY_LIMIT
 // A CPU run never loads the CUDA libraries (cuBLAS and cuBLASLt alone map more than 400 MB):
 // it runs under a 400 MB address-space limit. (Not under the sanitizers, whose shadow memory
