@@ -168,8 +168,10 @@ int cmd_matrix(EvalFlags& f, const std::vector<std::string>& checkpoints,
                const std::string& map_path, int map_layer, int map_head, int64_t map_utt,
                const CLI::App& app) {
   check_eval_flags(f);
+  // The paper's Table 1 evaluates with the three types and oracle-top (each query's top keys
+  // of full attention, renormalised: are they enough?).
   const AttentionType types[] = {AttentionType::full, AttentionType::clustered,
-                                 AttentionType::improved_clustered};
+                                 AttentionType::improved_clustered, AttentionType::oracle_top};
   std::vector<std::vector<double>> per;
   std::vector<std::string> rows;
   TokenTable tokens;

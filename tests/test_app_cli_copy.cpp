@@ -77,6 +77,18 @@ TEST_CASE("copy_task_evaluate_with") {
   CHECK_STATUS(r, 0);
 }
 
+// Oracle-top (each query's 2 best keys of full attention) evaluates a trained model; it cannot
+// train one.
+TEST_CASE("copy_task_evaluate_oracle_top") {
+  const AppRun r = copy_task({"--checkpoint", copy_out + "/smoke", "--evaluate-with",
+                              "oracle-top", "--topk", "2"});
+  CHECK_OUTPUT_MATCHES(r, "evaluated with oracle-top \\(k=2\\)[^\n]*masked accuracy [01]\\.[0-9]+");
+  CHECK_STATUS(r, 0);
+  const AppRun train = copy_task({"--attention", "oracle-top", "--steps", "2"});
+  CHECK_OUTPUT_HAS(train, "--attention oracle-top is for evaluation only");
+  CHECK_STATUS(train, 1);
+}
+
 // A model trained in fp32 evaluates with bf16 products (its weights are f32 either way).
 TEST_CASE("copy_task_evaluate_bf16") {
   const AppRun r = copy_task({"--checkpoint", copy_out + "/smoke", "--precision", "bf16"});
@@ -176,7 +188,8 @@ TEST_CASE("copy_task_cpu_under_memory_limit") {
   const AppRun r = copy_task(
       cat({copy_tiny, {"--steps", "2", "--out", copy_out + "/memory_limit", "--overwrite"}}),
       limited);
-  CHECK_OUTPUT_MATCHES(r, "CUDA +(off|compiled, not used \\(--device cpu\\)).*final held-out evaluation");
+  CHECK_OUTPUT_MATCHES(
+      r, "CUDA +(off|compiled, not used \\(--device cpu\\)).*final held-out evaluation");
   CHECK_STATUS(r, 0);
 }
 
@@ -257,7 +270,8 @@ TEST_CASE("copy_task_missing_resume") {
 // --device cuda without a usable GPU: none is visible to this case in any build.
 TEST_CASE("copy_task_cuda") {
   const AppRun r = copy_task({"--device", "cuda"}, no_gpu);
-  CHECK_OUTPUT_MATCHES(r, "--device cuda: (clustr was built without the CUDA backend|no usable GPU)");
+  CHECK_OUTPUT_MATCHES(
+      r, "--device cuda: (clustr was built without the CUDA backend|no usable GPU)");
   CHECK_STATUS(r, 1);
 }
 
@@ -281,7 +295,8 @@ TEST_CASE("copy_task_cuda_run") {
 }
 
 TEST_CASE("copy_task_cuda_resume") {
-  const AppRun r = copy_task(cat({copy_cuda_tiny, {"--steps", "6", "--resume", copy_out + "/cuda"}}));
+  const AppRun r =
+      copy_task(cat({copy_cuda_tiny, {"--steps", "6", "--resume", copy_out + "/cuda"}}));
   CHECK_OUTPUT_MATCHES(r, "resumed from .* at step 4.*steps 4\\.\\.6");
   CHECK_STATUS(r, 0);
 }

@@ -93,8 +93,9 @@ TEST_CASE("speech_app_matrix") {
   const AppRun r = speech({"matrix", "--checkpoints", speech_out + "/full", "--manifest",
                            corpus + "/dev.tsv", "--attention-map",
                            speech_out + "/attention.png"});
-  CHECK_OUTPUT_MATCHES(r, "attention maps of dev0.*train \\\\ evaluate[^\n]*\n"
-                 "full +[0-9.]+ +[0-9.]+ +[0-9.]+");
+  CHECK_OUTPUT_MATCHES(r, "attention maps of dev0.*train \\\\ evaluate +full +clustered +"
+                 "improved-clustered +oracle-top\n"
+                 "full +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+\n");
   CHECK_STATUS(r, 0);
 }
 

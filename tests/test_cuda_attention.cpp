@@ -29,6 +29,7 @@
 #include "core/cuda/cuda.h"
 #include "core/tensor.h"
 #include "layers/attention/full.h"
+#include "layers/attention/oracle_top.h"
 
 using clustr::Device;
 using clustr::FullAttentionOptions;
@@ -274,4 +275,18 @@ TEST_CASE("cuda attention: forward + backward memory stays far below one N x S m
   INFO("peak device memory over the inputs: " << used << " bytes; one N x S matrix: " << matrix);
   CHECK(used < matrix / 3);
   CHECK(clustr::memory_stats(Device::cuda).live_bytes == before);
+}
+
+TEST_CASE("cuda attention: oracle-top on device tensors equals the cpu's, and stays there") {
+  // Evaluated on a host copy (layers/attention/oracle_top.h): the same bits either way.
+  const Tensor Q = random_tensor({2, 3, 11, 8}, 71), K = random_tensor({2, 3, 11, 8}, 72);
+  const Tensor V = random_tensor({2, 3, 11, 5}, 73);
+  const Tensor lengths = Tensor::from_int_vector({11, 7}, {2});
+  clustr::test::compare_devices(
+      [](const clustr::test::Inputs& x) {
+        return clustr::oracle_top_attention(Variable(x[0]), Variable(x[1]), Variable(x[2]), x[3],
+                                            3)
+            .data();
+      },
+      {Q, K, V, lengths}, 0);
 }

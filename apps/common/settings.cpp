@@ -32,11 +32,12 @@ void add_attention_settings(FlagTable& t, AttentionConfig& a, bool with_type) {
     t.add_text(
          "attention", [&a] { return std::string(attention_type_name(a.type)); },
          [&a](const std::string& s) { a.type = parse_attention_type(s); },
-         "full | clustered | improved-clustered")
+         "full | clustered | improved-clustered (oracle-top: evaluation only)")
         .resume(Resume::locked);
   t.add("clusters", a.clusters, "clusters C (clustered types)").at_least(1)
       .resume(Resume::locked);
-  t.add("topk", a.topk, "top-k keys per cluster (improved-clustered)").at_least(1)
+  t.add("topk", a.topk, "top-k keys per cluster (improved-clustered) or query (oracle-top)")
+      .at_least(1)
       .resume(Resume::locked);
   t.add("bits", a.bits, "hash bits for clustering (<= 63)").within(1, 63)
       .resume(Resume::locked);

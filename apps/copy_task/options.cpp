@@ -104,6 +104,10 @@ void validate(const RunOptions& o) {
   RunOptions copy = o;
   settings_table(copy).validate();
   o.model.attention.validate();
+  CLUSTR_CHECK(o.model.attention.type != AttentionType::oracle_top,
+               "--attention oracle-top is for evaluation only: it chooses each query's keys "
+               "from full attention's weights and has no gradient "
+               "(evaluate a trained model with it: --checkpoint DIR --evaluate-with oracle-top)");
 }
 
 void apply_checkpoint_config(const std::map<std::string, std::string>& config, RunOptions& o) {

@@ -152,6 +152,10 @@ void validate(const RunOptions& o) {
   RunOptions copy = o;
   settings_table(copy).validate();
   o.model.attention.validate();
+  CLUSTR_CHECK(o.model.attention.type != AttentionType::oracle_top,
+               "--attention oracle-top is for evaluation only: it chooses each query's keys "
+               "from full attention's weights and has no gradient "
+               "(evaluate a trained model with it: speech evaluate --attention oracle-top, or speech matrix)");
   CLUSTR_CHECK(o.train.batch > 0 || o.train.max_frames > 0,
                "--batch and --max-frames are both 0: give at least one batch limit");
   CLUSTR_CHECK(!o.data.corpus.empty() || (!o.data.train.empty() && !o.data.dev.empty()),

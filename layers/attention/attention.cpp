@@ -1,12 +1,17 @@
 // The attention dispatcher (attention.h): AttentionConfig -> the chosen attention op.
 #include "layers/attention/attention.h"
 
+#include <algorithm>
+#include <numeric>
+#include <vector>
+
 #include "core/error.h"
 #include "layers/attention/clustered.h"
 #include "layers/attention/clustered_common.h"
 #include "layers/attention/clustering.h"
 #include "layers/attention/full.h"
 #include "layers/attention/improved_clustered.h"
+#include "layers/attention/oracle_top.h"
 
 namespace clustr {
 
@@ -54,10 +59,36 @@ Variable attention(const AttentionConfig& config, const Variable& Q, const Varia
       return clustered_attention(Q, K, V, lengths, c.assignment, config.clusters, temperature,
                                  dropout);
     }
+    case AttentionType::oracle_top:
+      CLUSTR_CHECK(!training, "attention: oracle-top attention is for evaluation only (it ",
+                   "chooses each query's keys from full attention's weights); train with full, ",
+                   "clustered or improved-clustered attention");
+      return oracle_top_attention(Q, K, V, lengths, config.topk, temperature);
   }
   throw Error(detail::cat("attention: unknown AttentionType value ",
                           static_cast<int>(config.type)));
 }
+
+namespace {
+
+// Oracle-top on a dense row of n weights: all but the k largest (ties: the lower index) set to
+// 0, the kept ones renormalised.
+void keep_top(float* row, int64_t n, int64_t k) {
+  if (k >= n) return;
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), int64_t{0});
+  std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int64_t a, int64_t b) {
+    return row[a] > row[b] || (row[a] == row[b] && a < b);
+  });
+  std::vector<float> kept(static_cast<size_t>(n), 0.0f);
+  double sum = 0.0;
+  for (int64_t c = 0; c < k; ++c) sum += row[order[c]];
+  for (int64_t c = 0; c < k; ++c)
+    kept[static_cast<size_t>(order[c])] = static_cast<float>(row[order[c]] / sum);
+  std::copy(kept.begin(), kept.end(), row);
+}
+
+}  // namespace
 
 Tensor attention_matrix(AttentionType type, const Tensor& Q, const Tensor& K,
                         const Tensor& lengths, const Tensor& assignment, int64_t clusters,
@@ -70,7 +101,9 @@ Tensor attention_matrix(AttentionType type, const Tensor& Q, const Tensor& K,
   CLUSTR_CHECK(K.rank() == 4, op, ": expected K of shape (B, H, S, E), got ", describe(K));
   const int64_t B = Q.size(0), H = Q.size(1), N = Q.size(2), S = K.size(2);
   const Tensor V = Tensor::zeros({B, H, S, 1}, DType::f32, Q.device());
-  const bool full = type == AttentionType::full;
+  // Oracle-top's rows are full attention's rows with all but their top k weights dropped.
+  const bool oracle = type == AttentionType::oracle_top;
+  const bool full = type == AttentionType::full || oracle;
   // The full type uses a one-cluster stand-in only for the checks and the temperature.
   const Tensor a = full ? Tensor::zeros({B, H, N}, DType::i32, Q.device()) : assignment;
   const ImprovedClusteredAttentionOutput f = improved_clustered_attention_forward(
@@ -104,6 +137,7 @@ Tensor attention_matrix(AttentionType type, const Tensor& Q, const Tensor& K,
       softmax_row(row.data(), kk, kk);
       if (full) {
         std::copy(row.begin(), row.begin() + kk, out);
+        if (oracle) keep_top(out, kk, topk);
         continue;
       }
       std::copy(acj, acj + S, out);  // eq. 11: Ac_j off T, m_j softmax_T on T

@@ -24,8 +24,8 @@ Variable attention(const AttentionConfig& config, const Variable& Q, const Varia
 // Analysis (small N only): the dense attention weights (B, H, N, S) that `type` applies, so that
 // out = weights V. full: softmax(t Q K^T + mask), rows of padded queries (N == S, i >=
 // lengths[b]) 0, assignment, clusters and topk unused; clustered: row i is Ac_{j(i)} (eq. 3-6);
-// improved_clustered: A_i of eq. 11. Rows of queries with assignment -1 are 0 for the
-// clustered types.
+// improved_clustered: A_i of eq. 11; oracle_top: full's row with its topk largest weights kept
+// and renormalised. Rows of queries with assignment -1 are 0 for the clustered types.
 Tensor attention_matrix(AttentionType type, const Tensor& Q, const Tensor& K,
                         const Tensor& lengths, const Tensor& assignment, int64_t clusters,
                         int64_t topk, float temperature = 0.0f);

@@ -35,6 +35,9 @@ std::string AttentionConfig::describe() const {
       os << " (C=" << clusters << ", k=" << topk << ", bits=" << bits
          << ", iterations=" << iterations << ")";
       break;
+    case AttentionType::oracle_top:
+      os << " (k=" << topk << ")";
+      break;
   }
   if (causal) os << ", causal";
   if (dropout > 0.0f) os << ", dropout " << dropout;
@@ -42,11 +45,11 @@ std::string AttentionConfig::describe() const {
 }
 
 AttentionType parse_attention_type(const std::string& name) {
-  for (AttentionType t :
-       {AttentionType::full, AttentionType::clustered, AttentionType::improved_clustered})
+  for (AttentionType t : {AttentionType::full, AttentionType::clustered,
+                          AttentionType::improved_clustered, AttentionType::oracle_top})
     if (name == attention_type_name(t)) return t;
   throw Error(detail::cat("unknown attention type '", name,
-                          "'; expected one of: full, clustered, improved-clustered"));
+                          "'; expected one of: full, clustered, improved-clustered, oracle-top"));
 }
 
 const char* attention_type_name(AttentionType type) {
@@ -57,6 +60,8 @@ const char* attention_type_name(AttentionType type) {
       return "clustered";
     case AttentionType::improved_clustered:
       return "improved-clustered";
+    case AttentionType::oracle_top:
+      return "oracle-top";
   }
   throw Error(detail::cat("attention_type_name: unknown AttentionType value ",
                           static_cast<int>(type)));

@@ -9,12 +9,13 @@
 
 namespace clustr {
 
-enum class AttentionType { full, clustered, improved_clustered };
+// oracle_top (oracle_top.h) is for evaluation only: the paper's reference row of Table 1.
+enum class AttentionType { full, clustered, improved_clustered, oracle_top };
 
 struct AttentionConfig {
   AttentionType type = AttentionType::full;
   int clusters = 100;   // C: clustered types
-  int topk = 32;        // k: improved-clustered
+  int topk = 32;        // k: improved-clustered, oracle-top
   int bits = 63;        // hash bits for clustering (<= 63)
   int iterations = 10;  // Lloyd iterations of Hamming K-means
   bool causal = false;  // full attention only
@@ -26,8 +27,8 @@ struct AttentionConfig {
   std::string describe() const;
 };
 
-// "full", "clustered", "improved-clustered" <-> AttentionType; throws on anything else,
-// listing the accepted names.
+// "full", "clustered", "improved-clustered", "oracle-top" <-> AttentionType; throws on anything
+// else, listing the accepted names.
 AttentionType parse_attention_type(const std::string& name);
 const char* attention_type_name(AttentionType type);
 
