@@ -165,3 +165,17 @@ inline bool matches(const AppRun& run, const std::string& pattern) {
 // The output matches a pattern (as the CMake test had it: '.' matches a newline too).
 #define CHECK_OUTPUT_MATCHES(run, pattern) CHECK_RUN(run, clustr::test::matches(run, pattern))
 #define CHECK_STATUS(run, expected) CHECK_RUN(run, (run).status == (expected))
+// A run that must fail: the output holds text and the status is 1 (CHECK_FAILS_WITH) or any
+// non-zero one (CHECK_FAILS).
+#define CHECK_FAILS_WITH(run_expr, text)        \
+  do {                                          \
+    const ::clustr::test::AppRun r_ = run_expr; \
+    CHECK_OUTPUT_HAS(r_, text);                 \
+    CHECK_STATUS(r_, 1);                        \
+  } while (false)
+#define CHECK_FAILS(run_expr, text)             \
+  do {                                          \
+    const ::clustr::test::AppRun r_ = run_expr; \
+    CHECK_OUTPUT_HAS(r_, text);                 \
+    CHECK_RUN(r_, r_.status != 0);              \
+  } while (false)

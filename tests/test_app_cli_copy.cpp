@@ -97,15 +97,12 @@ TEST_CASE("copy_task_evaluate_bf16") {
 }
 
 TEST_CASE("copy_task_bad_precision") {
-  const AppRun r = copy_task({"--precision", "fp16"});
-  CHECK_OUTPUT_HAS(r, "unknown precision 'fp16' (expected fp32 or bf16)");
-  CHECK_STATUS(r, 1);
+  CHECK_FAILS_WITH(copy_task({"--precision", "fp16"}),
+                   "unknown precision 'fp16' (expected fp32 or bf16)");
 }
 
 TEST_CASE("copy_task_tf32_cpu") {
-  const AppRun r = copy_task({"--tf32"});
-  CHECK_OUTPUT_HAS(r, "--tf32 applies to the GPU's f32 products");
-  CHECK_STATUS(r, 1);
+  CHECK_FAILS_WITH(copy_task({"--tf32"}), "--tf32 applies to the GPU's f32 products");
 }
 
 TEST_CASE("copy_task_resume_other_model") {
@@ -128,12 +125,11 @@ TEST_CASE("copy_task_refuses_earlier_run") {
 }
 
 TEST_CASE("copy_task_resume_below_steps") {
-  const AppRun r = copy_task(cat({copy_tiny,
+  CHECK_FAILS_WITH(copy_task(cat({copy_tiny,
                                   {"--attention", "full", "--layers", "1", "--steps", "10",
                                    "--resume", copy_out + "/smoke", "--out",
-                                   copy_out + "/resume_below_steps"}}));
-  CHECK_OUTPUT_HAS(r, "is at step 300, past --steps 10");
-  CHECK_STATUS(r, 1);
+                                   copy_out + "/resume_below_steps"}})),
+                   "is at step 300, past --steps 10");
 }
 
 TEST_CASE("copy_task_overwrite_and_resume") {
@@ -143,9 +139,7 @@ TEST_CASE("copy_task_overwrite_and_resume") {
 }
 
 TEST_CASE("copy_task_bad_steps") {
-  const AppRun r = copy_task({"--steps", "-5"});
-  CHECK_OUTPUT_HAS(r, "--steps must be >= 1, got -5");
-  CHECK_STATUS(r, 1);
+  CHECK_FAILS_WITH(copy_task({"--steps", "-5"}), "--steps must be >= 1, got -5");
 }
 
 // bench_encoder checks every --shapes entry before it runs any ("32x64,32x128" is two shapes).
@@ -217,21 +211,16 @@ TEST_CASE("copy_task_huge_eval") {
 }
 
 TEST_CASE("copy_task_huge_threads") {
-  const AppRun r = copy_task({"--threads", "100000"});
-  CHECK_OUTPUT_HAS(r, "--threads must be in [0, 256]");
-  CHECK_STATUS(r, 1);
+  CHECK_FAILS_WITH(copy_task({"--threads", "100000"}), "--threads must be in [0, 256]");
 }
 
 TEST_CASE("copy_task_negative_seed") {
-  const AppRun r = copy_task({"--seed", "-1"});
-  CHECK_OUTPUT_HAS(r, "--seed -1: expected a whole number from 0 to");
-  CHECK_STATUS(r, 1);
+  CHECK_FAILS_WITH(copy_task({"--seed", "-1"}), "--seed -1: expected a whole number from 0 to");
 }
 
 TEST_CASE("copy_task_huge_steps") {
-  const AppRun r = copy_task({"--steps", "99999999999999999999"});
-  CHECK_OUTPUT_HAS(r, "--steps 99999999999999999999: out of range");
-  CHECK_STATUS(r, 1);
+  CHECK_FAILS_WITH(copy_task({"--steps", "99999999999999999999"}),
+                   "--steps 99999999999999999999: out of range");
 }
 
 // Flags that the checkpoint's model overrides are named, not silently ignored (and only
@@ -244,27 +233,20 @@ TEST_CASE("copy_task_checkpoint_ignores_flags") {
 }
 
 TEST_CASE("copy_task_bad_attention") {
-  const AppRun r = copy_task({"--attention", "linear"});
-  CHECK_OUTPUT_HAS(r, "unknown attention type 'linear'");
-  CHECK_STATUS(r, 1);
+  CHECK_FAILS_WITH(copy_task({"--attention", "linear"}), "unknown attention type 'linear'");
 }
 
 TEST_CASE("copy_task_bad_clusters") {
-  const AppRun r = copy_task({"--clusters", "0"});
-  CHECK_OUTPUT_HAS(r, "--clusters must be >= 1, got 0");
-  CHECK_STATUS(r, 1);
+  CHECK_FAILS_WITH(copy_task({"--clusters", "0"}), "--clusters must be >= 1, got 0");
 }
 
 TEST_CASE("copy_task_bad_mask_ratio") {
-  const AppRun r = copy_task({"--mask-ratio", "0.7"});
-  CHECK_OUTPUT_HAS(r, "--mask-ratio must be in (0, 0.5]");
-  CHECK_STATUS(r, 1);
+  CHECK_FAILS_WITH(copy_task({"--mask-ratio", "0.7"}), "--mask-ratio must be in (0, 0.5]");
 }
 
 TEST_CASE("copy_task_missing_resume") {
-  const AppRun r = copy_task({"--resume", copy_out + "/does-not-exist"});
-  CHECK_OUTPUT_HAS(r, "no such checkpoint file or folder");
-  CHECK_STATUS(r, 1);
+  CHECK_FAILS_WITH(copy_task({"--resume", copy_out + "/does-not-exist"}),
+                   "no such checkpoint file or folder");
 }
 
 // --device cuda without a usable GPU: none is visible to this case in any build.
