@@ -58,6 +58,19 @@ REGISTER_LISTENER("no_case_run_fails", 1, NoCaseRunFails);
 
 }  // namespace
 
+// The output checks themselves: CMake's pattern syntax, ".*" in order over a long output (one
+// std::regex over a megabyte overflowed the stack under AddressSanitizer).
+TEST_CASE("app_cli_pattern_matching") {
+  AppRun r;
+  r.output = "alpha 1\nbeta (x)\n" + std::string(1 << 20, 'z') + "\ngamma 3\n";
+  CHECK(clustr::test::matches(r, "alpha [0-9].*beta \\(x\\).*gamma 3"));
+  CHECK(clustr::test::matches(r, "alpha.1"));  // '.' matches the newline too, as in CMake
+  CHECK(clustr::test::matches(r, "(beta|delta) \\(x\\)\n.*(gamma|delta) 3\n"));
+  CHECK_FALSE(clustr::test::matches(r, "gamma.*alpha"));  // in order
+  CHECK_FALSE(clustr::test::matches(r, "alpha [^\n]*gamma"));
+  CHECK_FALSE(clustr::test::matches(r, "beta \\(y\\).*"));
+}
+
 // Smoke run: 300 steps of a tiny full-attention model; its final held-out loss must be below
 // 0.2 (it starts at ln 4 = 1.39; it reaches about 0.001).
 TEST_CASE("copy_task_smoke") {
