@@ -21,6 +21,7 @@
 //   block_reduce(t, v, scratch, op)   a reduction over the block (built on shared memory and
 //                          t.sync(), so no warp shuffles are needed)
 //   block_exclusive_sum(t, v, scratch) the sum of v over the threads before this one
+//   block_span(t, n)       this thread's contiguous share [begin, end) of n items
 //   t.shfl_xor(v, m)       __shfl_xor_sync over the full warp: the float v of lane (lane ^ m)
 //                          of this thread's warp (lanes: 32 consecutive threads of the block);
 //                          every lane calls it, in a block whose size is a multiple of 32
@@ -174,6 +175,18 @@ CLUSTR_DEVICE int64_t global_x(const Thread& t) {
 }
 CLUSTR_DEVICE int64_t grid_stride_x(const Thread& t) {
   return static_cast<int64_t>(t.block_dim().x) * t.grid_dim().x;
+}
+
+// This thread's contiguous share [begin, end) of n items split over the threads of its block
+// (ceil(n / block_dim) each, the last ones shorter or empty): what a thread owns when the order
+// of the items matters, e.g. before block_exclusive_sum.
+struct Span {
+  int64_t begin, end;
+};
+CLUSTR_DEVICE Span block_span(const Thread& t, int64_t n) {
+  const int64_t nt = t.block_dim().x, span = (n + nt - 1) / nt;
+  const int64_t begin = t.thread_idx().x * span < n ? t.thread_idx().x * span : n;
+  return {begin, begin + span < n ? begin + span : n};
 }
 
 // op over the value v of every thread of a 1-D block, returned to every thread. scratch holds

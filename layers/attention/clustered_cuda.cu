@@ -158,11 +158,9 @@ struct MemberOrderKernel {
   int32_t* order;
   int64_t N, C;
   CLUSTR_DEVICE void operator()(const Thread& t) const {
-    const unsigned tid = t.thread_idx().x, nt = t.block_dim().x;
     const int64_t p = t.block_idx().x / C, j = t.block_idx().x % C;
     const int32_t* ap = a + p * N;
-    const int64_t span = (N + nt - 1) / nt, i0 = tid * span < N ? tid * span : N,
-                  i1 = i0 + span < N ? i0 + span : N;
+    const auto [i0, i1] = block_span(t, N);
     int n = 0;
     for (int64_t i = i0; i < i1; ++i) n += ap[i] == j;
     int64_t at = start[p * (C + 1) + j] + block_exclusive_sum(t, n, t.shared<int>());

@@ -133,8 +133,7 @@ struct SeedKernel {
       if (tid == 0) active[bh] = 0;
       return;
     }
-    const int64_t span = (Nv + nt - 1) / nt, i0 = tid * span < Nv ? tid * span : Nv,
-                  i1 = i0 + span < Nv ? i0 + span : Nv;
+    const auto [i0, i1] = block_span(t, Nv);
     if (tid == 0) {
       cent[0] = code[draw(base) % static_cast<uint64_t>(Nv)];
       pick[2] = 1;

@@ -93,8 +93,7 @@ struct TopkKernel {
     // it takes (the keys above the bar, and equal ones while the row's first take_equal last),
     // and writes them at the offset that the threads before it leave.
     int* scratch = t.shared<int>();  // (nt), as block_reduce's above
-    const int64_t span = (L + nt - 1) / nt, c0 = tid * span < L ? tid * span : L,
-                  c1 = c0 + span < L ? c0 + span : L;
+    const auto [c0, c1] = block_span(t, L);
     int n_above = 0, n_equal = 0;
     if (kk > 0)
       for (int64_t c = c0; c < c1; ++c) {

@@ -33,12 +33,15 @@ Variable oracle_top_attention(const Variable& Q, const Variable& K, const Variab
   const int64_t B = q.size(0), H = q.size(1), N = q.size(2), E = q.size(3), S = k.size(2),
                 M = v.size(3);
   if (lengths.defined()) detail::check_lengths(op, lengths, B, S, "S", "K", k);
-  const std::vector<int32_t> len =
-      lengths.defined() ? lengths.to_int_vector() : std::vector<int32_t>();
   const double t = temperature > 0.0f ? temperature : 1.0 / std::sqrt(static_cast<double>(E));
 
-  // On the host (a copy for device tensors); the result goes back to the inputs' device.
-  const std::vector<float> qv = q.to_vector(), kv = k.to_vector(), vv = v.to_vector();
+  // The inputs where they are on the cpu, host copies of device ones; the result goes back to
+  // the inputs' device.
+  std::vector<int32_t> len_copy;
+  std::vector<float> q_copy, k_copy, v_copy;
+  const int32_t* len = lengths.defined() ? detail::host_i32(lengths, len_copy) : nullptr;
+  const float *qv = detail::host_f32(q, q_copy), *kv = detail::host_f32(k, k_copy),
+              *vv = detail::host_f32(v, v_copy);
   std::vector<float> out(static_cast<size_t>(B * H * N * M), 0.0f);
 #pragma omp parallel if (B * H > 1)
   {
@@ -46,13 +49,13 @@ Variable oracle_top_attention(const Variable& Q, const Variable& K, const Variab
     std::vector<int64_t> order(static_cast<size_t>(S));
 #pragma omp for schedule(static)
     for (int64_t bh = 0; bh < B * H; ++bh) {
-      const int64_t L = lengths.defined() ? len[static_cast<size_t>(bh / H)] : S;
+      const int64_t L = len ? len[bh / H] : S;
       const int64_t kk = std::min<int64_t>(topk, L);
       for (int64_t i = 0; i < N; ++i) {
         if (kk == 0 || (N == S && i >= L)) continue;  // no key, or a padded query: 0
-        const float* qi = qv.data() + (bh * N + i) * E;
+        const float* qi = qv + (bh * N + i) * E;
         for (int64_t l = 0; l < L; ++l) {
-          const float* kl = kv.data() + (bh * S + l) * E;
+          const float* kl = kv + (bh * S + l) * E;
           double dot = 0.0;
           for (int64_t e = 0; e < E; ++e) dot += static_cast<double>(qi[e]) * kl[e];
           score[static_cast<size_t>(l)] = t * dot;
