@@ -17,6 +17,7 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <string>
@@ -122,6 +123,30 @@ SpeechSet load_set(const EvalFlags& f, const LoadedModel& m, TokenTable& tokens)
   return load_speech_set(f.manifest, tokens, cache, m.options.stacking, f.max_utts, stdout);
 }
 
+// Labels that spell words (characters, word pieces) are scored as words too: the word error
+// rate of `e`'s hypotheses (the beam search's when there is one), or nothing for phones.
+void print_word_errors(const TokenTable& tokens, const SpeechSet& set, const Evaluation& e) {
+  if (!labels_spell_words(tokens)) return;
+  std::vector<LabelSequence> references;
+  for (const SpeechExample& x : set.examples) references.push_back(x.labels);
+  const ErrorRate w = word_errors(tokens, references, e.hypotheses);
+  std::printf("WER %.4f (%lld edits / %lld words)\n", w.rate(), static_cast<long long>(w.edits),
+              static_cast<long long>(w.reference_length));
+}
+
+// What the labels are, for messages: the error rate called PER is over these.
+const char* label_unit(const TokenTable& tokens) {
+  return labels_spell_words(tokens) ? "labels" : "phones";
+}
+
+// A hypothesis as text: its words where the labels spell words, else its labels.
+std::string hypothesis_text(const TokenTable& tokens, const LabelSequence& labels) {
+  if (!labels_spell_words(tokens)) return label_string(tokens, labels);
+  std::string text;
+  for (const std::string& w : label_words(tokens, labels)) text += (text.empty() ? "" : " ") + w;
+  return text;
+}
+
 int cmd_evaluate(EvalFlags& f, const std::string& checkpoint, const CLI::App& app) {
   check_eval_flags(f);
   LoadedModel m = load_trained_model(checkpoint, "--checkpoint", f.on, !f.non_strict, stdout);
@@ -135,15 +160,16 @@ int cmd_evaluate(EvalFlags& f, const std::string& checkpoint, const CLI::App& ap
   std::printf("checkpoint %s (step %lld), trained with %s in %s\n", m.file.c_str(),
               static_cast<long long>(m.step), m.options.attention.describe().c_str(),
               to_string(m.options.precision));
-  std::printf("evaluated with %s in %s on %s: %lld utterances, %lld phones\n",
+  std::printf("evaluated with %s in %s on %s: %lld utterances, %lld %s\n",
               a.describe().c_str(), to_string(m.model->precision()), f.manifest.c_str(),
               static_cast<long long>(e.utterances),
-              static_cast<long long>(e.greedy.reference_length));
+              static_cast<long long>(e.greedy.reference_length), label_unit(tokens));
   std::printf("loss %.4f  PER greedy %.4f", e.loss, e.greedy.rate());
   if (f.beam > 1) std::printf("  PER beam %d %.4f", f.beam, e.beam.rate());
   std::printf("  (impossible alignments %lld, %.1f s, %.0f frames/s)\n",
               static_cast<long long>(e.impossible), e.seconds,
               double(e.input_frames) / std::max(e.seconds, 1e-9));
+  print_word_errors(tokens, set, e);
   return 0;
 }
 
@@ -157,10 +183,11 @@ int cmd_decode(EvalFlags& f, const std::string& checkpoint, const CLI::App& app)
   const Evaluation e = evaluate_set(*m.model, set, f.max_frames, f.beam, f.seed);
   for (size_t i = 0; i < set.examples.size(); ++i)
     std::printf("%s\t%s\n", set.examples[i].id.c_str(),
-                label_string(tokens, e.hypotheses[i]).c_str());
+                hypothesis_text(tokens, e.hypotheses[i]).c_str());
   const ErrorRate& er = f.beam > 1 ? e.beam : e.greedy;
-  std::printf("PER %.4f (%lld edits / %lld phones)\n", er.rate(),
-              static_cast<long long>(er.edits), static_cast<long long>(er.reference_length));
+  std::printf("PER %.4f (%lld edits / %lld %s)\n", er.rate(), static_cast<long long>(er.edits),
+              static_cast<long long>(er.reference_length), label_unit(tokens));
+  print_word_errors(tokens, set, e);
   return 0;
 }
 
@@ -219,11 +246,45 @@ int cmd_matrix(EvalFlags& f, const std::vector<std::string>& checkpoints,
 struct ImportFlags {
   std::string format, in, out, units = "phones";
   std::string lexicon = "/usr/share/festival/dicts/cmu/cmudict-0.4.out";  // Debian's festlex-cmu
+  std::string piece_model;  // default: pieces.model beside the manifest
+  int vocab_size = 0;       // > 0: learn that many word pieces from this import's transcripts
 };
 
+// The word pieces of an import: learnt from its transcripts (--vocab-size) and saved, never over
+// an existing model, or read from the model that an earlier import learnt.
+WordPieces import_pieces(const ImportFlags& f, const std::vector<CorpusUtterance>& utts) {
+  const std::string path =
+      !f.piece_model.empty()
+          ? f.piece_model
+          : (std::filesystem::path(f.out).parent_path() / "pieces.model").string();
+  if (f.vocab_size == 0) {
+    CLUSTR_CHECK(std::filesystem::exists(path), "--units pieces: no word-piece model at ", path,
+                 ": learn one from the training split first (--vocab-size N), then import the "
+                 "other splits with it");
+    WordPieces w = WordPieces::load(path);
+    std::printf("word pieces: %s (%zu pieces)\n", path.c_str(), w.pieces().size());
+    return w;
+  }
+  CLUSTR_CHECK(!std::filesystem::exists(path), "--vocab-size: ", path, " exists already; to "
+               "encode with it leave out --vocab-size, to learn a new one delete it first");
+  std::vector<std::string> sentences;
+  for (const CorpusUtterance& u : utts) {
+    std::string s = word_sentence(u.transcript);
+    if (!s.empty()) sentences.push_back(std::move(s));
+  }
+  WordPieces w = WordPieces::train(sentences, f.vocab_size);
+  w.save(path);
+  std::printf("word pieces: learnt %d from %zu transcripts, saved to %s\n", f.vocab_size,
+              sentences.size(), path.c_str());
+  return w;
+}
+
 int cmd_import(const ImportFlags& f) {
-  CLUSTR_CHECK(f.units == "phones" || f.units == "chars", "--units must be phones or chars, got '",
-               f.units, "'");
+  CLUSTR_CHECK(f.units == "phones" || f.units == "chars" || f.units == "pieces",
+               "--units must be phones, chars or pieces, got '", f.units, "'");
+  CLUSTR_CHECK(f.units == "pieces" || (f.vocab_size == 0 && f.piece_model.empty()),
+               "--vocab-size and --piece-model are for --units pieces");
+  CLUSTR_CHECK(f.vocab_size >= 0, "--vocab-size must be positive, got ", f.vocab_size);
   std::vector<CorpusUtterance> utts;
   if (f.format == "librispeech")
     utts = import_librispeech(f.in);
@@ -236,13 +297,18 @@ int cmd_import(const ImportFlags& f) {
   std::printf("%s: %zu utterances listed\n", f.in.c_str(), utts.size());
   probe_durations(utts);
   std::optional<Lexicon> lexicon;
+  std::optional<WordPieces> pieces;
+  LabelUnits units = LabelUnits::chars;
   if (f.units == "phones") {
+    units = LabelUnits::phones;
     lexicon = Lexicon::read(f.lexicon);
     std::printf("lexicon %s: %zu words\n", f.lexicon.c_str(), lexicon->size());
+  } else if (f.units == "pieces") {
+    units = LabelUnits::pieces;
+    pieces = import_pieces(f, utts);
   }
-  const ImportReport r = write_manifest(
-      utts, f.units == "phones" ? LabelUnits::phones : LabelUnits::chars,
-      lexicon ? &*lexicon : nullptr, f.out);
+  const ImportReport r =
+      write_manifest(utts, units, lexicon ? &*lexicon : nullptr, f.out, pieces ? &*pieces : nullptr);
   double seconds = 0;
   for (const CorpusUtterance& u : utts) seconds += u.seconds;
   std::printf("wrote %s (%lld utterances; %.0f s = %.1f h of audio listed) and tokens.txt beside "
@@ -314,7 +380,13 @@ int main(int argc, char** argv) try {
   import->add_option("--out", imp.out, "the manifest to write (e.g. data/libri/train.tsv)")
       ->required();
   import->add_option("--units", imp.units, "phones (through --lexicon) | chars (letters, "
-                     "digits, ' and | between words)")->capture_default_str();
+                     "digits, ' and | between words) | pieces (word pieces, SentencePiece's "
+                     "unigram model)")->capture_default_str();
+  import->add_option("--vocab-size", imp.vocab_size, "with --units pieces: learn this many word "
+                     "pieces from this import's transcripts (the training split) and save them "
+                     "as --piece-model; without it the splits are encoded with that model");
+  import->add_option("--piece-model", imp.piece_model, "with --units pieces: the word-piece "
+                     "model (default: pieces.model beside --out)");
   import->add_option("--lexicon", imp.lexicon, "the pronunciation dictionary: Festival's CMU "
                      "lexicon (Debian's festlex-cmu) or a CMUdict text file")
       ->capture_default_str();

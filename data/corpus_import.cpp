@@ -175,13 +175,24 @@ std::vector<std::string> char_labels(const std::string& transcript) {
   return labels;
 }
 
+std::string word_sentence(const std::string& transcript) {
+  std::string s;
+  for (const std::string& w : transcript_words(transcript)) s += (s.empty() ? "" : " ") + w;
+  return s;
+}
+
 ImportReport write_manifest(const std::vector<CorpusUtterance>& utterances, LabelUnits units,
-                            const Lexicon* lexicon, const std::string& manifest) {
-  CLUSTR_CHECK(units == LabelUnits::chars || lexicon,
+                            const Lexicon* lexicon, const std::string& manifest,
+                            const WordPieces* pieces) {
+  CLUSTR_CHECK(units != LabelUnits::phones || lexicon,
                "import: phone labels need a pronunciation dictionary (--lexicon)");
+  CLUSTR_CHECK(units != LabelUnits::pieces || pieces, "import: word-piece labels need a model");
   std::vector<std::string> tokens = {"<blank>"};
   if (units == LabelUnits::phones) {
     tokens.insert(tokens.end(), arpabet_phones().begin(), arpabet_phones().end());
+  } else if (units == LabelUnits::pieces) {
+    const std::vector<std::string> p = pieces->pieces();
+    tokens.insert(tokens.end(), p.begin(), p.end());
   } else {
     for (char c = 'a'; c <= 'z'; ++c) tokens.push_back(std::string(1, c));
     for (char c = '0'; c <= '9'; ++c) tokens.push_back(std::string(1, c));
@@ -204,6 +215,12 @@ ImportReport write_manifest(const std::vector<CorpusUtterance>& utterances, Labe
           break;
         }
         labels.insert(labels.end(), phones->begin(), phones->end());
+      }
+    } else if (units == LabelUnits::pieces) {
+      try {
+        labels = pieces->encode(word_sentence(u.transcript));
+      } catch (const Error& e) {
+        problem = e.what();
       }
     } else {
       labels = char_labels(u.transcript);

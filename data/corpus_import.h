@@ -5,10 +5,10 @@
 //   - a Kaldi data folder: wav.scp ("<id> <path>"; a command ending in '|' is refused, since
 //     nothing here runs commands), text ("<id> <transcript>"), utt2spk when present;
 //   - a NeMo manifest: JSON lines {"audio_filepath": ..., "duration": ..., "text": ...}.
-// Transcripts in words become labels through a pronunciation dictionary (phones, data/lexicon.h)
-// or letter by letter (characters: a-z, ', and "|" between words), so a corpus without a
-// lexicon can be used too. Durations come from the audio files' headers (libsndfile), or from
-// the NeMo manifest.
+// Transcripts in words become labels through a pronunciation dictionary (phones, data/lexicon.h),
+// letter by letter (characters: a-z, ', and "|" between words), or in word pieces learnt from
+// the training transcripts (data/word_pieces.h), so a corpus without a lexicon can be used too.
+// Durations come from the audio files' headers (libsndfile), or from the NeMo manifest.
 #pragma once
 
 #include <cstdint>
@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "data/lexicon.h"
+#include "data/word_pieces.h"
 
 namespace clustr {
 
@@ -36,7 +37,7 @@ std::vector<CorpusUtterance> import_nemo(const std::string& manifest);
 // cannot be read.
 void probe_durations(std::vector<CorpusUtterance>& utterances);
 
-enum class LabelUnits { phones, chars };
+enum class LabelUnits { phones, chars, pieces };
 
 struct ImportReport {
   int64_t written = 0;
@@ -45,10 +46,16 @@ struct ImportReport {
 };
 
 // Writes `manifest` (the app's TSV, audio paths absolute) and, beside it, tokens.txt (the blank,
-// then the units: the 39 phones, or the characters), leaving out the utterances with a word
-// the lexicon lacks (listed in the report) or with no labels. `lexicon` is needed for phones.
+// then the units: the 39 phones, the characters, or the word pieces), leaving out the utterances
+// with a word the lexicon lacks, with characters no word piece covers (listed in the report) or
+// with no labels. `lexicon` is needed for phones, `pieces` for word pieces.
 ImportReport write_manifest(const std::vector<CorpusUtterance>& utterances, LabelUnits units,
-                            const Lexicon* lexicon, const std::string& manifest);
+                            const Lexicon* lexicon, const std::string& manifest,
+                            const WordPieces* pieces = nullptr);
+
+// A transcript's words (transcript_words) joined by single spaces: what word pieces are learnt
+// from and applied to.
+std::string word_sentence(const std::string& transcript);
 
 // The labels of a transcript as characters: its words' letters, digits and apostrophes, with
 // "|" between words.

@@ -10,6 +10,8 @@
 // codes, the app's with 1).
 #include "app_cli.h"
 
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -195,6 +197,57 @@ TEST_CASE("speech_app_import_missing") {
                            "--out", speech_out + "/imported.tsv"});
   CHECK_OUTPUT_MATCHES(r, "import kaldi: cannot open [^\n]*nowhere/wav.scp: does not exist");
   CHECK_RUN(r, r.status != 0);
+}
+
+// Word pieces end to end: NeMo manifests of the corpus's audio with words as transcripts, the
+// training split imported with pieces learnt from it (never over an existing model), the dev
+// split encoded with them, a short run, and the word error rate of evaluate.
+TEST_CASE("speech_app_import_pieces") {
+  const std::string dir = speech_out + "/pieces";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::vector<std::string> words = {"bad", "dab", "a", "bed", "dead", "bead", "cab", "ace"};
+  for (const char* split : {"train", "dev"}) {
+    std::ofstream out(dir + "/" + split + ".json");
+    for (int i = 0; i < (split[0] == 't' ? 30 : 6); ++i)
+      out << "{\"audio_filepath\": \"" << corpus << "/wav/" << split << i
+          << ".wav\", \"text\": \"" << words[size_t(i % 8)] << " " << words[size_t(i * 3 % 8)]
+          << "\"}\n";
+  }
+  const Args train = {"import", "--format", "nemo", "--in", dir + "/train.json", "--out",
+                      dir + "/data/train.tsv", "--units", "pieces"};
+  const Args dev = {"import", "--format", "nemo", "--in", dir + "/dev.json", "--out",
+                    dir + "/data/dev.tsv", "--units", "pieces"};
+  const AppRun missing = speech(dev);
+  CHECK_OUTPUT_MATCHES(missing, "no word-piece model at [^\n]*pieces/data/pieces.model: learn "
+                                "one from the training split first \\(--vocab-size N\\)");
+  CHECK_STATUS(missing, 1);
+  const AppRun learnt = speech(cat({train, {"--vocab-size", "10"}}));
+  CHECK_OUTPUT_MATCHES(learnt, "word pieces: learnt 10 from 30 transcripts, saved to "
+                               "[^\n]*data/pieces.model.*wrote [^\n]*train.tsv \\(30 "
+                               "utterances");
+  CHECK_STATUS(learnt, 0);
+  const AppRun again = speech(cat({train, {"--vocab-size", "12"}}));
+  CHECK_OUTPUT_MATCHES(again, "pieces.model exists already; to encode with it leave out "
+                              "--vocab-size");
+  CHECK_STATUS(again, 1);
+  const AppRun encoded = speech(dev);
+  CHECK_OUTPUT_MATCHES(encoded, "word pieces: [^\n]*pieces.model \\(9 pieces\\).*wrote "
+                                "[^\n]*dev.tsv \\(6 utterances");
+  CHECK_STATUS(encoded, 0);
+  const AppRun run = speech(cat({{"train", "--train-manifest", dir + "/data/train.tsv",
+                                  "--dev-manifest", dir + "/data/dev.tsv"},
+                                 speech_tiny,
+                                 {"--epochs", "2", "--out", dir + "/run", "--overwrite"}}));
+  CHECK_STATUS(run, 0);
+  const AppRun e = speech({"evaluate", "--checkpoint", dir + "/run", "--manifest",
+                           dir + "/data/dev.tsv"});
+  CHECK_OUTPUT_MATCHES(e, "6 utterances, [0-9]+ labels.*PER greedy [0-9.]+.*\nWER [0-9.]+ "
+                          "\\([0-9]+ edits / 12 words\\)");
+  CHECK_STATUS(e, 0);
+  CHECK_FAILS(speech({"import", "--format", "nemo", "--in", "x", "--out", "y.tsv",
+                      "--vocab-size", "10"}),
+              "--vocab-size and --piece-model are for --units pieces");
 }
 
 TEST_CASE("speech_app_bad_beam") {
