@@ -1,5 +1,6 @@
 // Attention benchmark (the paper's supplementary C.1 measure): one or more attention types
-// (full by default; --attention full clustered improved-clustered), forward + backward through
+// (full by default; --attention full clustered improved-clustered shared-full lsh-1 lsh-4: lsh-X
+// is lsh attention with X hashing rounds), forward + backward through
 // autograd, batch 1, H heads of E dims (6 x 64 by default), for each sequence length N. Prints
 // the time and the peak extra memory per sequence element (time / N, bytes / N), writes a CSV
 // and optionally the paper's Figure 4 as two PNGs: time per element (--png) and peak memory per
@@ -98,7 +99,9 @@ Sample run_once(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor&
                 clustr::Generator& gen) {
   const clustr::Device device = q.device();
   const bool on_cuda = device == clustr::Device::cuda;
-  Variable Q(q, true), K(k, true), V(v, true);
+  // shared-full and lsh: one projection for queries and keys, so K is Q.
+  Variable Q(q, true), K = clustr::shares_query_key(config.type) ? Q : Variable(k, true),
+                       V(v, true);
   if (on_cuda) clustr::cuda::synchronize();
   const long long live = clustr::memory_stats(device).live_bytes;
   clustr::reset_peak_memory(device);
@@ -140,10 +143,15 @@ int main(int argc, char** argv) try {
                  "OpenMP threads (0: the default); several (1 2) alternate run by run")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_flag("--causal", causal, "causal mask (full attention)");
-  app.add_option("--attention", types, "one or more of full, clustered, improved-clustered")
+  app.add_option("--attention", types,
+                 "one or more of full, clustered, improved-clustered, shared-full, lsh-X (X "
+                 "hashing rounds; lsh: --rounds)")
       ->capture_default_str();
-  app.add_option("--max-full-n", max_full_n, "longest N run with full attention")
+  app.add_option("--max-full-n", max_full_n, "longest N run with full and shared-full attention")
       ->capture_default_str();
+  app.add_option("--rounds", config.rounds, "hashing rounds of lsh")->capture_default_str();
+  app.add_option("--buckets", config.buckets, "hash buckets per round (lsh)")->capture_default_str();
+  app.add_option("--chunk", config.chunk, "sorted positions per chunk (lsh)")->capture_default_str();
   app.add_option("--clusters", config.clusters, "clusters C")->capture_default_str();
   app.add_option("--bits", config.bits, "hash bits B")->capture_default_str();
   app.add_option("--iterations", config.iterations, "Lloyd iterations L")->capture_default_str();
@@ -179,8 +187,13 @@ int main(int argc, char** argv) try {
   const bool several = thread_counts.size() > 1;
 
   clustr::Generator gen(1);
+  const int rounds = config.rounds;
   for (const std::string& type : types) {
-    config.type = clustr::parse_attention_type(type);
+    // lsh-X: lsh with X rounds.
+    const bool lsh_x = type.rfind("lsh-", 0) == 0 && type.size() > 4 &&
+                       type.find_first_not_of("0123456789", 4) == std::string::npos;
+    config.type = clustr::parse_attention_type(lsh_x ? "lsh" : type);
+    config.rounds = lsh_x ? std::stoi(type.substr(4)) : rounds;
     config.causal = causal;
     config.validate();
     std::string counts;
@@ -198,7 +211,10 @@ int main(int argc, char** argv) try {
       series[t].label =
           several ? type + ", " + std::to_string(thread_counts[t]) + " threads" : type;
     for (int64_t N : lengths) {
-      if (config.type == clustr::AttentionType::full && N > max_full_n) continue;
+      if ((config.type == clustr::AttentionType::full ||
+           config.type == clustr::AttentionType::shared_full) &&
+          N > max_full_n)
+        continue;
       Tensor q = Tensor::empty({batch, heads, N, dim}), k = Tensor::empty({batch, heads, N, dim});
       Tensor v = Tensor::empty({batch, heads, N, dim}), dout = Tensor::empty({batch, heads, N, dim});
       for (Tensor* t : {&q, &k, &v, &dout}) {

@@ -39,7 +39,7 @@ using namespace clustr::copy;
 
 // --checkpoint [--evaluate-with TYPE]: held-out accuracy of a trained model with the attention
 // it was trained with and with TYPE (the attention flags given on the command line override
-// the checkpoint's clusters, topk, bits, iterations). No training.
+// the checkpoint's clusters, topk, bits, iterations, rounds, buckets, chunk). No training.
 int evaluate_checkpoint(RunOptions o, const CLI::App& app, const std::string& path,
                         const std::string& evaluate_with) {
   const std::string file = resolve_checkpoint(path, "--checkpoint");
@@ -57,13 +57,12 @@ int evaluate_checkpoint(RunOptions o, const CLI::App& app, const std::string& pa
   // The weights are f32 either way: a model trained in one precision evaluates in the other.
   if (app.count("--precision")) o.model.precision = given_precision;
   const AttentionConfig trained = o.model.attention;
-  AttentionConfig other = trained;
-  if (!evaluate_with.empty()) other.type = parse_attention_type(evaluate_with);
-  if (app.count("--clusters")) other.clusters = given.clusters;
-  if (app.count("--topk")) other.topk = given.topk;
-  if (app.count("--bits")) other.bits = given.bits;
-  if (app.count("--iterations")) other.iterations = given.iterations;
-  other.validate();
+  AttentionConfig with = given;
+  if (!evaluate_with.empty()) with.type = parse_attention_type(evaluate_with);
+  const AttentionConfig other =
+      override_attention(trained, with, [&](const std::string& flag) {
+        return flag == "--attention" ? !evaluate_with.empty() : app.count(flag) > 0;
+      });
   o.output.write_checkpoints = false;
   o.output.write_plots = false;
 

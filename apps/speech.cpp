@@ -105,14 +105,8 @@ void check_eval_flags(EvalFlags& f) {
 // command line replacing its own.
 AttentionConfig override_attention(const AttentionConfig& trained, const AttentionConfig& given,
                                    const CLI::App& app) {
-  AttentionConfig a = trained;
-  if (app.count("--attention")) a.type = given.type;
-  if (app.count("--clusters")) a.clusters = given.clusters;
-  if (app.count("--topk")) a.topk = given.topk;
-  if (app.count("--bits")) a.bits = given.bits;
-  if (app.count("--iterations")) a.iterations = given.iterations;
-  a.validate();
-  return a;
+  return override_attention(trained, given,
+                            [&app](const std::string& flag) { return app.count(flag) > 0; });
 }
 
 SpeechSet load_set(const EvalFlags& f, const LoadedModel& m, TokenTable& tokens) {

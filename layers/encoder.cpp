@@ -54,6 +54,11 @@ Variable Encoder::forward(const Variable& x, const Tensor& lengths, Generator& g
 
 void Encoder::set_attention(const AttentionConfig& attention) {
   attention.validate();
+  CLUSTR_CHECK(!shares_query_key(attention.type) || layers_->size() == 0 ||
+                   layer(0).attention().shared_query_key(),
+               "Encoder: ", attention_type_name(attention.type), " attention needs a model whose ",
+               "queries and keys share one projection (trained with shared-full or lsh ",
+               "attention); this one was trained with separate query and key projections");
   for (const auto& layer : *layers_) layer->attention().config = attention;
 }
 

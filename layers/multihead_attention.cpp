@@ -12,14 +12,17 @@ namespace clustr {
 
 MultiHeadAttention::MultiHeadAttention(int64_t dim, int64_t heads, AttentionConfig attention_config,
                                        Generator& gen)
-    : config(std::move(attention_config)), dim_(dim), heads_(heads) {
+    : config(std::move(attention_config)),
+      dim_(dim),
+      heads_(heads),
+      shared_qk_(shares_query_key(config.type)) {
   CLUSTR_CHECK(dim > 0 && heads > 0, "MultiHeadAttention: expected positive D and H, got D=", dim,
                " H=", heads);
   CLUSTR_CHECK(dim % heads == 0, "MultiHeadAttention: the model width D=", dim,
                " is not divisible by the number of heads H=", heads);
   config.validate();
   query_ = register_module("query", std::make_shared<Linear>(dim, dim, true, gen));
-  key_ = register_module("key", std::make_shared<Linear>(dim, dim, true, gen));
+  if (!shared_qk_) key_ = register_module("key", std::make_shared<Linear>(dim, dim, true, gen));
   value_ = register_module("value", std::make_shared<Linear>(dim, dim, true, gen));
   out_ = register_module("out", std::make_shared<Linear>(dim, dim, true, gen));
 }
@@ -34,14 +37,18 @@ Variable MultiHeadAttention::forward(const Variable& x, const Tensor& lengths,
     CLUSTR_CHECK(lengths.dtype() == DType::i32 && lengths.shape() == Shape{B},
                  "MultiHeadAttention(D=", dim_, ", H=", heads_, "): expected lengths i32 ",
                  to_string(Shape{B}), " for x ", to_string(x.shape()), ", got ", describe(lengths));
+  CLUSTR_CHECK(shared_qk_ || !shares_query_key(config.type), "MultiHeadAttention: ",
+               attention_type_name(config.type), " attention needs a layer whose queries and keys ",
+               "share one projection (a model trained with shared-full or lsh attention); this ",
+               "one has a key projection of its own");
   if (config.type == AttentionType::full) {
     config.validate();
     // One GEMM makes the three projections, [q | k | v] side by side in each token's row
     // (B, N, 3D), and the attention reads its heads there and writes (B, N, D) with the heads
     // merged: no permute either way. Stacking the weights copies 3 D^2 floats per call, far
     // less than the activations it saves passing over.
-    const Variable w = concat({query_->weight(), key_->weight(), value_->weight()}, 0);
-    const Variable b = concat({query_->bias(), key_->bias(), value_->bias()}, 0);
+    const Variable w = concat({query_->weight(), key().weight(), value_->weight()}, 0);
+    const Variable b = concat({query_->bias(), key().bias(), value_->bias()}, 0);
     const Variable qkv = linear(x, w, b);
     FullAttentionOptions options;  // as attention() sets them for the split heads
     options.causal = config.causal;
@@ -57,7 +64,7 @@ Variable MultiHeadAttention::forward(const Variable& x, const Tensor& lengths,
     return permute(reshape(t, {B, N, H, E}), {0, 2, 1, 3});
   };
   const Variable Q = split_heads(query_->forward(x));
-  const Variable K = split_heads(key_->forward(x));
+  const Variable K = shared_qk_ ? Q : split_heads(key_->forward(x));
   const Variable V = split_heads(value_->forward(x));
   const Variable heads_out = attention(config, Q, K, V, lengths, gen, training());  // (B, H, N, E)
   // (B, H, N, E) -> (B, N, H, E) -> (B, N, D)

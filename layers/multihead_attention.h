@@ -11,6 +11,8 @@
 //   key.weight,   key.bias                [in_proj_weight[D:2D],  in_proj_bias[D:2D]]
 //   value.weight, value.bias              [in_proj_weight[2D:3D], in_proj_bias[2D:3D]]
 //   out.weight (D, D),   out.bias (D)     [out_proj.weight, out_proj.bias]
+// A layer built for shared-full or lsh attention (shares_query_key) has no key projection: its
+// keys are its queries (key() is query()), for every type it then runs.
 // Init: every projection is a Linear with PyTorch's nn.Linear default (uniform +-1/sqrt(D)), as
 // in the paper authors' fast-transformers AttentionLayer (nn.MultiheadAttention instead uses
 // xavier_uniform and zero biases for the input projection).
@@ -41,7 +43,9 @@ class MultiHeadAttention : public Module {
   int64_t heads() const { return heads_; }
   int64_t head_dim() const { return dim_ / heads_; }
   Linear& query() const { return *query_; }
-  Linear& key() const { return *key_; }
+  Linear& key() const { return shared_qk_ ? *query_ : *key_; }
+  // Whether queries and keys share one projection (fixed when the layer is built).
+  bool shared_query_key() const { return shared_qk_; }
   Linear& value() const { return *value_; }
   Linear& out() const { return *out_; }
 
@@ -51,7 +55,8 @@ class MultiHeadAttention : public Module {
 
  private:
   int64_t dim_, heads_;
-  std::shared_ptr<Linear> query_, key_, value_, out_;
+  bool shared_qk_;
+  std::shared_ptr<Linear> query_, key_, value_, out_;  // key_ null when shared_qk_
 };
 
 }  // namespace clustr

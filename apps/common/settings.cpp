@@ -32,7 +32,8 @@ void add_attention_settings(FlagTable& t, AttentionConfig& a, bool with_type) {
     t.add_text(
          "attention", [&a] { return std::string(attention_type_name(a.type)); },
          [&a](const std::string& s) { a.type = parse_attention_type(s); },
-         "full | clustered | improved-clustered (oracle-top: evaluation only)")
+         "full | clustered | improved-clustered | shared-full | lsh (oracle-top: evaluation "
+         "only; shared-full and lsh share one projection between queries and keys)")
         .resume(Resume::locked);
   t.add("clusters", a.clusters, "clusters C (clustered types)").at_least(1)
       .resume(Resume::locked);
@@ -43,6 +44,32 @@ void add_attention_settings(FlagTable& t, AttentionConfig& a, bool with_type) {
       .resume(Resume::locked);
   t.add("iterations", a.iterations, "Lloyd iterations of Hamming K-means").at_least(1)
       .resume(Resume::locked);
+  // Checkpoints from before lsh attention hold the defaults.
+  t.add("rounds", a.rounds, "hashing rounds X of lsh attention (lsh-X)").at_least(1)
+      .resume(Resume::locked)
+      .when_absent("1");
+  t.add("buckets", a.buckets, "hash buckets per round (lsh; even)")
+      .check([&a] { return a.buckets >= 2 && a.buckets % 2 == 0; }, "must be even and >= 2")
+      .resume(Resume::locked)
+      .when_absent("32");
+  t.add("chunk", a.chunk, "sorted positions per chunk (lsh)").at_least(1)
+      .resume(Resume::locked)
+      .when_absent("32");
+}
+
+AttentionConfig override_attention(const AttentionConfig& trained, const AttentionConfig& given,
+                                   const std::function<bool(const std::string&)>& given_flag) {
+  AttentionConfig a = trained;
+  if (given_flag("--attention")) a.type = given.type;
+  if (given_flag("--clusters")) a.clusters = given.clusters;
+  if (given_flag("--topk")) a.topk = given.topk;
+  if (given_flag("--bits")) a.bits = given.bits;
+  if (given_flag("--iterations")) a.iterations = given.iterations;
+  if (given_flag("--rounds")) a.rounds = given.rounds;
+  if (given_flag("--buckets")) a.buckets = given.buckets;
+  if (given_flag("--chunk")) a.chunk = given.chunk;
+  a.validate();
+  return a;
 }
 
 void add_encoder_settings(FlagTable& t, EncoderOptions& m, const std::string& dropout_help) {

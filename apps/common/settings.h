@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -94,9 +95,15 @@ std::vector<std::string> resume_keys(Resume rule) {
   return settings_table(o).keys(rule);
 }
 
-// --attention (unless `with_type` is false), --clusters, --topk, --bits, --iterations: part of
-// the model (Resume::locked; a model evaluates with other values, given on the command line).
+// --attention (unless `with_type` is false), --clusters, --topk, --bits, --iterations,
+// --rounds, --buckets, --chunk: part of the model (Resume::locked; a model evaluates with other
+// values, given on the command line).
 void add_attention_settings(FlagTable& t, AttentionConfig& a, bool with_type = true);
+// The attention a trained model is evaluated with: the checkpoint's (`trained`), with the type
+// and each parameter that the command line gave (`given_flag("--clusters")`, ...) taken from
+// `given`; validated.
+AttentionConfig override_attention(const AttentionConfig& trained, const AttentionConfig& given,
+                                   const std::function<bool(const std::string&)>& given_flag);
 // --layers ... --pre-norm, --precision, then the attention's (locked; dropout and precision
 // may change on resume).
 void add_encoder_settings(FlagTable& t, EncoderOptions& m, const std::string& dropout_help);

@@ -12,6 +12,7 @@
 #include "layers/attention/full.h"
 #include "layers/attention/improved_clustered.h"
 #include "layers/attention/oracle_top.h"
+#include "layers/attention/reformer.h"
 
 namespace clustr {
 
@@ -64,6 +65,29 @@ Variable attention(const AttentionConfig& config, const Variable& Q, const Varia
                    "chooses each query's keys from full attention's weights); train with full, ",
                    "clustered or improved-clustered attention");
       return oracle_top_attention(Q, K, V, lengths, config.topk, temperature);
+    case AttentionType::shared_full:
+    case AttentionType::lsh: {
+      CLUSTR_CHECK(K.impl() == Q.impl(), "attention: ", attention_type_name(config.type),
+                   " attention uses one projection for queries and keys (its keys are the ",
+                   "queries scaled to unit length); pass the queries as K");
+      const Tensor& q = Q.data();
+      CLUSTR_CHECK(q.rank() == 4, "attention: expected Q (B, H, N, E), got ", describe(q));
+      ReformerOptions options;
+      options.temperature = temperature;
+      if (config.type == AttentionType::shared_full) {  // one chunk of every position
+        options.buckets = 1;
+        options.chunk = std::max<int64_t>(q.size(2), 1);
+        return reformer_attention(Q, V, lengths, Tensor(), options);
+      }
+      options.rounds = config.rounds;
+      options.buckets = config.buckets;
+      options.chunk = config.chunk;
+      // The rotations: one (E, buckets / 2) Gaussian matrix per round, shared by the batch and
+      // the heads, drawn from the run's stream like the clustering's planes.
+      Tensor rotations = Tensor::empty({options.rounds, q.size(3), options.buckets / 2});
+      normal_(rotations, gen);
+      return reformer_attention(Q, V, lengths, rotations, options);
+    }
   }
   throw Error(detail::cat("attention: unknown AttentionType value ",
                           static_cast<int>(config.type)));
@@ -95,6 +119,8 @@ Tensor attention_matrix(AttentionType type, const Tensor& Q, const Tensor& K,
                         int64_t topk, float temperature) {
   using namespace clustered_detail;
   const char* op = "attention_matrix";
+  CLUSTR_CHECK(!shares_query_key(type), op, ": no dense weights of ", attention_type_name(type),
+               " attention in this version (full, clustered, improved-clustered and oracle-top)");
   check_f32(op, "Q", Q);
   detail::check_same_device(op, Q, K);
   detail::require_cpu(op, Q);  // an analysis on host memory

@@ -13,6 +13,12 @@ void AttentionConfig::validate() const {
   CLUSTR_CHECK(topk >= 1, "AttentionConfig: topk must be >= 1, got ", topk);
   CLUSTR_CHECK(bits >= 1 && bits <= 63, "AttentionConfig: bits must be in [1, 63], got ", bits);
   CLUSTR_CHECK(iterations >= 1, "AttentionConfig: iterations must be >= 1, got ", iterations);
+  CLUSTR_CHECK(rounds >= 1, "AttentionConfig: rounds must be >= 1, got ", rounds);
+  CLUSTR_CHECK(buckets >= 2 && buckets % 2 == 0,
+               "AttentionConfig: buckets must be an even number >= 2, got ", buckets);
+  CLUSTR_CHECK(chunk >= 1, "AttentionConfig: chunk must be >= 1, got ", chunk);
+  CLUSTR_CHECK(dropout == 0.0f || !shares_query_key(type), "AttentionConfig: dropout on the ",
+               "attention weights is not implemented for ", type_name, " attention");
   CLUSTR_CHECK(dropout >= 0.0f && dropout < 1.0f,
                "AttentionConfig: dropout must be in [0, 1), got ", dropout);
   // Clustering groups queries from the whole sequence, so a query's cluster centroid would
@@ -38,6 +44,11 @@ std::string AttentionConfig::describe() const {
     case AttentionType::oracle_top:
       os << " (k=" << topk << ")";
       break;
+    case AttentionType::shared_full:
+      break;
+    case AttentionType::lsh:
+      os << " (rounds=" << rounds << ", buckets=" << buckets << ", chunk=" << chunk << ")";
+      break;
   }
   if (causal) os << ", causal";
   if (dropout > 0.0f) os << ", dropout " << dropout;
@@ -46,10 +57,16 @@ std::string AttentionConfig::describe() const {
 
 AttentionType parse_attention_type(const std::string& name) {
   for (AttentionType t : {AttentionType::full, AttentionType::clustered,
-                          AttentionType::improved_clustered, AttentionType::oracle_top})
+                          AttentionType::improved_clustered, AttentionType::oracle_top,
+                          AttentionType::shared_full, AttentionType::lsh})
     if (name == attention_type_name(t)) return t;
   throw Error(detail::cat("unknown attention type '", name,
-                          "'; expected one of: full, clustered, improved-clustered, oracle-top"));
+                          "'; expected one of: full, clustered, improved-clustered, oracle-top, "
+                          "shared-full, lsh"));
+}
+
+bool shares_query_key(AttentionType type) {
+  return type == AttentionType::shared_full || type == AttentionType::lsh;
 }
 
 const char* attention_type_name(AttentionType type) {
@@ -62,6 +79,10 @@ const char* attention_type_name(AttentionType type) {
       return "improved-clustered";
     case AttentionType::oracle_top:
       return "oracle-top";
+    case AttentionType::shared_full:
+      return "shared-full";
+    case AttentionType::lsh:
+      return "lsh";
   }
   throw Error(detail::cat("attention_type_name: unknown AttentionType value ",
                           static_cast<int>(type)));

@@ -166,6 +166,46 @@ Variable full_attention_reference(const Variable& Q, const Variable& K, const Va
   return heads_out(matmul(A, pairs(V)), s);  // eq. 2
 }
 
+Variable reformer_attention_reference(const Variable& Q, const Variable& V, const Tensor& lengths,
+                                      const Tensor& buckets, int64_t chunk, float temperature) {
+  const char* op = "reformer_attention_reference";
+  const Sizes s = check_inputs(op, Q, Q, V, lengths);
+  detail::check_dtype(op, "buckets", buckets, DType::i32);
+  CLUSTR_CHECK(buckets.rank() == 4 && buckets.size(0) == s.B && buckets.size(1) == s.H &&
+                   buckets.size(3) == s.N && chunk >= 1,
+               op, ": expected buckets (B, H, X, N) and chunk >= 1, got ", describe(buckets),
+               " and ", chunk);
+  const int64_t P = s.B * s.H, N = s.N, X = buckets.size(2);
+  const std::vector<int32_t> bk = buckets.to_int_vector();
+  std::vector<float> count(static_cast<size_t>(P * N * N), 0.0f), keep(count.size(), 0.0f);
+  for (int64_t p = 0; p < P; ++p) {
+    const int64_t L = s.keys(p);
+    for (int64_t x = 0; x < X; ++x) {
+      const int32_t* b = bk.data() + (p * X + x) * N;
+      std::vector<int64_t> order(static_cast<size_t>(L));
+      std::iota(order.begin(), order.end(), int64_t{0});
+      std::stable_sort(order.begin(), order.end(), [&](int64_t i, int64_t j) { return b[i] < b[j]; });
+      for (int64_t a = 0; a < L; ++a) {
+        const int64_t c = a / chunk, first = std::max<int64_t>(0, (c - 1) * chunk),
+                      last = std::min(L, (c + 1) * chunk);
+        for (int64_t k = first; k < last; ++k)
+          if (order[k] != order[a]) count[(p * N + order[a]) * N + order[k]] += 1.0f;
+      }
+    }
+    for (int64_t i = 0; i < N; ++i) {
+      float* row = count.data() + (p * N + i) * N;
+      if (std::all_of(row, row + N, [](float c) { return c == 0.0f; })) row[i] = 1.0f;
+      std::fill(keep.begin() + (p * N + i) * N, keep.begin() + (p * N + i + 1) * N,
+                i < L ? 1.0f : 0.0f);
+    }
+  }
+  for (float& c : count) c = c > 0.0f ? std::log(c) : kMasked;
+  const Variable K = Q / sqrt(sum(Q * Q, 3, true));
+  const float t = temperature_of(temperature, s.E);
+  const Variable logits = matmul(pairs(Q), pairs(K), false, true) * t + constant(count, {P, N, N});
+  return heads_out(matmul(softmax(logits) * constant(keep, {P, N, N}), pairs(V)), s);
+}
+
 Variable clustered_attention_reference(const Variable& Q, const Variable& K, const Variable& V,
                                        const Tensor& lengths, const Tensor& assignment,
                                        int64_t clusters, float temperature,

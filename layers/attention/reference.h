@@ -55,6 +55,17 @@ Variable improved_clustered_attention_reference(const Variable& Q, const Variabl
                                                 const Tensor& topk_sets = {},
                                                 const ClusteredDropout& dropout = {});
 
+// Reformer attention (reformer.h) for given buckets (B, H, X, N) i32 (reformer_buckets'):
+// keys k_j = q_j / |q_j| (q_j != 0), and query i sees, in round x, the other positions of its
+// chunk and the previous one in the order of (bucket, position) over the valid positions; a key
+// seen in c rounds enters the softmax c times (a logit of t q_i . k_j + log c):
+//   out = softmax(t Q K^T + log C) V,
+// C the counts (B H, N, N), log 0 masked. A valid query with no count but itself takes its own
+// value (C_ii = 1); padded queries give 0. chunk >= L with one bucket is shared-full attention.
+Variable reformer_attention_reference(const Variable& Q, const Variable& V, const Tensor& lengths,
+                                      const Tensor& buckets, int64_t chunk,
+                                      float temperature = 0.0f);
+
 // sec. 3.2.2, the queries' clusters: per (b, h), bit k of a valid query q is (w_k . q > t_k), w_k
 // ~ N(0, I_E), t_k uniform over the range of w_k . q on the pair's valid queries; k-means++
 // seeds in Hamming distance (the first code uniform, each next one with probability ~ d^2);
