@@ -16,6 +16,8 @@
 // tokens.txt). The pieces live in apps/speech/.
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -189,10 +191,21 @@ int cmd_matrix(EvalFlags& f, const std::vector<std::string>& checkpoints,
                const std::string& map_path, int map_layer, int map_head, int64_t map_utt,
                const CLI::App& app) {
   check_eval_flags(f);
-  // The paper's Table 1 evaluates with the three types and oracle-top (each query's top keys
-  // of full attention, renormalised: are they enough?).
-  const AttentionType types[] = {AttentionType::full, AttentionType::clustered,
-                                 AttentionType::improved_clustered, AttentionType::oracle_top};
+  // The paper's Table 1 evaluates with full, shared-full, lsh-1, lsh-4, the clustered types and
+  // oracle-top (each query's top keys of full attention, renormalised: are they enough?).
+  // shared-full and lsh need a model trained with one of them (keys = queries): "-" elsewhere.
+  struct Column {
+    std::string name;
+    AttentionType type;
+    int rounds;  // lsh
+  };
+  const std::vector<Column> columns = {{"full", AttentionType::full, 0},
+                                       {"shared-full", AttentionType::shared_full, 0},
+                                       {"lsh-1", AttentionType::lsh, 1},
+                                       {"lsh-4", AttentionType::lsh, 4},
+                                       {"clustered", AttentionType::clustered, 0},
+                                       {"improved-clustered", AttentionType::improved_clustered, 0},
+                                       {"oracle-top", AttentionType::oracle_top, 0}};
   std::vector<std::vector<double>> per;
   std::vector<std::string> rows;
   TokenTable tokens;
@@ -201,11 +214,19 @@ int cmd_matrix(EvalFlags& f, const std::vector<std::string>& checkpoints,
     override_precision(m, f, app);
     const SpeechSet set = load_set(f, m, tokens);
     CLUSTR_CHECK(!set.examples.empty(), f.manifest, ": no usable utterances");
-    rows.push_back(attention_type_name(m.options.attention.type));
+    const AttentionConfig& trained = m.options.attention;
+    rows.push_back(trained.type == AttentionType::lsh
+                       ? detail::cat("lsh-", trained.rounds)
+                       : std::string(attention_type_name(trained.type)));
     per.emplace_back();
-    for (AttentionType t : types) {
-      AttentionConfig a = m.options.attention;
-      a.type = t;
+    for (const Column& col : columns) {
+      if (shares_query_key(col.type) && !shares_query_key(trained.type)) {
+        per.back().push_back(std::nan(""));  // no shared projection to evaluate with
+        continue;
+      }
+      AttentionConfig a = trained;
+      a.type = col.type;
+      if (col.rounds > 0) a.rounds = col.rounds;
       m.model->set_attention(a);
       const Evaluation e = evaluate_set(*m.model, set, f.max_frames, f.beam, f.seed);
       per.back().push_back(f.beam > 1 ? e.beam.rate() : e.greedy.rate());
@@ -225,12 +246,18 @@ int cmd_matrix(EvalFlags& f, const std::vector<std::string>& checkpoints,
     }
   }
   std::printf("\nPER (%s decoding) on %s\n", f.beam > 1 ? "beam" : "greedy", f.manifest.c_str());
-  std::printf("%-22s", "train \\ evaluate");
-  for (AttentionType t : types) std::printf("  %20s", attention_type_name(t));
+  std::printf("%-20s", "train \\ evaluate");
+  for (const Column& col : columns) std::printf(" %*s", std::max<int>(7, int(col.name.size())), col.name.c_str());
   std::printf("\n");
   for (size_t r = 0; r < rows.size(); ++r) {
-    std::printf("%-22s", rows[r].c_str());
-    for (double v : per[r]) std::printf("  %20.4f", v);
+    std::printf("%-20s", rows[r].c_str());
+    for (size_t k = 0; k < columns.size(); ++k) {
+      const int w = std::max<int>(7, int(columns[k].name.size()));
+      if (std::isnan(per[r][k]))
+        std::printf(" %*s", w, "-");
+      else
+        std::printf(" %*.4f", w, per[r][k]);
+    }
     std::printf("\n");
   }
   return 0;

@@ -94,10 +94,30 @@ TEST_CASE("speech_app_matrix") {
   const AppRun r = speech({"matrix", "--checkpoints", speech_out + "/full", "--manifest",
                            corpus + "/dev.tsv", "--attention-map",
                            speech_out + "/attention.png"});
-  CHECK_OUTPUT_MATCHES(r, "attention maps of dev0.*train \\\\ evaluate +full +clustered +"
-                 "improved-clustered +oracle-top\n"
-                 "full +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+\n");
+  CHECK_OUTPUT_MATCHES(r, "attention maps of dev0.*train \\\\ evaluate +full +shared-full +"
+                 "lsh-1 +lsh-4 +clustered +improved-clustered +oracle-top\n"
+                 "full +[0-9.]+ +- +- +- +[0-9.]+ +[0-9.]+ +[0-9.]+\n");
   CHECK_STATUS(r, 0);
+}
+
+// A model trained with lsh attention (one projection for queries and keys): evaluated with
+// every type in the matrix, beside the full-attention run, whose row has no shared-full and lsh
+// cells; that run refuses lsh.
+TEST_CASE("speech_app_lsh") {
+  const AppRun t = speech(cat({{"train", "--corpus", corpus}, speech_tiny,
+                               {"--attention", "lsh", "--rounds", "2", "--buckets", "4",
+                                "--chunk", "8", "--epochs", "100", "--max-steps", "10", "--out",
+                                speech_out + "/lsh", "--overwrite"}}));
+  CHECK_OUTPUT_MATCHES(t, "attention +lsh \\(rounds=2, buckets=4, chunk=8\\).*trained 10 steps");
+  CHECK_STATUS(t, 0);
+  const AppRun m = speech({"matrix", "--checkpoints", speech_out + "/full", speech_out + "/lsh",
+                           "--manifest", corpus + "/dev.tsv"});
+  CHECK_OUTPUT_MATCHES(m, "\nfull +[0-9.]+ +- +- +- +[0-9.]+ +[0-9.]+ +[0-9.]+\n"
+                          "lsh-2 +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+\n");
+  CHECK_STATUS(m, 0);
+  CHECK_FAILS(speech({"evaluate", "--checkpoint", speech_out + "/full", "--manifest",
+                      corpus + "/dev.tsv", "--attention", "lsh"}),
+              "lsh attention needs a model whose queries and keys share one projection");
 }
 
 // Resuming takes the model's shape and the attention settings from the checkpoint (none of

@@ -6,6 +6,7 @@
 #include "layers/attention/clustering_cuda.h"
 #include "layers/attention/full_cuda.h"
 #include "layers/attention/improved_clustered_cuda.h"
+#include "layers/attention/reformer_cuda.h"
 
 namespace clustr {
 
@@ -86,6 +87,21 @@ void cuda::improved_clustered_attention_backward(const ClusteredDims&, const Clu
                                                  const float*, const float*, float*, float*, float*,
                                                  float*) {
   no_backend("cuda::improved_clustered_attention_backward");
+}
+
+// reformer_cuda.h
+void cuda::reformer_attention_forward(const ReformerDims&, const int32_t*, float, const float*,
+                                      const float*, const float*, float*, int32_t*, float*) {
+  no_backend("cuda::reformer_attention_forward");
+}
+void cuda::reformer_attention_backward(const ReformerDims&, const int32_t*, float, const float*,
+                                       const float*, const float*, const int32_t*, const float*,
+                                       const float*, float*, float*) {
+  no_backend("cuda::reformer_attention_backward");
+}
+void cuda::reformer_buckets(const ReformerDims&, const int32_t*, const float*, const float*,
+                            int32_t*) {
+  no_backend("cuda::reformer_buckets");
 }
 
 }  // namespace clustr

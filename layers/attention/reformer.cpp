@@ -15,9 +15,11 @@
 #include "autograd/node.h"
 #include "core/cpu/gemm.h"
 #include "core/error.h"
+#include "core/math.h"
 #include "core/ops_check.h"
 #include "core/parallel.h"
 #include "layers/attention/clustered_common.h"
+#include "layers/attention/reformer_cuda.h"
 
 namespace clustr {
 
@@ -35,7 +37,6 @@ Dims check_inputs(const char* op, const Tensor& Q, const Tensor& V, const Tensor
   detail::check_f32(op, "Q", Q);
   detail::check_f32(op, "V", V);
   detail::check_same_device(op, Q, V);
-  detail::require_cpu(op, Q);
   CLUSTR_CHECK(Q.rank() == 4 && V.rank() == 4 && V.size(0) == Q.size(0) &&
                    V.size(1) == Q.size(1) && V.size(2) == Q.size(2),
                op, ": expected Q (B, H, N, E) and V (B, H, N, M) of one self-attention, got Q ",
@@ -51,12 +52,17 @@ Dims check_inputs(const char* op, const Tensor& Q, const Tensor& V, const Tensor
     CLUSTR_CHECK(rotations.defined(), op, ": ", d.R, " buckets need rotations (", d.X, ", ",
                  d.E, ", ", d.R / 2, ")");
     detail::check_f32(op, "rotations", rotations);
-    detail::require_cpu(op, rotations);
+    CLUSTR_CHECK(Q.device() == Device::cuda || rotations.device() == Device::cpu, op,
+                 ": rotations on ", describe(rotations), " for queries on the cpu");
     CLUSTR_CHECK(rotations.shape() == (Shape{d.X, d.E, d.R / 2}), op,
                  ": expected rotations of shape (rounds ", d.X, ", E ", d.E, ", buckets / 2 ",
                  d.R / 2, "), got ", describe(rotations));
   }
   return d;
+}
+
+cuda::ReformerDims device_dims(const Dims& d) {
+  return cuda::ReformerDims{d.B, d.H, d.N, d.E, d.M, d.X, d.R, d.m};
 }
 
 float temperature_of(const ReformerOptions& o, int64_t E) {
@@ -199,9 +205,9 @@ void forward_pair(const Dims& d, float t, int64_t L, const float* q, const float
           continue;
         }
         const float m_new = std::max(mx[i], top);
-        const float scale = l[i] > 0.0f ? std::exp(mx[i] - m_new) : 0.0f;
+        const float scale = l[i] > 0.0f ? math::exp(mx[i] - m_new) : 0.0f;
         float sum = 0.0f;
-        for (int64_t b = 0; b < nk; ++b) sum += row[b] = std::exp(row[b] - m_new);
+        for (int64_t b = 0; b < nk; ++b) sum += row[b] = math::exp(row[b] - m_new);
         l[i] = l[i] * scale + sum;
         mx[i] = m_new;
         for (int64_t c = 0; c < M; ++c) acc[i * M + c] *= scale;
@@ -250,7 +256,7 @@ void backward_pair(const Dims& d, float t, int64_t L, const float* q, const floa
         const int32_t i = o[a0 + a];
         const float zi = z[i];
         for (int64_t b = 0; b < nk; ++b) {
-          p[b] = zi == kNegInf || b == a0 + a - k0 ? 0.0f : std::exp(p[b] - zi);
+          p[b] = zi == kNegInf || b == a0 + a - k0 ? 0.0f : math::exp(p[b] - zi);
           ds[b] = p[b] * (ds[b] - delta[i]);
         }
       }
@@ -317,6 +323,16 @@ ReformerOutput reformer_attention_forward(const Tensor& Q, const Tensor& V, cons
   const Dims d = check_inputs("reformer_attention", Q, V, lengths, rotations, options);
   const float t = temperature_of(options, d.E);
   ReformerOutput r;
+  if (Q.device() == Device::cuda) {
+    r.out = Tensor::empty({d.B, d.H, d.N, d.M}, DType::f32, Device::cuda);
+    r.order = Tensor::empty({d.B, d.H, d.X, d.N}, DType::i32, Device::cuda);
+    r.logsumexp = Tensor::empty({d.B, d.H, d.N}, DType::f32, Device::cuda);
+    const Tensor W = d.R > 1 ? rotations.to(Device::cuda) : Tensor();  // a host draw
+    cuda::reformer_attention_forward(device_dims(d), lengths.defined() ? lengths.i32() : nullptr,
+                                     t, Q.f32(), V.f32(), d.R > 1 ? W.f32() : nullptr,
+                                     r.out.f32(), r.order.i32(), r.logsumexp.f32());
+    return r;
+  }
   r.out = Tensor::zeros({d.B, d.H, d.N, d.M});
   r.order = Tensor::zeros({d.B, d.H, d.X, d.N}, DType::i32);
   r.logsumexp = Tensor::full({d.B, d.H, d.N}, kNegInf);
@@ -348,6 +364,17 @@ ReformerGrads reformer_attention_backward(const Tensor& dout, const Tensor& Q, c
                d.N, ")");
   const float t = temperature_of(options, d.E);
   ReformerGrads r;
+  for (const Tensor* x : {&dout, &forward.out, &forward.order, &forward.logsumexp})
+    detail::check_same_device(op, Q, *x);
+  if (Q.device() == Device::cuda) {
+    r.dQ = Tensor::empty(Q.shape(), DType::f32, Device::cuda);
+    r.dV = Tensor::empty(V.shape(), DType::f32, Device::cuda);
+    cuda::reformer_attention_backward(device_dims(d), lengths.defined() ? lengths.i32() : nullptr,
+                                      t, Q.f32(), V.f32(), forward.out.f32(),
+                                      forward.order.i32(), forward.logsumexp.f32(), dout.f32(),
+                                      r.dQ.f32(), r.dV.f32());
+    return r;
+  }
   r.dQ = Tensor::zeros(Q.shape());
   r.dV = Tensor::zeros(V.shape());
   const float *q = Q.f32(), *v = V.f32(), *out = forward.out.f32(), *g = dout.f32(),
@@ -385,6 +412,13 @@ Tensor reformer_buckets(const Tensor& Q, const Tensor& lengths, const Tensor& ro
   o.buckets = buckets;
   o.rounds = buckets > 1 && rotations.defined() && rotations.rank() == 3 ? rotations.size(0) : 1;
   const Dims d = check_inputs("reformer_buckets", Q, Q, lengths, rotations, o);
+  if (Q.device() == Device::cuda) {
+    Tensor out = Tensor::empty({d.B, d.H, d.X, d.N}, DType::i32, Device::cuda);
+    const Tensor W = d.R > 1 ? rotations.to(Device::cuda) : Tensor();
+    cuda::reformer_buckets(device_dims(d), lengths.defined() ? lengths.i32() : nullptr, Q.f32(),
+                           d.R > 1 ? W.f32() : nullptr, out.i32());
+    return out;
+  }
   Tensor out = Tensor::empty({d.B, d.H, d.X, d.N}, DType::i32);
   const float *q = Q.f32(), *W = d.R > 1 ? rotations.f32() : nullptr;
   int32_t* bk = out.i32();

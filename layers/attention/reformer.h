@@ -24,8 +24,9 @@
 // them out, the valid positions' outputs do not depend on how much padding follows.
 // Backward is exact for the fixed hashes (the sort has no gradient): dQ gets both the query
 // term and the keys' term through the normalisation.
-// One task per (b, h) (OpenMP), sums in a fixed order, so the result is the same at any thread
-// count. CPU only in this version: tensors on the CUDA device are refused.
+// CPU: one task per (b, h) (OpenMP), sums in a fixed order, so the result is the same at any
+// thread count. CUDA (reformer_cuda.h): every sum has one owner thread (no atomics), so the
+// result is the same run after run; the rotations are drawn on the host and copied.
 #pragma once
 
 #include <cstdint>

@@ -1,0 +1,89 @@
+// lsh and shared-full attention on the device (layers/attention/reformer_cuda.h) against the CPU:
+// the buckets and each round's order exactly, the outputs, z and the gradients within float
+// rounding (the device sums in other orders), the same bits run after run, and the layer on the
+// device through the dispatcher.
+#include <doctest/doctest.h>
+
+#include <vector>
+
+#include "autograd/variable.h"
+#include "check.h"
+#include "core/cuda/cuda.h"
+#include "core/random.h"
+#include "core/tensor.h"
+#include "cuda_check.h"
+#include "layers/attention/attention.h"
+#include "layers/attention/reformer.h"
+
+using clustr::Device;
+using clustr::ReformerOptions;
+using clustr::Tensor;
+using clustr::Variable;
+using clustr::test::Inputs;
+using clustr::test::random_tensor;
+using clustr::test::Tolerance;
+
+namespace {
+
+ReformerOptions lsh(int64_t rounds, int64_t buckets, int64_t chunk) {
+  ReformerOptions o;
+  o.rounds = rounds;
+  o.buckets = buckets;
+  o.chunk = chunk;
+  return o;
+}
+
+// Forward and backward of one case on both devices: inputs Q, V, lengths, rotations, dout.
+void compare_case(const ReformerOptions& o, int64_t N, int32_t short_len, uint32_t seed) {
+  const Tensor Q = random_tensor({2, 3, N, 8}, seed), V = random_tensor({2, 3, N, 6}, seed + 1);
+  const Tensor lengths = Tensor::from_int_vector({int32_t(N), short_len}, {2});
+  const Tensor rot = o.buckets > 1 ? random_tensor({o.rounds, 8, o.buckets / 2}, seed + 2) : Tensor();
+  const Tensor dout = random_tensor({2, 3, N, 6}, seed + 3);
+  const Tolerance close = Tolerance::close(2e-6, 2e-5);
+  clustr::test::compare_devices(
+      [&](const Inputs& x) {
+        const clustr::ReformerOutput f =
+            clustr::reformer_attention_forward(x[0], x[1], x[2], x[3], o);
+        const clustr::ReformerGrads g =
+            clustr::reformer_attention_backward(x[4], x[0], x[1], x[2], f, o);
+        return Inputs{clustr::reformer_buckets(x[0], x[2], x[3], o.buckets), f.order, f.out,
+                      f.logsumexp, g.dQ, g.dV};
+      },
+      {Q, V, lengths, rot, dout},
+      {{"buckets", 0}, {"order", 0}, {"out", close}, {"logsumexp", close},
+       {"dQ", Tolerance::close(1e-5, 1e-4)}, {"dV", close}});
+}
+
+}  // namespace
+
+TEST_CASE("cuda lsh attention: buckets, orders, outputs and gradients equal the cpu's") {
+  SUBCASE("2 rounds of 8 buckets, chunks of 4, padding") { compare_case(lsh(2, 8, 4), 29, 17, 11); }
+  SUBCASE("4 rounds of 4 buckets, chunks of 3") { compare_case(lsh(4, 4, 3), 20, 20, 21); }
+  SUBCASE("shared-full: one bucket, one chunk") { compare_case(lsh(1, 1, 23), 23, 9, 31); }
+  SUBCASE("chunks of one: the first query has nothing but itself") {
+    compare_case(lsh(1, 1, 1), 7, 1, 41);
+  }
+}
+
+TEST_CASE("cuda lsh attention: the same bits run after run, through the dispatcher") {
+  const Tensor Q = random_tensor({2, 2, 40, 8}, 51).to(Device::cuda);
+  const Tensor V = random_tensor({2, 2, 40, 8}, 52).to(Device::cuda);
+  const Tensor lengths = Tensor::from_int_vector({40, 33}, {2}).to(Device::cuda);
+  clustr::AttentionConfig c;
+  c.type = clustr::AttentionType::lsh;
+  c.rounds = 3;
+  c.buckets = 8;
+  c.chunk = 8;
+  std::vector<std::vector<float>> outs, grads;
+  for (int run = 0; run < 2; ++run) {
+    clustr::Generator gen(7);  // the same rotations both times
+    Variable q(Q.clone(), true), v(V.clone(), true);
+    const Variable out = clustr::attention(c, q, q, v, lengths, gen, true);
+    CHECK(out.device() == Device::cuda);
+    out.backward(random_tensor({2, 2, 40, 8}, 53).to(Device::cuda));
+    outs.push_back(out.data().to_vector());
+    grads.push_back(q.grad().to_vector());
+  }
+  CHECK(outs[0] == outs[1]);
+  CHECK(grads[0] == grads[1]);
+}
