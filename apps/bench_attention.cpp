@@ -189,11 +189,9 @@ int main(int argc, char** argv) try {
   clustr::Generator gen(1);
   const int rounds = config.rounds;
   for (const std::string& type : types) {
-    // lsh-X: lsh with X rounds.
-    const bool lsh_x = type.rfind("lsh-", 0) == 0 && type.size() > 4 &&
-                       type.find_first_not_of("0123456789", 4) == std::string::npos;
-    config.type = clustr::parse_attention_type(lsh_x ? "lsh" : type);
-    config.rounds = lsh_x ? std::stoi(type.substr(4)) : rounds;
+    const clustr::NamedAttention named = clustr::parse_attention_name(type);  // lsh-X: X rounds
+    config.type = named.type;
+    config.rounds = named.rounds > 0 ? named.rounds : rounds;
     config.causal = causal;
     config.validate();
     std::string counts;

@@ -1,6 +1,8 @@
 // The paper's Figure 5 on the masked copy task: held-out accuracy of clustered and
 // improved-clustered attention for each sequence length x number of clusters, with full
-// attention at each length as the reference. Every cell is one training run (apps/copy_task/).
+// attention at each length as the reference, and Reformer's lsh-X rows (--attentions full
+// lsh-1 lsh-4 lsh-8 lsh-16: X hashing rounds, one run per length). Every cell is one training
+// run (apps/copy_task/).
 //
 //   copy_sweep                   the CPU grid: L in {31, 63} (N = 64, 128), C in {15, 30, 60},
 //                                the copy_task default model (2 layers, 4 x 32, ff 256, Adam
@@ -75,14 +77,27 @@ void sweep_preset(const std::string& name, RunOptions& o, Grid& g) {
 }
 
 struct Cell {
-  std::string attention;
-  int length = 0, clusters = 0;  // clusters 0: full attention
+  std::string attention;         // a type name, or lsh-X
+  int length = 0, clusters = 0;  // clusters 0: a type without clusters (full, lsh-X)
   RunResult result;
   bool done = false;
 };
 
+bool has_clusters(const std::string& attention) {
+  const AttentionType t = parse_attention_name(attention).type;
+  return t == AttentionType::clustered || t == AttentionType::improved_clustered;
+}
+
+// The cell's attention in its run options.
+void set_attention(const Cell& c, RunOptions& o) {
+  const NamedAttention a = parse_attention_name(c.attention);
+  o.model.attention.type = a.type;
+  if (a.rounds > 0) o.model.attention.rounds = a.rounds;
+  if (c.clusters) o.model.attention.clusters = c.clusters;
+}
+
 std::string label_of(const Cell& c) {
-  if (c.attention == "full") return "full";
+  if (!has_clusters(c.attention)) return c.attention;
   return std::string(c.attention == "clustered" ? "clustered" : "i-clustered") + " C=" +
          std::to_string(c.clusters);
 }
@@ -143,7 +158,8 @@ int main(int argc, char** argv) try {
       ->capture_default_str();
   app.add_option("--clusters", grid.clusters, "cluster counts C")->capture_default_str();
   app.add_option("--attentions", grid.attentions,
-                 "attention types (full runs once per length)")->capture_default_str();
+                 "attention types, lsh-X for lsh with X hashing rounds (full and lsh-X run "
+                 "once per length)")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   check_integer_flags(app);
   note_memory_flags(detail::cat("--batch ", base.train.batch, ", --lengths, --layers ",
@@ -156,22 +172,20 @@ int main(int argc, char** argv) try {
 
   std::vector<Cell> cells;
   for (const std::string& a : grid.attentions) {
-    parse_attention_type(a);  // a clear error for a bad name before anything runs
-    if (a == "full") continue;
+    if (!has_clusters(a)) continue;  // (a clear error for a bad name before anything runs)
     CLUSTR_CHECK(!grid.clusters.empty(), "copy_sweep: --clusters must not be empty");
     for (int C : grid.clusters)
       for (int L : grid.lengths) cells.push_back({a, L, C, {}, false});
   }
   for (const std::string& a : grid.attentions)
-    if (a == "full")
+    if (!has_clusters(a))
       for (int L : grid.lengths) cells.push_back({a, L, 0, {}, false});
   // Check the device and every cell's options before the first run.
   resolve_device(base.device);
   for (const Cell& c : cells) {
     RunOptions o = base;
     o.task.length = c.length;
-    o.model.attention.type = parse_attention_type(c.attention);
-    if (c.clusters) o.model.attention.clusters = c.clusters;
+    set_attention(c, o);
     validate(o);
   }
 
@@ -190,8 +204,7 @@ int main(int argc, char** argv) try {
     Cell& c = cells[i];
     RunOptions o = base;
     o.task.length = c.length;
-    o.model.attention.type = parse_attention_type(c.attention);
-    if (c.clusters) o.model.attention.clusters = c.clusters;
+    set_attention(c, o);
     std::string name = c.attention + "-L" + std::to_string(c.length);
     if (c.clusters) name += "-C" + std::to_string(c.clusters);
     o.output.out = (fs::path(base.output.out) / name).string();

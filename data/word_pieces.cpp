@@ -47,8 +47,9 @@ class Sentences : public sentencepiece::SentenceIterator {
 };
 #else
 [[noreturn]] void no_sentencepiece() {
-  throw Error("word pieces: this build has no SentencePiece (install libsentencepiece-dev and "
-              "configure again)");
+  throw Error(
+      "word pieces: this build has no SentencePiece (install libsentencepiece-dev and "
+      "configure again)");
 }
 #endif
 
@@ -79,18 +80,18 @@ WordPieces WordPieces::train(const std::vector<std::string>& sentences, int voca
   const std::unordered_map<std::string, std::string> args = {
       {"vocab_size", std::to_string(vocab_size)},
       {"model_type", "unigram"},
-      {"character_coverage", "1.0"},        // every character of the transcripts is a piece
+      {"character_coverage", "1.0"},            // every character of the transcripts is a piece
       {"normalization_rule_name", "identity"},  // the transcripts are normalised already
       {"bos_id", "-1"},
       {"eos_id", "-1"},
       {"unk_id", "0"},
-      {"num_threads", "1"},                  // the model depends on the sentences alone
-      {"input_sentence_size", "0"},          // all of them, no sampling
+      {"num_threads", "1"},          // the model depends on the sentences alone
+      {"input_sentence_size", "0"},  // all of them, no sampling
       {"max_sentence_length", "65536"},
       {"minloglevel", "2"}};
   const auto st = sentencepiece::SentencePieceTrainer::Train(args, &it, &w.impl_->proto);
-  CLUSTR_CHECK(st.ok(), "word pieces: cannot learn ", vocab_size, " pieces from ",
-               sentences.size(), " transcripts: ", reason(st));
+  CLUSTR_CHECK(st.ok(), "word pieces: cannot learn ", vocab_size, " pieces from ", sentences.size(),
+               " transcripts: ", reason(st));
   const auto ld = w.impl_->sp.LoadFromSerializedProto(w.impl_->proto);
   CLUSTR_CHECK(ld.ok(), "word pieces: the learnt model does not load: ", reason(ld));
   return w;
@@ -198,7 +199,8 @@ ErrorRate word_errors(const TokenTable& tokens, const std::vector<LabelSequence>
     return out;
   };
   ErrorRate e;
-  for (size_t i = 0; i < references.size(); ++i) e.add(as_ids(references[i]), as_ids(hypotheses[i]));
+  for (size_t i = 0; i < references.size(); ++i)
+    e.add(as_ids(references[i]), as_ids(hypotheses[i]));
   return e;
 }
 

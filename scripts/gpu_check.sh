@@ -212,6 +212,9 @@ if [ "$emulate" = 1 ]; then
     --heads 1 --dim 8 --clusters 4 --bits 15 --iterations 2 --topk 8 \
     --attention full clustered improved-clustered --csv "$out/bench_attention.csv" \
     --png "$out/attention_time.png" --png-memory "$out/attention_memory.png"
+  step bench_attention_lsh 300 "$build/apps/bench_attention" --device cuda --n 64 128 --reps 1 \
+    --heads 1 --dim 8 --buckets 4 --chunk 8 --attention lsh-1 lsh-4 \
+    --csv "$out/bench_attention_lsh.csv"
 else
   step bench_gemm 120 "$build/apps/bench_gemm" --device cuda --shapes all \
     --csv "$out/bench_gemm_fp32.csv"
@@ -224,6 +227,11 @@ else
     --n 512 1024 2048 4096 8192 16384 32768 65536 131072 --max-full-n 65536 --reps 3 \
     --csv "$out/bench_attention.csv" --png "$out/attention_time.png" \
     --png-memory "$out/attention_memory.png"
+  # The Reformer baseline's first device kernels (reformer_cuda.cu), against the clustered
+  # types above.
+  step bench_attention_lsh 240 "$build/apps/bench_attention" --device cuda \
+    --attention lsh-1 lsh-4 --n 512 2048 8192 32768 65536 --reps 3 \
+    --csv "$out/bench_attention_lsh.csv"
   for precision in fp32 bf16; do
     step "bench_encoder_$precision" 120 "$build/apps/bench_encoder" --device cuda \
       --precision "$precision" --csv "$out/bench_encoder_$precision.csv"

@@ -316,3 +316,18 @@ TEST_CASE("copy_sweep_tiny") {
   CHECK_OUTPUT_MATCHES(r, "\\[6/6\\] full[^\n]*held-out accuracy.*wrote");
   CHECK_STATUS(r, 0);
 }
+
+// Reformer's rows of Figure 5: lsh-X runs once per length, beside full attention.
+TEST_CASE("copy_sweep_lsh") {
+  const AppRun r = clustr::test::run_app(
+      {CLUSTR_APP_COPY_SWEEP, "--layers", "1", "--heads", "2", "--head-dim", "8", "--feedforward",
+       "32", "--batch", "8", "--lengths", "3", "--attentions", "full", "lsh-1", "lsh-2",
+       "--buckets", "4", "--chunk", "4", "--steps", "20", "--eval-interval", "10",
+       "--eval-batches", "2", "--final-eval-batches", "2", "--threads", "2", "--out",
+       copy_out + "/sweep_lsh", "--overwrite"});
+  CHECK_OUTPUT_MATCHES(r, "3 runs.*\\[2/3\\] lsh \\(rounds=1[^\n]*held-out accuracy.*"
+                          "\\[3/3\\] lsh \\(rounds=2.*wrote");
+  CHECK_STATUS(r, 0);
+  CHECK_FAILS(clustr::test::run_app({CLUSTR_APP_COPY_SWEEP, "--attentions", "lsh-0"}),
+              "lsh needs at least 1 hashing round");
+}

@@ -37,7 +37,8 @@ ReformerOptions lsh(int64_t rounds, int64_t buckets, int64_t chunk) {
 void compare_case(const ReformerOptions& o, int64_t N, int32_t short_len, uint32_t seed) {
   const Tensor Q = random_tensor({2, 3, N, 8}, seed), V = random_tensor({2, 3, N, 6}, seed + 1);
   const Tensor lengths = Tensor::from_int_vector({int32_t(N), short_len}, {2});
-  const Tensor rot = o.buckets > 1 ? random_tensor({o.rounds, 8, o.buckets / 2}, seed + 2) : Tensor();
+  const Tensor rot =
+      o.buckets > 1 ? random_tensor({o.rounds, 8, o.buckets / 2}, seed + 2) : Tensor();
   const Tensor dout = random_tensor({2, 3, N, 6}, seed + 3);
   const Tolerance close = Tolerance::close(2e-6, 2e-5);
   clustr::test::compare_devices(
@@ -46,12 +47,20 @@ void compare_case(const ReformerOptions& o, int64_t N, int32_t short_len, uint32
             clustr::reformer_attention_forward(x[0], x[1], x[2], x[3], o);
         const clustr::ReformerGrads g =
             clustr::reformer_attention_backward(x[4], x[0], x[1], x[2], f, o);
-        return Inputs{clustr::reformer_buckets(x[0], x[2], x[3], o.buckets), f.order, f.out,
-                      f.logsumexp, g.dQ, g.dV};
+        return Inputs{clustr::reformer_buckets(x[0], x[2], x[3], o.buckets),
+                      f.order,
+                      f.out,
+                      f.logsumexp,
+                      g.dQ,
+                      g.dV};
       },
       {Q, V, lengths, rot, dout},
-      {{"buckets", 0}, {"order", 0}, {"out", close}, {"logsumexp", close},
-       {"dQ", Tolerance::close(1e-5, 1e-4)}, {"dV", close}});
+      {{"buckets", 0},
+       {"order", 0},
+       {"out", close},
+       {"logsumexp", close},
+       {"dQ", Tolerance::close(1e-5, 1e-4)},
+       {"dV", close}});
 }
 
 }  // namespace

@@ -32,8 +32,14 @@ struct Inputs {
 
 // B 2, H 2, E 8, M 5; the second sequence padded to `short_len` positions.
 Inputs make_inputs(int64_t N, int64_t short_len, uint32_t seed) {
-  Inputs x{random_tensor({2, 2, N, 8}, seed), random_tensor({2, 2, N, 5}, seed + 1),
-           Tensor::from_int_vector({int32_t(N), int32_t(short_len)}, {2}), 2, 2, N, 8, 5};
+  Inputs x{random_tensor({2, 2, N, 8}, seed),
+           random_tensor({2, 2, N, 5}, seed + 1),
+           Tensor::from_int_vector({int32_t(N), int32_t(short_len)}, {2}),
+           2,
+           2,
+           N,
+           8,
+           5};
   return x;
 }
 
@@ -125,7 +131,8 @@ TEST_CASE("lsh: values and gradients against the reference for the same buckets"
   struct Case {
     int64_t rounds, buckets, chunk;
   };
-  for (const Case k : {Case{1, 4, 4}, Case{2, 8, 4}, Case{4, 4, 3}, Case{3, 6, 32}, Case{2, 2, 1}}) {
+  for (const Case k :
+       {Case{1, 4, 4}, Case{2, 8, 4}, Case{4, 4, 3}, Case{3, 6, 32}, Case{2, 2, 1}}) {
     CAPTURE(k.rounds);
     CAPTURE(k.buckets);
     CAPTURE(k.chunk);
@@ -159,7 +166,8 @@ TEST_CASE("lsh: buckets against a double-precision reference of the rotations") 
         }
         std::vector<double> p(static_cast<size_t>(R));
         double norm = 0;
-        for (int64_t e = 0; e < 8; ++e) norm += double(q[(bh * 50 + j) * 8 + e]) * q[(bh * 50 + j) * 8 + e];
+        for (int64_t e = 0; e < 8; ++e)
+          norm += double(q[(bh * 50 + j) * 8 + e]) * q[(bh * 50 + j) * 8 + e];
         for (int64_t c = 0; c < R / 2; ++c) {
           double s = 0;
           for (int64_t e = 0; e < 8; ++e)
@@ -185,12 +193,12 @@ TEST_CASE("lsh: gradcheck with padding (one bucket: the order is fixed)") {
   const Inputs x = make_inputs(9, 5, 31);
   for (int64_t chunk : {2, 4}) {
     CAPTURE(chunk);
-    test::check_grad(
-        "reformer chunk " + std::to_string(chunk),
-        [&](const std::vector<Variable>& in) {
-          return reformer_attention(in[0], in[1], x.lengths, Tensor(), lsh(2, 1, chunk));
-        },
-        {x.Q, x.V});
+    test::check_grad("reformer chunk " + std::to_string(chunk),
+                     [&](const std::vector<Variable>& in) {
+                       return reformer_attention(in[0], in[1], x.lengths, Tensor(),
+                                                 lsh(2, 1, chunk));
+                     },
+                     {x.Q, x.V});
   }
 }
 
@@ -215,12 +223,18 @@ TEST_CASE("lsh: the same bits at 1 and 2 threads, and whatever padding follows")
   auto rows = [](const std::vector<float>& t, int64_t width) {  // b = 1, positions < 29
     std::vector<float> r;
     for (int64_t h = 0; h < 2; ++h)
-      r.insert(r.end(), t.begin() + ((2 + h) * 45) * width, t.begin() + ((2 + h) * 45 + 29) * width);
+      r.insert(r.end(), t.begin() + ((2 + h) * 45) * width,
+               t.begin() + ((2 + h) * 45 + 29) * width);
     return r;
   };
   const Inputs alone{Tensor::from_vector(rows(x.Q.to_vector(), 8), {1, 2, 29, 8}),
-                     Tensor::from_vector(rows(x.V.to_vector(), 5), {1, 2, 29, 5}), Tensor(), 1, 2,
-                     29, 8, 5};
+                     Tensor::from_vector(rows(x.V.to_vector(), 5), {1, 2, 29, 5}),
+                     Tensor(),
+                     1,
+                     2,
+                     29,
+                     8,
+                     5};
   const Run a = run_op(alone, rot, o, Tensor::from_vector(rows(G.to_vector(), 5), {1, 2, 29, 5}));
   CHECK(same_bits(rows(one.out, 5), a.out));
   CHECK(same_bits(rows(one.dQ, 8), a.dQ));
@@ -259,7 +273,8 @@ TEST_CASE("lsh: errors") {
               "expected 1 bucket or an even number of them, got 3");
   CHECK_ERROR(reformer_attention(Q, V, Tensor(), random_tensor({1, 8, 3}, 1), lsh(1, 4, 4)),
               "expected rotations of shape (rounds 1, E 8, buckets / 2 2)");
-  CHECK_ERROR(reformer_attention(Q, V, Tensor(), Tensor(), lsh(1, 4, 4)), "4 buckets need rotations");
+  CHECK_ERROR(reformer_attention(Q, V, Tensor(), Tensor(), lsh(1, 4, 4)),
+              "4 buckets need rotations");
   CHECK_ERROR(reformer_attention(Q, V, Tensor(), Tensor(), lsh(0, 1, 4)), "rounds >= 1, got 0");
   CHECK_ERROR(reformer_attention(Q, Variable(random_tensor({2, 2, 7, 5}, 2)), Tensor(), Tensor(),
                                  lsh(1, 1, 4)),
@@ -279,6 +294,11 @@ TEST_CASE("lsh: errors") {
   CHECK(parse_attention_type("lsh") == AttentionType::lsh);
   CHECK(parse_attention_type("shared-full") == AttentionType::shared_full);
   CHECK_ERROR(parse_attention_type("reformer"), "shared-full, lsh");
+  CHECK(parse_attention_name("lsh-4").type == AttentionType::lsh);
+  CHECK(parse_attention_name("lsh-4").rounds == 4);
+  CHECK(parse_attention_name("clustered").rounds == 0);
+  CHECK_ERROR(parse_attention_name("lsh-0"), "at least 1 hashing round");
+  CHECK_ERROR(parse_attention_name("lsh-x"), "unknown attention type 'lsh-x'");
 }
 
 TEST_CASE("multi-head attention with one projection for queries and keys") {

@@ -38,8 +38,8 @@ LabelSequence labels(const TokenTable& t, const std::vector<std::string>& tokens
 
 // Sentences of a small vocabulary with a few frequent words.
 std::vector<std::string> sentences() {
-  const std::vector<std::string> words = {"the", "cat", "sat", "on", "mat", "cats", "sitting",
-                                          "hat", "that", "at", "it's", "42"};
+  const std::vector<std::string> words = {"the",     "cat", "sat",  "on", "mat",  "cats",
+                                          "sitting", "hat", "that", "at", "it's", "42"};
   std::vector<std::string> out;
   for (int i = 0; i < 300; ++i) {
     std::string s;
@@ -79,9 +79,8 @@ TEST_CASE("word pieces: the words that character and word-piece labels spell") {
   CHECK_ERROR(label_words(chars, {9}), "label 9 is not a token");
 
   // Words compared as wholes: "ab c'a b" against "ab ca b b": one substitution, one insertion.
-  const ErrorRate e = word_errors(
-      chars, {labels(chars, {"a", "b", "|", "c", "'", "a", "|", "b"})},
-      {labels(chars, {"a", "b", "|", "c", "a", "|", "b", "|", "b"})});
+  const ErrorRate e = word_errors(chars, {labels(chars, {"a", "b", "|", "c", "'", "a", "|", "b"})},
+                                  {labels(chars, {"a", "b", "|", "c", "a", "|", "b", "|", "b"})});
   CHECK(e.edits == 2);
   CHECK(e.reference_length == 3);
   CHECK_ERROR(word_errors(chars, {{}}, {}), "1 references against 0 hypotheses");
@@ -125,8 +124,10 @@ TEST_CASE("word pieces: learnt from transcripts, saved, loaded, applied") {
   CHECK_ERROR(WordPieces::train({}, 24), "no transcripts");
   CHECK_ERROR(WordPieces::train(s, 1), "at least 2, got 1");
   write_text(dir.file("text.model"), "not a model\n");
-  CHECK_ERROR(WordPieces::load(dir.file("text.model")), "text.model", "is not a SentencePiece model");
-  CHECK_ERROR(WordPieces::load(dir.file("none.model")), "cannot read", "none.model: does not exist");
+  CHECK_ERROR(WordPieces::load(dir.file("text.model")), "text.model",
+              "is not a SentencePiece model");
+  CHECK_ERROR(WordPieces::load(dir.file("none.model")), "cannot read",
+              "none.model: does not exist");
 }
 
 TEST_CASE("word pieces: manifest labels and tokens.txt") {
@@ -137,7 +138,8 @@ TEST_CASE("word pieces: manifest labels and tokens.txt") {
   u[1] = {"u1", dir.file("u1.wav"), 2.0, "the zebra", "list:2"};
   u[2] = {"u2", dir.file("u2.wav"), 0.5, "it's 42", "list:3"};
   for (const CorpusUtterance& x : u) write_text(x.audio, "");
-  const ImportReport r = write_manifest(u, LabelUnits::pieces, nullptr, dir.file("d/train.tsv"), &w);
+  const ImportReport r =
+      write_manifest(u, LabelUnits::pieces, nullptr, dir.file("d/train.tsv"), &w);
   CHECK(r.written == 2);
   REQUIRE(r.problems.size() == 1);
   CHECK(r.problems[0] == "list:2: utterance 'u1': the characters 'z' are in no word piece");

@@ -65,6 +65,16 @@ AttentionType parse_attention_type(const std::string& name) {
                           "shared-full, lsh"));
 }
 
+NamedAttention parse_attention_name(const std::string& name) {
+  if (name.rfind("lsh-", 0) == 0 && name.size() > 4 && name.size() < 8 &&
+      name.find_first_not_of("0123456789", 4) == std::string::npos) {
+    const int rounds = std::stoi(name.substr(4));
+    CLUSTR_CHECK(rounds >= 1, "attention '", name, "': lsh needs at least 1 hashing round");
+    return {AttentionType::lsh, rounds};
+  }
+  return {parse_attention_type(name), 0};
+}
+
 bool shares_query_key(AttentionType type) {
   return type == AttentionType::shared_full || type == AttentionType::lsh;
 }

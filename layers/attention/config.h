@@ -42,4 +42,12 @@ struct AttentionConfig {
 AttentionType parse_attention_type(const std::string& name);
 const char* attention_type_name(AttentionType type);
 
+// A type as the paper names it in its tables: a type name, or "lsh-X" for lsh with X hashing
+// rounds (rounds 0 for the others).
+struct NamedAttention {
+  AttentionType type;
+  int rounds;
+};
+NamedAttention parse_attention_name(const std::string& name);
+
 }  // namespace clustr

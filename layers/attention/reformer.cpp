@@ -37,20 +37,19 @@ Dims check_inputs(const char* op, const Tensor& Q, const Tensor& V, const Tensor
   detail::check_f32(op, "Q", Q);
   detail::check_f32(op, "V", V);
   detail::check_same_device(op, Q, V);
-  CLUSTR_CHECK(Q.rank() == 4 && V.rank() == 4 && V.size(0) == Q.size(0) &&
-                   V.size(1) == Q.size(1) && V.size(2) == Q.size(2),
+  CLUSTR_CHECK(Q.rank() == 4 && V.rank() == 4 && V.size(0) == Q.size(0) && V.size(1) == Q.size(1) &&
+                   V.size(2) == Q.size(2),
                op, ": expected Q (B, H, N, E) and V (B, H, N, M) of one self-attention, got Q ",
                describe(Q), " and V ", describe(V));
   CLUSTR_CHECK(o.rounds >= 1, op, ": expected rounds >= 1, got ", o.rounds);
   CLUSTR_CHECK(o.buckets == 1 || (o.buckets >= 2 && o.buckets % 2 == 0), op,
                ": expected 1 bucket or an even number of them, got ", o.buckets);
   CLUSTR_CHECK(o.chunk >= 1, op, ": expected a chunk of at least 1 position, got ", o.chunk);
-  const Dims d{Q.size(0), Q.size(1), Q.size(2), Q.size(3), V.size(3), o.rounds, o.buckets,
-               o.chunk};
+  const Dims d{Q.size(0), Q.size(1), Q.size(2), Q.size(3), V.size(3), o.rounds, o.buckets, o.chunk};
   if (lengths.defined()) detail::check_lengths(op, lengths, d.B, d.N, "N", "Q", Q);
   if (d.R > 1) {
-    CLUSTR_CHECK(rotations.defined(), op, ": ", d.R, " buckets need rotations (", d.X, ", ",
-                 d.E, ", ", d.R / 2, ")");
+    CLUSTR_CHECK(rotations.defined(), op, ": ", d.R, " buckets need rotations (", d.X, ", ", d.E,
+                 ", ", d.R / 2, ")");
     detail::check_f32(op, "rotations", rotations);
     CLUSTR_CHECK(Q.device() == Device::cuda || rotations.device() == Device::cpu, op,
                  ": rotations on ", describe(rotations), " for queries on the cpu");
@@ -80,26 +79,23 @@ void unit_keys(const float* q, int64_t L, int64_t E, float* k, float* norm) {
   }
 }
 
-// Round x's bucket of each valid position: the argmax of [k W, -k W] (ties: the lower index).
+// Round x's bucket of each valid position: the argmax of [k W, -k W] (ties: the lower index),
+// the projections k W of all positions as one GEMM into proj (L, R / 2).
 void hash_round(const float* k, int64_t L, int64_t E, const float* W, int64_t R, int32_t* bucket,
-                std::vector<float>& proj) {
+                float* proj) {
+  if (R == 1) {
+    std::fill(bucket, bucket + L, 0);
+    return;
+  }
   const int64_t half = R / 2;
-  proj.resize(size_t(half));
+  cpu::gemm(false, false, L, half, E, 1.0f, k, E, W, half, 0.0f, proj, half);
   for (int64_t j = 0; j < L; ++j) {
-    if (R == 1) {
-      bucket[j] = 0;
-      continue;
-    }
-    for (int64_t c = 0; c < half; ++c) {
-      float p = 0.0f;
-      for (int64_t e = 0; e < E; ++e) p += k[j * E + e] * W[e * half + c];
-      proj[size_t(c)] = p;
-    }
+    const float* p = proj + j * half;
     int32_t arg = 0;
-    float best = proj[0];
+    float best = p[0];
     for (int64_t c = 1; c < R; ++c) {
-      const float p = c < half ? proj[size_t(c)] : -proj[size_t(c - half)];
-      if (p > best) best = p, arg = int32_t(c);
+      const float v = c < half ? p[c] : -p[c - half];
+      if (v > best) best = v, arg = int32_t(c);
     }
     bucket[j] = arg;
   }
@@ -116,13 +112,13 @@ void sort_round(const int32_t* bucket, int64_t L, int64_t R, std::vector<int64_t
 
 // Scratch of one task, carved from one tensor (so that the allocator's figures count it).
 struct Scratch {
-  float *k, *norm;                // unit keys (N, E), |q| (N)
-  int32_t* bucket;                // (N)
-  float *qc, *kc, *vc, *s, *t;    // gathered rows and a block's products
-  float *mx, *l, *acc;            // forward: each query's online softmax across rounds
+  float *k, *norm;              // unit keys (N, E), |q| (N)
+  int32_t* bucket;              // (N)
+  float *qc, *kc, *vc, *s, *t;  // gathered rows and a block's products
+  float *mx, *l, *acc;          // forward: each query's online softmax across rounds
   float *gc, *dp, *dqc, *dkc, *dvc, *dk, *delta;  // backward's
-  std::vector<int64_t> count;     // the sort's (R + 1)
-  std::vector<float> proj;        // one position's projections (R / 2)
+  std::vector<int64_t> count;                     // the sort's (R + 1)
+  float* proj;  // the projections on a round's rotation (N, R / 2)
 };
 
 Tensor make_scratch(const Dims& d, bool backward, Scratch& s) {
@@ -131,6 +127,7 @@ Tensor make_scratch(const Dims& d, bool backward, Scratch& s) {
     s.k = c.f32(d.N * d.E);
     s.norm = c.f32(d.N);
     s.bucket = c.i32(d.N);
+    s.proj = c.f32(d.N * (d.R / 2));
     s.qc = c.f32(rows * d.E);
     s.kc = c.f32(nk * d.E);
     s.vc = c.f32(nk * d.M);
@@ -175,8 +172,8 @@ void scatter_add(const float* src, int64_t width, const int32_t* rows, int64_t n
 
 // One (b, h) pair of the forward. q, v, out at the pair's (N, E), (N, M), (N, M); order (X, N);
 // z (N). mx, l and acc: the online softmax of each query across rounds.
-void forward_pair(const Dims& d, float t, int64_t L, const float* q, const float* v,
-                  const float* W, float* out, int32_t* order, float* z, Scratch& s) {
+void forward_pair(const Dims& d, float t, int64_t L, const float* q, const float* v, const float* W,
+                  float* out, int32_t* order, float* z, Scratch& s) {
   const int64_t E = d.E, M = d.M;
   float *mx = s.mx, *l = s.l, *acc = s.acc;
   unit_keys(q, L, E, s.k, s.norm);
@@ -185,8 +182,7 @@ void forward_pair(const Dims& d, float t, int64_t L, const float* q, const float
   std::fill(acc, acc + L * M, 0.0f);
   for (int64_t x = 0; x < d.X; ++x) {
     int32_t* o = order + x * d.N;
-    hash_round(s.k, L, E, d.R > 1 ? W + x * E * (d.R / 2) : nullptr, d.R, s.bucket,
-               s.proj);
+    hash_round(s.k, L, E, d.R > 1 ? W + x * E * (d.R / 2) : nullptr, d.R, s.bucket, s.proj);
     sort_round(s.bucket, L, d.R, s.count, o);
     for_each_block(L, d.m, [&](int64_t a0, int64_t a1, int64_t k0, int64_t nk) {
       const int64_t nq = a1 - a0;
@@ -249,8 +245,7 @@ void backward_pair(const Dims& d, float t, int64_t L, const float* q, const floa
       gather(v, M, o + k0, nk, s.vc);
       gather(g, M, o + a0, nq, s.gc);
       cpu::gemm(false, true, nq, nk, E, t, s.qc, E, s.kc, E, 0.0f, s.s, nk);
-      cpu::gemm(false, true, nq, nk, M, 1.0f, s.gc, M, s.vc, M, 0.0f, s.dp,
-                nk);
+      cpu::gemm(false, true, nq, nk, M, 1.0f, s.gc, M, s.vc, M, 0.0f, s.dp, nk);
       for (int64_t a = 0; a < nq; ++a) {  // P and dS = P (dP - delta) in place of S and dP
         float *p = s.s + a * nk, *ds = s.dp + a * nk;
         const int32_t i = o[a0 + a];
@@ -260,14 +255,11 @@ void backward_pair(const Dims& d, float t, int64_t L, const float* q, const floa
           ds[b] = p[b] * (ds[b] - delta[i]);
         }
       }
-      cpu::gemm(true, false, nk, M, nq, 1.0f, s.s, nk, s.gc, M, 0.0f,
-                s.dvc, M);
+      cpu::gemm(true, false, nk, M, nq, 1.0f, s.s, nk, s.gc, M, 0.0f, s.dvc, M);
       scatter_add(s.dvc, M, o + k0, nk, dv);
-      cpu::gemm(false, false, nq, E, nk, t, s.dp, nk, s.kc, E, 0.0f,
-                s.dqc, E);
+      cpu::gemm(false, false, nq, E, nk, t, s.dp, nk, s.kc, E, 0.0f, s.dqc, E);
       scatter_add(s.dqc, E, o + a0, nq, dq);
-      cpu::gemm(true, false, nk, E, nq, t, s.dp, nk, s.qc, E, 0.0f,
-                s.dkc, E);
+      cpu::gemm(true, false, nk, E, nq, t, s.dp, nk, s.qc, E, 0.0f, s.dkc, E);
       scatter_add(s.dkc, E, o + k0, nk, dk);
     });
   }
@@ -318,8 +310,7 @@ class ReformerNode : public Node {
 }  // namespace
 
 ReformerOutput reformer_attention_forward(const Tensor& Q, const Tensor& V, const Tensor& lengths,
-                                          const Tensor& rotations,
-                                          const ReformerOptions& options) {
+                                          const Tensor& rotations, const ReformerOptions& options) {
   const Dims d = check_inputs("reformer_attention", Q, V, lengths, rotations, options);
   const float t = temperature_of(options, d.E);
   ReformerOutput r;
@@ -328,9 +319,9 @@ ReformerOutput reformer_attention_forward(const Tensor& Q, const Tensor& V, cons
     r.order = Tensor::empty({d.B, d.H, d.X, d.N}, DType::i32, Device::cuda);
     r.logsumexp = Tensor::empty({d.B, d.H, d.N}, DType::f32, Device::cuda);
     const Tensor W = d.R > 1 ? rotations.to(Device::cuda) : Tensor();  // a host draw
-    cuda::reformer_attention_forward(device_dims(d), lengths.defined() ? lengths.i32() : nullptr,
-                                     t, Q.f32(), V.f32(), d.R > 1 ? W.f32() : nullptr,
-                                     r.out.f32(), r.order.i32(), r.logsumexp.f32());
+    cuda::reformer_attention_forward(device_dims(d), lengths.defined() ? lengths.i32() : nullptr, t,
+                                     Q.f32(), V.f32(), d.R > 1 ? W.f32() : nullptr, r.out.f32(),
+                                     r.order.i32(), r.logsumexp.f32());
     return r;
   }
   r.out = Tensor::zeros({d.B, d.H, d.N, d.M});
@@ -351,17 +342,17 @@ ReformerGrads reformer_attention_backward(const Tensor& dout, const Tensor& Q, c
                                           const Tensor& lengths, const ReformerOutput& forward,
                                           const ReformerOptions& options) {
   const char* op = "reformer_attention_backward";
-  const Dims d = check_inputs(op, Q, V, lengths, Tensor(), ReformerOptions{options.rounds, 1,
-                                                                          options.chunk,
-                                                                          options.temperature});
+  const Dims d =
+      check_inputs(op, Q, V, lengths, Tensor(),
+                   ReformerOptions{options.rounds, 1, options.chunk, options.temperature});
   const Shape out_shape{d.B, d.H, d.N, d.M};
-  CLUSTR_CHECK(dout.defined() && dout.dtype() == DType::f32 && dout.shape() == out_shape &&
-                   forward.out.defined() && forward.out.shape() == out_shape &&
-                   forward.order.defined() && forward.order.shape() == (Shape{d.B, d.H, d.X, d.N}) &&
-                   forward.logsumexp.defined() && forward.logsumexp.shape() == (Shape{d.B, d.H, d.N}),
-               op, ": expected dout and the forward's out ", to_string(out_shape), ", order (",
-               d.B, ", ", d.H, ", ", d.X, ", ", d.N, ") and logsumexp (", d.B, ", ", d.H, ", ",
-               d.N, ")");
+  CLUSTR_CHECK(
+      dout.defined() && dout.dtype() == DType::f32 && dout.shape() == out_shape &&
+          forward.out.defined() && forward.out.shape() == out_shape && forward.order.defined() &&
+          forward.order.shape() == (Shape{d.B, d.H, d.X, d.N}) && forward.logsumexp.defined() &&
+          forward.logsumexp.shape() == (Shape{d.B, d.H, d.N}),
+      op, ": expected dout and the forward's out ", to_string(out_shape), ", order (", d.B, ", ",
+      d.H, ", ", d.X, ", ", d.N, ") and logsumexp (", d.B, ", ", d.H, ", ", d.N, ")");
   const float t = temperature_of(options, d.E);
   ReformerGrads r;
   for (const Tensor* x : {&dout, &forward.out, &forward.order, &forward.logsumexp})
@@ -370,9 +361,8 @@ ReformerGrads reformer_attention_backward(const Tensor& dout, const Tensor& Q, c
     r.dQ = Tensor::empty(Q.shape(), DType::f32, Device::cuda);
     r.dV = Tensor::empty(V.shape(), DType::f32, Device::cuda);
     cuda::reformer_attention_backward(device_dims(d), lengths.defined() ? lengths.i32() : nullptr,
-                                      t, Q.f32(), V.f32(), forward.out.f32(),
-                                      forward.order.i32(), forward.logsumexp.f32(), dout.f32(),
-                                      r.dQ.f32(), r.dV.f32());
+                                      t, Q.f32(), V.f32(), forward.out.f32(), forward.order.i32(),
+                                      forward.logsumexp.f32(), dout.f32(), r.dQ.f32(), r.dV.f32());
     return r;
   }
   r.dQ = Tensor::zeros(Q.shape());
@@ -427,8 +417,8 @@ Tensor reformer_buckets(const Tensor& Q, const Tensor& lengths, const Tensor& ro
   for_each_pair(d, len, false, [&](int64_t bh, int64_t L, Scratch& s) {
     unit_keys(q + bh * d.N * d.E, L, d.E, s.k, s.norm);
     for (int64_t x = 0; x < d.X; ++x)
-      hash_round(s.k, L, d.E, W ? W + x * d.E * (d.R / 2) : nullptr, d.R,
-                 bk + (bh * d.X + x) * d.N, s.proj);
+      hash_round(s.k, L, d.E, W ? W + x * d.E * (d.R / 2) : nullptr, d.R, bk + (bh * d.X + x) * d.N,
+                 s.proj);
   });
   return out;
 }

@@ -222,7 +222,8 @@ struct BackwardArgs {
   // dS of query i (sorted a) and key j: p (dp - delta_i), with p = exp(s - z_i) and dp =
   // dout_i . v_j; p through `weight`.
   CLUSTR_DEVICE float ds(int64_t i, int64_t j, float& weight) const {
-    weight = z[i] == -INFINITY ? 0.0f : math::exp(temperature * dot(q + i * E, k + j * E, E) - z[i]);
+    weight =
+        z[i] == -INFINITY ? 0.0f : math::exp(temperature * dot(q + i * E, k + j * E, E) - z[i]);
     return weight * (dot(g + i * M, v + j * M, M) - delta[i]);
   }
 };
@@ -330,8 +331,8 @@ void sort_positions(const ReformerDims& d, const int32_t* lengths, const float* 
 }  // namespace
 
 void reformer_attention_forward(const ReformerDims& d, const int32_t* lengths, float temperature,
-                                const float* Q, const float* V, const float* rotations,
-                                float* out, int32_t* order, float* logsumexp) {
+                                const float* Q, const float* V, const float* rotations, float* out,
+                                int32_t* order, float* logsumexp) {
   const int64_t P = d.B * d.H * d.N;
   if (P == 0) return;
   Scratch<float> k(P * d.E), norm(P), mx(P), l(P), acc(P * d.M);
@@ -341,16 +342,16 @@ void reformer_attention_forward(const ReformerDims& d, const int32_t* lengths, f
          InitKernel{mx.get(), l.get(), acc.get(), d.M, P});
   for (int64_t x = 0; x < d.X; ++x)
     launch("cuda::reformer (forward round)", {chunk_grid(d)}, {chunk_threads(d)}, 0,
-           ForwardRoundKernel{Q, k.get(), V, order, lengths, mx.get(), l.get(), acc.get(), d.H,
-                              d.N, d.E, d.M, d.X, d.m, chunks_of(d), x, temperature});
+           ForwardRoundKernel{Q, k.get(), V, order, lengths, mx.get(), l.get(), acc.get(), d.H, d.N,
+                              d.E, d.M, d.X, d.m, chunks_of(d), x, temperature});
   launch("cuda::reformer (finish)", {blocks(P)}, {kElementwiseThreads}, 0,
          FinishKernel{V, mx.get(), l.get(), acc.get(), lengths, out, logsumexp, d.H, d.N, d.M, P});
 }
 
-void reformer_attention_backward(const ReformerDims& d, const int32_t* lengths,
-                                 float temperature, const float* Q, const float* V,
-                                 const float* out, const int32_t* order, const float* logsumexp,
-                                 const float* dout, float* dQ, float* dV) {
+void reformer_attention_backward(const ReformerDims& d, const int32_t* lengths, float temperature,
+                                 const float* Q, const float* V, const float* out,
+                                 const int32_t* order, const float* logsumexp, const float* dout,
+                                 float* dQ, float* dV) {
   const int64_t P = d.B * d.H * d.N;
   if (P == 0) return;
   Scratch<float> k(P * d.E), norm(P), delta(P), dk(P * d.E);
@@ -358,9 +359,11 @@ void reformer_attention_backward(const ReformerDims& d, const int32_t* lengths,
          UnitKeyKernel{Q, k.get(), norm.get(), d.E, P});
   launch("cuda::reformer (delta)", {blocks(P)}, {kElementwiseThreads}, 0,
          DeltaKernel{out, dout, delta.get(), dQ, dk.get(), dV, d.E, d.M, P});
-  BackwardArgs a{Q,   k.get(), V,   dout, logsumexp, delta.get(), order,         lengths,
-                 d.H, d.N,     d.E, d.M,  d.X,       d.m,         chunks_of(d), 0,
-                 temperature};
+  BackwardArgs a{};
+  a.q = Q, a.k = k.get(), a.v = V, a.g = dout, a.z = logsumexp, a.delta = delta.get();
+  a.order = order, a.lengths = lengths;
+  a.H = d.H, a.N = d.N, a.E = d.E, a.M = d.M, a.X = d.X, a.m = d.m, a.chunks = chunks_of(d);
+  a.temperature = temperature;
   for (int64_t x = 0; x < d.X; ++x) {
     a.x = x;
     launch("cuda::reformer (query gradients)", {chunk_grid(d)}, {chunk_threads(d)}, 0,
@@ -369,8 +372,8 @@ void reformer_attention_backward(const ReformerDims& d, const int32_t* lengths,
            KeyGradKernel{a, dk.get(), dV});
   }
   launch("cuda::reformer (gradient finish)", {blocks(P)}, {kElementwiseThreads}, 0,
-         GradFinishKernel{k.get(), norm.get(), dk.get(), dout, logsumexp, lengths, dQ, dV, d.H,
-                          d.N, d.E, d.M, P});
+         GradFinishKernel{k.get(), norm.get(), dk.get(), dout, logsumexp, lengths, dQ, dV, d.H, d.N,
+                          d.E, d.M, P});
 }
 
 void reformer_buckets(const ReformerDims& d, const int32_t* lengths, const float* Q,

@@ -21,14 +21,14 @@ struct ReformerDims {
 
 // out, order and logsumexp = (overwritten) the forward of reformer_attention_forward.
 void reformer_attention_forward(const ReformerDims& d, const int32_t* lengths, float temperature,
-                                const float* Q, const float* V, const float* rotations,
-                                float* out, int32_t* order, float* logsumexp);
+                                const float* Q, const float* V, const float* rotations, float* out,
+                                int32_t* order, float* logsumexp);
 
 // dQ, dV = (overwritten) the gradients of sum(dout * out) for the forward's order.
-void reformer_attention_backward(const ReformerDims& d, const int32_t* lengths,
-                                 float temperature, const float* Q, const float* V,
-                                 const float* out, const int32_t* order, const float* logsumexp,
-                                 const float* dout, float* dQ, float* dV);
+void reformer_attention_backward(const ReformerDims& d, const int32_t* lengths, float temperature,
+                                 const float* Q, const float* V, const float* out,
+                                 const int32_t* order, const float* logsumexp, const float* dout,
+                                 float* dQ, float* dV);
 
 // buckets (B, H, X, N) = (overwritten) each position's bucket per round, -1 where padded.
 void reformer_buckets(const ReformerDims& d, const int32_t* lengths, const float* Q,
