@@ -25,14 +25,6 @@ using clustr::test::Tolerance;
 
 namespace {
 
-ReformerOptions lsh(int64_t rounds, int64_t buckets, int64_t chunk) {
-  ReformerOptions o;
-  o.rounds = rounds;
-  o.buckets = buckets;
-  o.chunk = chunk;
-  return o;
-}
-
 // Forward and backward of one case on both devices: inputs Q, V, lengths, rotations, dout.
 void compare_case(const ReformerOptions& o, int64_t N, int32_t short_len, uint32_t seed) {
   const Tensor Q = random_tensor({2, 3, N, 8}, seed), V = random_tensor({2, 3, N, 6}, seed + 1);
@@ -66,11 +58,17 @@ void compare_case(const ReformerOptions& o, int64_t N, int32_t short_len, uint32
 }  // namespace
 
 TEST_CASE("cuda lsh attention: buckets, orders, outputs and gradients equal the cpu's") {
-  SUBCASE("2 rounds of 8 buckets, chunks of 4, padding") { compare_case(lsh(2, 8, 4), 29, 17, 11); }
-  SUBCASE("4 rounds of 4 buckets, chunks of 3") { compare_case(lsh(4, 4, 3), 20, 20, 21); }
-  SUBCASE("shared-full: one bucket, one chunk") { compare_case(lsh(1, 1, 23), 23, 9, 31); }
+  SUBCASE("2 rounds of 8 buckets, chunks of 4, padding") {
+    compare_case(ReformerOptions{2, 8, 4}, 29, 17, 11);
+  }
+  SUBCASE("4 rounds of 4 buckets, chunks of 3") {
+    compare_case(ReformerOptions{4, 4, 3}, 20, 20, 21);
+  }
+  SUBCASE("shared-full: one bucket, one chunk") {
+    compare_case(ReformerOptions{1, 1, 23}, 23, 9, 31);
+  }
   SUBCASE("chunks of one: the first query has nothing but itself") {
-    compare_case(lsh(1, 1, 1), 7, 1, 41);
+    compare_case(ReformerOptions{1, 1, 1}, 7, 1, 41);
   }
 }
 

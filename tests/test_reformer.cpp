@@ -43,14 +43,6 @@ Inputs make_inputs(int64_t N, int64_t short_len, uint32_t seed) {
   return x;
 }
 
-ReformerOptions lsh(int64_t rounds, int64_t buckets, int64_t chunk) {
-  ReformerOptions o;
-  o.rounds = rounds;
-  o.buckets = buckets;
-  o.chunk = chunk;
-  return o;
-}
-
 Tensor rotations_for(const ReformerOptions& o, int64_t E, uint32_t seed) {
   return o.buckets > 1 ? random_tensor({o.rounds, E, o.buckets / 2}, seed) : Tensor();
 }
@@ -108,7 +100,7 @@ TEST_CASE("shared-full: one bucket, one round, one chunk: every other valid posi
       }
     }
   const Tensor G = random_tensor({2, 2, 11, 5}, 9);
-  const Run got = run_op(x, Tensor(), lsh(1, 1, 11), G);
+  const Run got = run_op(x, Tensor(), ReformerOptions{1, 1, 11}, G);
   CHECK_CLOSE(got.out, want, 1e-6, 1e-5);
   // Through the dispatcher, with a chunk as long as the sequence.
   AttentionConfig c;
@@ -118,7 +110,8 @@ TEST_CASE("shared-full: one bucket, one round, one chunk: every other valid posi
   const Tensor via = attention(c, Q, Q, Variable(x.V), x.lengths, gen, false).data();
   CHECK(same_bits(via.to_vector(), got.out));
   // The lsh type with one round of 2 buckets, a chunk past the sequence: the same attention.
-  const Run two = run_op(x, rotations_for(lsh(1, 2, 64), 8, 4), lsh(1, 2, 64), G);
+  const Run two =
+      run_op(x, rotations_for(ReformerOptions{1, 2, 64}, 8, 4), ReformerOptions{1, 2, 64}, G);
   CHECK_CLOSE(two.out, want, 1e-6, 1e-5);
   // Gradients against the autograd reference.
   const Run ref = run_reference(x, Tensor::zeros({2, 2, 1, 11}, DType::i32), 11, G);
@@ -137,7 +130,7 @@ TEST_CASE("lsh: values and gradients against the reference for the same buckets"
     CAPTURE(k.buckets);
     CAPTURE(k.chunk);
     const Inputs x = make_inputs(37, 23, 11);
-    const ReformerOptions o = lsh(k.rounds, k.buckets, k.chunk);
+    const ReformerOptions o{k.rounds, k.buckets, k.chunk};
     const Tensor rot = rotations_for(o, 8, 12);
     const Tensor G = random_tensor({2, 2, 37, 5}, 13);
     const Run got = run_op(x, rot, o, G);
@@ -196,7 +189,7 @@ TEST_CASE("lsh: gradcheck with padding (one bucket: the order is fixed)") {
     test::check_grad("reformer chunk " + std::to_string(chunk),
                      [&](const std::vector<Variable>& in) {
                        return reformer_attention(in[0], in[1], x.lengths, Tensor(),
-                                                 lsh(2, 1, chunk));
+                                                 ReformerOptions{2, 1, chunk});
                      },
                      {x.Q, x.V});
   }
@@ -204,7 +197,7 @@ TEST_CASE("lsh: gradcheck with padding (one bucket: the order is fixed)") {
 
 TEST_CASE("lsh: the same bits at 1 and 2 threads, and whatever padding follows") {
   const Inputs x = make_inputs(45, 29, 41);
-  const ReformerOptions o = lsh(2, 8, 4);
+  const ReformerOptions o = ReformerOptions{2, 8, 4};
   const Tensor rot = rotations_for(o, 8, 42), G = random_tensor({2, 2, 45, 5}, 43);
   Run one, two;
   {
@@ -252,7 +245,7 @@ TEST_CASE("lsh: a query with nothing but itself takes its own value") {
   // position nothing but itself.
   const Inputs x = make_inputs(6, 1, 51);
   const Tensor G = random_tensor({2, 2, 6, 5}, 52);
-  const Run r = run_op(x, Tensor(), lsh(1, 1, 1), G);
+  const Run r = run_op(x, Tensor(), ReformerOptions{1, 1, 1}, G);
   const std::vector<float> v = x.V.to_vector(), g = G.to_vector();
   for (int64_t bh = 0; bh < 2; ++bh)  // the first sequence: all 6 valid
     for (int64_t i = 0; i < 6; ++i)
@@ -269,15 +262,17 @@ TEST_CASE("lsh: a query with nothing but itself takes its own value") {
 TEST_CASE("lsh: errors") {
   const Inputs x = make_inputs(8, 8, 61);
   const Variable Q(x.Q), V(x.V);
-  CHECK_ERROR(reformer_attention(Q, V, Tensor(), Tensor(), lsh(1, 3, 4)),
+  CHECK_ERROR(reformer_attention(Q, V, Tensor(), Tensor(), ReformerOptions{1, 3, 4}),
               "expected 1 bucket or an even number of them, got 3");
-  CHECK_ERROR(reformer_attention(Q, V, Tensor(), random_tensor({1, 8, 3}, 1), lsh(1, 4, 4)),
-              "expected rotations of shape (rounds 1, E 8, buckets / 2 2)");
-  CHECK_ERROR(reformer_attention(Q, V, Tensor(), Tensor(), lsh(1, 4, 4)),
+  CHECK_ERROR(
+      reformer_attention(Q, V, Tensor(), random_tensor({1, 8, 3}, 1), ReformerOptions{1, 4, 4}),
+      "expected rotations of shape (rounds 1, E 8, buckets / 2 2)");
+  CHECK_ERROR(reformer_attention(Q, V, Tensor(), Tensor(), ReformerOptions{1, 4, 4}),
               "4 buckets need rotations");
-  CHECK_ERROR(reformer_attention(Q, V, Tensor(), Tensor(), lsh(0, 1, 4)), "rounds >= 1, got 0");
+  CHECK_ERROR(reformer_attention(Q, V, Tensor(), Tensor(), ReformerOptions{0, 1, 4}),
+              "rounds >= 1, got 0");
   CHECK_ERROR(reformer_attention(Q, Variable(random_tensor({2, 2, 7, 5}, 2)), Tensor(), Tensor(),
-                                 lsh(1, 1, 4)),
+                                 ReformerOptions{1, 1, 4}),
               "expected Q (B, H, N, E) and V (B, H, N, M) of one self-attention");
   AttentionConfig c;
   c.type = AttentionType::lsh;
