@@ -28,16 +28,19 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DCLUSTR_AUDIO=ON -DCLUSTR_SENTEN
 cmake --build build -j "$jobs"
 ctest --test-dir build --output-on-failure -j "$jobs"
 
+# The sanitizer builds keep line tables only (-g1): the reports' stack traces name files and
+# lines, and the two builds compile about a quarter faster than with full debug information.
+sanitizer_flags="-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG"
 echo "== sanitizer build (ASan + UBSan), CUDA kernels on the emulated device =="
-cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCLUSTR_SANITIZE=ON \
-  -DCLUSTR_CUDA=EMULATE -DCLUSTR_APPS=ON
+cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo "$sanitizer_flags" \
+  -DCLUSTR_SANITIZE=ON -DCLUSTR_CUDA=EMULATE -DCLUSTR_APPS=ON
 cmake --build build-sanitize -j "$jobs"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --test-dir build-sanitize --output-on-failure -j "$jobs"
 
 echo "== ThreadSanitizer, emulated device with GPU-like numerics, random schedule: the GPU tests =="
-cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCLUSTR_TSAN=ON -DCLUSTR_OPENMP=OFF \
-  -DCLUSTR_CUDA=EMULATE -DCLUSTR_EMULATION_NUMERICS=gpu -DCLUSTR_APPS=ON
+cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo "$sanitizer_flags" -DCLUSTR_TSAN=ON \
+  -DCLUSTR_OPENMP=OFF -DCLUSTR_CUDA=EMULATE -DCLUSTR_EMULATION_NUMERICS=gpu -DCLUSTR_APPS=ON
 cmake --build build-tsan -j "$jobs" --target test_cuda
 CLUSTR_EMULATION_SCHEDULE=random:1 ctest --test-dir build-tsan -R '^cuda_' --output-on-failure \
   -j "$jobs"
