@@ -127,13 +127,13 @@ Tensor make_scratch(const Dims& d, bool backward, Scratch& s) {
     s.k = c.f32(d.N * d.E);
     s.norm = c.f32(d.N);
     s.bucket = c.i32(d.N);
-    s.proj = c.f32(d.N * (d.R / 2));
     s.qc = c.f32(rows * d.E);
     s.kc = c.f32(nk * d.E);
     s.vc = c.f32(nk * d.M);
     s.s = c.f32(rows * nk);
     s.t = c.f32(rows * std::max(d.M, d.E));
-    if (!backward) {
+    if (!backward) {  // backward reads the saved orders: no hashing
+      s.proj = c.f32(d.N * (d.R / 2));
       s.mx = c.f32(d.N);
       s.l = c.f32(d.N);
       s.acc = c.f32(d.N * d.M);

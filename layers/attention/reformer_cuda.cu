@@ -83,14 +83,16 @@ struct HashKernel {
       }
       const float* kj = k + (bh * N + j) * E;
       const float* w = W + x * E * half;
+      // Each projection once, as the candidates +s (bucket c) and -s (bucket half + c); a tie
+      // keeps the lower bucket, as the CPU's scan in bucket order does.
       int32_t arg = 0;
       float best = 0.0f;
-      for (int64_t c = 0; c < R; ++c) {
-        const int64_t col = c < half ? c : c - half;
+      for (int64_t c = 0; c < half; ++c) {
         float s = 0.0f;
-        for (int64_t e = 0; e < E; ++e) s += kj[e] * w[e * half + col];
-        const float v = c < half ? s : -s;
-        if (c == 0 || v > best) best = v, arg = int32_t(c);
+        for (int64_t e = 0; e < E; ++e) s += kj[e] * w[e * half + c];
+        // Every bucket seen so far is below c or a negative one above it; half + c is above all.
+        if (c == 0 || s > best || (s == best && c < arg)) best = s, arg = int32_t(c);
+        if (-s > best) best = -s, arg = int32_t(half + c);
       }
       bucket[p] = arg;
     }
