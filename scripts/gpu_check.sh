@@ -266,12 +266,12 @@ if [ "$emulate" = 1 ]; then
 elif ! command -v ncu > /dev/null; then
   not_run profile_attention "ncu not found"
 else
-  step profile_attention 180 ncu --metrics gpu__time_duration.sum --print-summary per-kernel \
+  step profile_attention 180 ncu --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel \
     "$build/apps/bench_attention" --device cuda --attention clustered improved-clustered \
     --n 16384 --reps 1 --csv "$out/profile_attention.csv"
   # The copy-task step: its kernels' GPU time against the step's wall time (the rest is the
   # host's: launches, autograd, copies).
-  step profile_copy_step 150 ncu --metrics gpu__time_duration.sum --print-summary per-kernel \
+  step profile_copy_step 150 ncu --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel \
     "$build/apps/copy_task" --device cuda --out "$out/profile_copy_step" --overwrite \
     --attention full --length 63 --layers 4 --heads 6 --head-dim 32 --feedforward 768 \
     --dropout 0 --batch 32 --steps 3 --log-interval 1 --eval-interval 100000 \
