@@ -273,6 +273,39 @@ TEST_CASE("cuda emulator: fresh and reused device memory reads as NaN, not as ze
   for (float v : again.to_vector()) REQUIRE(bits(v) == 0xffffffffu);
 }
 
+TEST_CASE("cuda emulator: a product that reads memory nothing wrote fails and names the element") {
+  cublasHandle_t h = nullptr;
+  REQUIRE(cublasCreate(&h) == CUBLAS_STATUS_SUCCESS);
+  Tensor a = Tensor::full({3, 4}, 1.0f, Device::cuda);
+  Tensor b = Tensor::empty({4, 2}, DType::f32, Device::cuda);  // fresh: poisoned
+  Tensor c = Tensor::empty({3, 2}, DType::f32, Device::cuda);
+  const float one = 1.0f, zero = 0.0f;
+  // Column-major 3 x 2 = (3 x 4)(4 x 2), a and b read as stored, ld = rows.
+  auto gemm = [&](float beta) {
+    return cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, 3, 2, 4, &one, a.f32(), 3, b.f32(), 4, &beta,
+                       c.f32(), 3);
+  };
+  CHECK(gemm(0.0f) == CUBLAS_STATUS_EXECUTION_FAILED);  // planted: all of b unwritten
+  b = Tensor::full({4, 2}, 0.5f, Device::cuda);
+  CHECK(gemm(0.0f) == CUBLAS_STATUS_SUCCESS);  // c is written, not read, with beta = 0
+  CHECK(c.to_vector() == std::vector<float>(6, 2.0f));
+  Tensor fresh = Tensor::empty({3, 2}, DType::f32, Device::cuda);
+  c = fresh;
+  CHECK(gemm(1.0f) == CUBLAS_STATUS_EXECUTION_FAILED);  // beta != 0 reads c
+  // One unwritten element is enough, and only the elements the product reads count: a leading
+  // dimension's gap may hold anything.
+  std::vector<float> host(4 * 2, 0.5f);
+  Tensor part = Tensor::empty({8}, DType::f32, Device::cuda);
+  REQUIRE(cudaMemcpyAsync(part.f32(), host.data(), 7 * sizeof(float), cudaMemcpyHostToDevice) ==
+          cudaSuccess);  // element 7 stays poisoned
+  CHECK(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, 3, 2, 4, &one, a.f32(), 3, part.f32(), 4, &zero,
+                    c.f32(), 3) == CUBLAS_STATUS_EXECUTION_FAILED);
+  CHECK(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, 3, 1, 4, &one, a.f32(), 3, part.f32(), 4, &zero,
+                    c.f32(), 3) == CUBLAS_STATUS_SUCCESS);  // the first column of b only
+  cudaGetLastError();
+  cublasDestroy(h);
+}
+
 // The planted bug ends the process (a fault, named by the emulator), so ctest runs this case
 // alone (cuda_emulator_host_read_of_device_memory in tests/CMakeLists.txt) and checks the
 // message and the signal; the program skips it otherwise.

@@ -105,7 +105,10 @@ cublasStatus_t cublasDestroy(cublasHandle_t handle);
 cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode);
 // Any stream value is accepted, as by cuBLAS; a GEMM on a stream that is not live fails.
 cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t stream);
-// Column-major C(m, n) = alpha * op(A)(m, k) op(B)(k, n) + beta * C, as cuBLAS.
+// Column-major C(m, n) = alpha * op(A)(m, k) op(B)(k, n) + beta * C, as cuBLAS. An element of A
+// or B (or of C with beta != 0) that still holds fresh memory's poison (never written) fails
+// the call with CUBLAS_STATUS_EXECUTION_FAILED and a message naming it: a GPU would compute with
+// whatever was there.
 cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa,
                            cublasOperation_t transb, int m, int n, int k, const float* alpha,
                            const float* A, int lda, const float* B, int ldb, const float* beta,

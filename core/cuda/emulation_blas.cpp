@@ -1,7 +1,8 @@
 // Device emulation's cuBLAS subset (see core/cuda/emulation.h): handles with a math mode and a
 // stream, and the GEMMs clustr calls (cublasSgemm, cublasSgemmStridedBatched, cublasGemmEx,
 // cublasGemmStridedBatchedEx) as the reference column-major BLAS loop on the host, with the
-// argument rules cuBLAS applies and every matrix checked to lie inside one device allocation.
+// argument rules cuBLAS applies, every matrix checked to lie inside one device allocation, and
+// every element a product reads checked to have been written.
 // Compiled only with -DCLUSTR_CUDA=EMULATE.
 #include <algorithm>
 #include <cmath>
@@ -80,6 +81,30 @@ bool matrix_in_device(const char* call, const char* name, const void* p, size_t 
                call, name, static_cast<long long>(rows), static_cast<long long>(cols),
                static_cast<long long>(ld), bytes, p);
   return false;
+}
+
+// Every element a product reads must have been written: device memory never written holds the
+// emulator's poison (all bits set: 0xffffffff as a float, 0xffff as a bf16; emulation.h), a bit
+// pattern no arithmetic produces (a NaN that arithmetic makes has a zero payload), though it
+// survives being copied or carried through as a NaN operand. A GPU's cuBLAS reads whatever
+// happens to be there (compute-sanitizer's initcheck reports it); the emulator names the
+// matrix and the element instead.
+bool matrix_written(const char* call, const char* name, int batch, const void* p, size_t elem,
+                    int64_t rows, int64_t cols, int64_t ld) {
+  const auto* bytes = static_cast<const unsigned char*>(p);
+  for (int64_t j = 0; j < cols; ++j)
+    for (int64_t i = 0; i < rows; ++i) {
+      const unsigned char* e = bytes + static_cast<size_t>(i + j * ld) * elem;
+      if (!std::all_of(e, e + elem, [](unsigned char b) { return b == 0xff; })) continue;
+      std::fprintf(stderr,
+                   "clustr device emulation: %s: matrix %s of batch entry %d reads element (%lld, "
+                   "%lld) (column-major, ld %lld), which nothing wrote (it still holds the "
+                   "poison of fresh device memory)\n",
+                   call, name, batch, static_cast<long long>(i), static_cast<long long>(j),
+                   static_cast<long long>(ld));
+      return false;
+    }
+  return true;
 }
 
 // x rounded to TF32 as cvt.rna.tf32.f32 does: 10 explicit mantissa bits (the low 13 of 23 are
@@ -185,6 +210,11 @@ cublasStatus_t gemm_batched(const char* call, cublasHandle_t handle, Operand kin
     if (!matrix_in_device(call, "C", Cb, sizeof(float), m, n, ldc))
       return CUBLAS_STATUS_EXECUTION_FAILED;
     state::DeviceAccess open;
+    if (reads_ab && (!matrix_written(call, "A", b, Ab, elem, ta ? k : m, ta ? m : k, lda) ||
+                     !matrix_written(call, "B", b, Bb, elem, tb ? n : k, tb ? k : n, ldb)))
+      return CUBLAS_STATUS_EXECUTION_FAILED;
+    if (beta != 0.0f && !matrix_written(call, "C", b, Cb, sizeof(float), m, n, ldc))
+      return CUBLAS_STATUS_EXECUTION_FAILED;
     one(ta, tb, m, n, k, alpha, Ab, lda, Bb, ldb, beta, Cb, ldc);
   }
   return CUBLAS_STATUS_SUCCESS;

@@ -70,7 +70,11 @@ struct WeightsRowsKernel {
     const int64_t L = keys_of(lengths, bh, H, S);
     float* x = ac + (bh * C + j) * S;
     if (count[bh * C + j] == 0 || L == 0) {  // the same for the whole block
+      // An empty cluster's row is read by the product Ac V (whose result nobody uses): zeros,
+      // in the dropped-out copy too, rather than memory nothing wrote.
       for (int64_t c = tid; c < S; c += nt) x[c] = 0.0f;
+      if (drop.on())
+        for (int64_t c = tid; c < S; c += nt) ad[(bh * C + j) * S + c] = 0.0f;
       return;
     }
     float m = x[0];
