@@ -127,7 +127,7 @@ TEST_CASE("cuda ops: unary ops match the cpu, special values included") {
 
 TEST_CASE("cuda ops: reductions over every axis match the cpu") {
   const Shape shapes[] = {{1}, {3}, {129}, {17, 129}, {129, 17}, {3, 17, 129}, {2, 1, 5},
-                          {1000}, {3, 1000}};
+                          {1000}, {3, 1000}, {2, 301, 40}};
   const clustr::ReduceOp ops[] = {clustr::ReduceOp::sum, clustr::ReduceOp::mean,
                                   clustr::ReduceOp::max, clustr::ReduceOp::min};
   uint32_t seed = 30;
@@ -163,6 +163,12 @@ TEST_CASE("cuda ops: reductions propagate NaN, sum over an empty axis is 0, sum_
     check_ulps(clustr::reduce(op, dx, 1).to_vector(), clustr::reduce(op, x, 1).to_vector(), 0);
   CHECK_CLOSE(clustr::sum(dx, 1).to_vector(), clustr::sum(x, 1).to_vector(), 1e-6, 1e-6);
   CHECK(std::isnan(clustr::sum(dx, 1).to_vector()[1]));
+  // Down the columns (axis 0: the NaN is in column 3), where lanes of a block take turns.
+  for (clustr::ReduceOp op : {clustr::ReduceOp::max, clustr::ReduceOp::min})
+    check_ulps(clustr::reduce(op, dx, 0).to_vector(), clustr::reduce(op, x, 0).to_vector(), 0);
+  const std::vector<float> column_sums = clustr::sum(dx, 0).to_vector();
+  for (size_t c = 0; c < column_sums.size(); ++c)
+    CHECK_MESSAGE(std::isnan(column_sums[c]) == (c == 3), "column " << c << ": " << column_sums[c]);
 
   Tensor empty = Tensor::zeros({4, 0}, DType::f32, Device::cuda);
   CHECK(clustr::sum(empty, 1).to_vector() == std::vector<float>(4, 0.0f));

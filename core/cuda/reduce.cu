@@ -4,10 +4,10 @@
 // A reduction over the last axis (inner == 1) is one block per row:
 // its threads stride over the row, each keeping a partial result, and block_reduce
 // (core/cuda/kernel.h) combines the partials in a fixed tree. A reduction over another axis
-// (inner > 1) is one thread per output, looping over the axis; that leaves a GPU underused when
-// there are few outputs and a long axis (a bias gradient over many rows), a case for a
-// two-pass kernel later. Sums accumulate in double, as on the CPU, so the two backends differ only in the
-// order of double additions, which almost never changes the rounded float. Max and min use the
+// (inner > 1) gives a block 32 neighbouring outputs and up to 16 lanes over the axis, whose
+// partials a fixed tree combines (ColumnReduceKernel). Sums accumulate in double, as on the
+// CPU, so the two backends differ only in the order of double additions, which almost never
+// changes the rounded float. Max and min use the
 // NaN-propagating math::Maximum / math::Minimum and are exact. Argmax combines (value, index)
 // pairs with the CPU's rule (math::argmax_beats), so it gives the CPU's index exactly.
 #include <cmath>
@@ -71,23 +71,57 @@ struct RowReduceKernel {
   }
 };
 
-// inner > 1, a reduction over a strided axis: y[o, i] = op over l of x[o, l, i]. One thread per
-// output; neighbouring threads read neighbouring columns, so each step of the loop over l is a
-// coalesced row read.
+// inner > 1, a reduction over a strided axis: y[o, i] = op over l of x[o, l, i]. A block takes
+// kColumnTile neighbouring columns i of one o (threadIdx.x, so each row read is coalesced) and
+// block_dim().y lanes over l (a power of two): lane r combines l = r, r + Y, r + 2Y, ... in
+// order, its next four loads in flight before it adds them, and a fixed tree over the lanes in
+// shared memory combines the lanes' partials. Blocks stride over the (o, tile) pairs. A thread
+// per output looping over the whole axis, as before, left a bias gradient (2048 rows, 192 to
+// 768 outputs) waiting on one load at a time: 0.45 ms on an H100, most of a copy-task step.
+constexpr unsigned kColumnTile = 32;
+inline unsigned column_lanes(int64_t len) {
+  unsigned y = 1;
+  while (y < 16 && y < len) y *= 2;
+  return y;
+}
+
 template <class T>
 struct ColumnReduceKernel {
-  static constexpr bool kUsesBarrier = false;
+  static constexpr bool kUsesBarrier = true;
   ReduceOp op;
   const float* x;
   float* y;
-  int64_t outer, len, inner;
+  int64_t outer, len, inner, tiles;  // tiles: ceil(inner / kColumnTile)
   CLUSTR_DEVICE void operator()(const Thread& t) const {
-    for (int64_t out = global_x(t); out < outer * inner; out += grid_stride_x(t)) {
-      const int64_t o = out / inner, i = out - o * inner;
-      const float* xc = x + o * len * inner + i;
+    const unsigned c = t.thread_idx().x, lane = t.thread_idx().y, lanes = t.block_dim().y;
+    T* partial = t.shared<T>();  // (lanes, kColumnTile)
+    for (int64_t b = t.block_idx().x; b < outer * tiles; b += t.grid_dim().x) {
+      const int64_t o = b / tiles, i = (b - o * tiles) * kColumnTile + c;
       T acc = Partial<T>::init(op);
-      for (int64_t l = 0; l < len; ++l) acc = Partial<T>::add(op, acc, xc[l * inner]);
-      y[out] = finish(op, acc, len);
+      if (i < inner) {
+        const float* xc = x + o * len * inner + i;
+        const int64_t step = static_cast<int64_t>(lanes) * inner;
+        int64_t l = lane;
+        for (; l + 3 * lanes < len; l += 4 * lanes) {
+          const float* p = xc + l * inner;
+          const float v0 = p[0], v1 = p[step], v2 = p[2 * step], v3 = p[3 * step];
+          acc = Partial<T>::add(op, acc, v0);
+          acc = Partial<T>::add(op, acc, v1);
+          acc = Partial<T>::add(op, acc, v2);
+          acc = Partial<T>::add(op, acc, v3);
+        }
+        for (; l < len; l += lanes) acc = Partial<T>::add(op, acc, xc[l * inner]);
+      }
+      partial[lane * kColumnTile + c] = acc;
+      t.sync();
+      for (unsigned s = lanes / 2; s > 0; s /= 2) {
+        if (lane < s)
+          partial[lane * kColumnTile + c] = Partial<T>::combine(
+              op, partial[lane * kColumnTile + c], partial[(lane + s) * kColumnTile + c]);
+        t.sync();
+      }
+      if (lane == 0 && i < inner) y[o * inner + i] = finish(op, partial[c], len);
+      t.sync();  // the partials are read before the next tile's overwrite them
     }
   }
 };
@@ -100,8 +134,11 @@ void launch_reduce(ReduceOp op, const float* x, float* y, int64_t outer, int64_t
     launch("cuda::reduce (rows)", {row_blocks(outer)}, {threads}, threads * sizeof(T),
            RowReduceKernel<T>{op, x, y, outer, len});
   } else {
-    launch("cuda::reduce (columns)", {elementwise_blocks(outer * inner)}, {kElementwiseThreads}, 0,
-           ColumnReduceKernel<T>{op, x, y, outer, len, inner});
+    const int64_t tiles = (inner + kColumnTile - 1) / kColumnTile;
+    const unsigned lanes = column_lanes(len);
+    launch("cuda::reduce (columns)", {row_blocks(outer * tiles)}, {kColumnTile, lanes},
+           kColumnTile * lanes * sizeof(T),
+           ColumnReduceKernel<T>{op, x, y, outer, len, inner, tiles});
   }
 }
 
