@@ -187,25 +187,43 @@ int cmd_decode(EvalFlags& f, const std::string& checkpoint, const CLI::App& app)
   return 0;
 }
 
+// A trained model's row label: the type, with lsh's rounds and, when the matrix evaluates at
+// several cluster counts, a clustered type's C.
+std::string matrix_row_name(const AttentionConfig& a, bool with_clusters) {
+  if (a.type == AttentionType::lsh) return detail::cat("lsh-", a.rounds);
+  const std::string name = attention_type_name(a.type);
+  const bool clustered =
+      a.type == AttentionType::clustered || a.type == AttentionType::improved_clustered;
+  return clustered && with_clusters ? detail::cat(name, "-", a.clusters) : name;
+}
+
 int cmd_matrix(EvalFlags& f, const std::vector<std::string>& checkpoints,
-               const std::string& map_path, int map_layer, int map_head, int64_t map_utt,
-               const CLI::App& app) {
+               const std::vector<int64_t>& cluster_counts, const std::string& map_path,
+               int map_layer, int map_head, int64_t map_utt, const CLI::App& app) {
   check_eval_flags(f);
+  for (int64_t c : cluster_counts)
+    CLUSTR_CHECK(c >= 1, "--cluster-counts: each count must be >= 1, got ", c);
   // The paper's Table 1 evaluates with full, shared-full, lsh-1, lsh-4, the clustered types and
   // oracle-top (each query's top keys of full attention, renormalised: are they enough?).
   // shared-full and lsh need a model trained with one of them (keys = queries): "-" elsewhere.
+  // The clustered types are evaluated at each of --cluster-counts (the paper: 100 and 200), or
+  // at the model's own C without it.
   struct Column {
     std::string name;
     AttentionType type;
-    int rounds;  // lsh
+    int rounds = 0;        // lsh
+    int64_t clusters = 0;  // clustered types; 0: the model's own
   };
-  const std::vector<Column> columns = {{"full", AttentionType::full, 0},
-                                       {"shared-full", AttentionType::shared_full, 0},
-                                       {"lsh-1", AttentionType::lsh, 1},
-                                       {"lsh-4", AttentionType::lsh, 4},
-                                       {"clustered", AttentionType::clustered, 0},
-                                       {"improved-clustered", AttentionType::improved_clustered, 0},
-                                       {"oracle-top", AttentionType::oracle_top, 0}};
+  std::vector<Column> columns = {{"full", AttentionType::full},
+                                 {"shared-full", AttentionType::shared_full},
+                                 {"lsh-1", AttentionType::lsh, 1},
+                                 {"lsh-4", AttentionType::lsh, 4}};
+  for (AttentionType t : {AttentionType::clustered, AttentionType::improved_clustered}) {
+    if (cluster_counts.empty()) columns.push_back({attention_type_name(t), t});
+    for (int64_t c : cluster_counts)
+      columns.push_back({detail::cat(attention_type_name(t), "-", c), t, 0, c});
+  }
+  columns.push_back({"oracle-top", AttentionType::oracle_top});
   std::vector<std::vector<double>> per;
   std::vector<std::string> rows;
   TokenTable tokens;
@@ -215,9 +233,7 @@ int cmd_matrix(EvalFlags& f, const std::vector<std::string>& checkpoints,
     const SpeechSet set = load_set(f, m, tokens);
     CLUSTR_CHECK(!set.examples.empty(), f.manifest, ": no usable utterances");
     const AttentionConfig& trained = m.options.attention;
-    rows.push_back(trained.type == AttentionType::lsh
-                       ? detail::cat("lsh-", trained.rounds)
-                       : std::string(attention_type_name(trained.type)));
+    rows.push_back(matrix_row_name(trained, !cluster_counts.empty()));
     per.emplace_back();
     for (const Column& col : columns) {
       if (shares_query_key(col.type) && !shares_query_key(trained.type)) {
@@ -227,6 +243,7 @@ int cmd_matrix(EvalFlags& f, const std::vector<std::string>& checkpoints,
       AttentionConfig a = trained;
       a.type = col.type;
       if (col.rounds > 0) a.rounds = col.rounds;
+      if (col.clusters > 0) a.clusters = col.clusters;
       m.model->set_attention(a);
       const Evaluation e = evaluate_set(*m.model, set, f.max_frames, f.beam, f.seed);
       per.back().push_back(f.beam > 1 ? e.beam.rate() : e.greedy.rate());
@@ -377,11 +394,15 @@ int main(int argc, char** argv) try {
   std::string map_path;
   int map_layer = 0, map_head = 0;
   int64_t map_utt = 0;
+  std::vector<int64_t> cluster_counts;
   CLI::App* matrix = app.add_subcommand(
       "matrix", "evaluate checkpoints trained with each attention type under every type (the "
                 "paper's Table 1)");
   matrix->add_option("--checkpoints", checkpoints, "checkpoints (files or run folders)")
       ->required();
+  matrix->add_option("--cluster-counts", cluster_counts,
+                     "evaluate the clustered types at each of these cluster counts (columns "
+                     "clustered-C, improved-clustered-C; default: each model's own C)");
   add_eval_flags(*matrix, f);
   matrix->add_option("--attention-map", map_path,
                      "also write a PNG of the first checkpoint's attention weights for one "
@@ -425,7 +446,9 @@ int main(int argc, char** argv) try {
 
   if (*evaluate) return cmd_evaluate(f, checkpoint, *evaluate);
   if (*decode) return cmd_decode(f, checkpoint, *decode);
-  if (*matrix) return cmd_matrix(f, checkpoints, map_path, map_layer, map_head, map_utt, *matrix);
+  if (*matrix)
+    return cmd_matrix(f, checkpoints, cluster_counts, map_path, map_layer, map_head, map_utt,
+                      *matrix);
   if (*import) return cmd_import(imp);
 
   out_mode(!resume.empty(), o.output.overwrite);  // --overwrite with --resume: refused at once

@@ -100,6 +100,21 @@ TEST_CASE("speech_app_matrix") {
   CHECK_STATUS(r, 0);
 }
 
+// The clustered types at two cluster counts: a column for each type and count; a count below
+// 1 is refused.
+TEST_CASE("speech_app_matrix_cluster_counts") {
+  const AppRun r = speech({"matrix", "--checkpoints", speech_out + "/full", "--manifest",
+                           corpus + "/dev.tsv", "--cluster-counts", "2", "5"});
+  CHECK_OUTPUT_MATCHES(r, "evaluated with clustered \\(C=5,.*"
+                 "train \\\\ evaluate +full +shared-full +lsh-1 +lsh-4 +clustered-2 +clustered-5 +"
+                 "improved-clustered-2 +improved-clustered-5 +oracle-top\n"
+                 "full +[0-9.]+ +- +- +- +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+\n");
+  CHECK_STATUS(r, 0);
+  CHECK_FAILS(speech({"matrix", "--checkpoints", speech_out + "/full", "--manifest",
+                      corpus + "/dev.tsv", "--cluster-counts", "4", "0"}),
+              "--cluster-counts: each count must be >= 1, got 0");
+}
+
 // A model trained with lsh attention (one projection for queries and keys): evaluated with
 // every type in the matrix, beside the full-attention run, whose row has no shared-full and lsh
 // cells; that run refuses lsh.
