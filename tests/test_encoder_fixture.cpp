@@ -1,6 +1,7 @@
-// EncoderLayer (full attention) against PyTorch's nn.TransformerEncoderLayer. Each fixture
+// EncoderLayer (full attention) against PyTorch's nn.TransformerEncoderLayer, and with shared-QK
+// full attention (shared-full) against the same layer written out in PyTorch. Each fixture
 // (tests/fixtures/encoder/, written by tests/fixtures/make_encoder_fixture.py, one per variant:
-// post-norm, pre-norm) holds the layer's weights under clustr's parameter names, an input x (B, N,
+// post-norm, pre-norm, shared-full) holds the layer's weights under clustr's parameter names, an input x (B, N,
 // D) with lengths, an upstream gradient dout that is 0 at padded positions, and PyTorch's out and
 // the gradients of sum(out * dout) w.r.t. x and every parameter, computed in float64 and rounded to
 // float32.
@@ -63,7 +64,9 @@ std::shared_ptr<EncoderLayer> make_layer(const SafetensorsFile& f,
   REQUIRE(f.meta("activation") == "relu");
   REQUIRE(f.meta("eps") == "1e-05");
   Generator gen(1);
-  auto layer = std::make_shared<EncoderLayer>(D, H, F, AttentionConfig{}, 0.0f, Activation::relu,
+  AttentionConfig attention;
+  if (f.meta("variant") == "shared-full") attention.type = AttentionType::shared_full;
+  auto layer = std::make_shared<EncoderLayer>(D, H, F, attention, 0.0f, Activation::relu,
                                               f.meta("pre_norm") == "true", gen);
   for (const auto& [name, p] : layer->named_parameters()) {
     std::string source = name;
@@ -140,6 +143,20 @@ void check_variant(const std::string& variant) {
 TEST_CASE("encoder fixture: post-norm layer matches PyTorch") { check_variant("post-norm"); }
 
 TEST_CASE("encoder fixture: pre-norm layer matches PyTorch") { check_variant("pre-norm"); }
+
+// One projection for queries and keys (no attention.key.* tensors), unit-length keys, no
+// attention to oneself, and a sequence of one position whose query takes its own value.
+TEST_CASE("encoder fixture: shared-QK full attention (shared-full) matches PyTorch") {
+  check_variant("shared-full");
+  // The check of the check: the query and value projections exchanged.
+  const SafetensorsFile f = load_fixture("shared-full");
+  auto layer = make_layer(f, {"attention.query.weight", "attention.value.weight"});
+  const Result r = run(*layer, f);
+  const std::vector<int32_t> lengths = f.get("lengths").to_int_vector();
+  CHECK_FALSE(test::compare_close(valid_rows(r.out, lengths), valid_rows(f.get("out"), lengths),
+                                  kAtol, kRtol)
+                  .ok);
+}
 
 TEST_CASE("encoder fixture: a wrong weight mapping is caught") {
   // The check of the check: with the query and key projections exchanged (the mistake a wrong
