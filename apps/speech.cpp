@@ -257,8 +257,11 @@ int cmd_matrix(EvalFlags& f, const std::vector<std::string>& checkpoints,
       write_attention_maps(*m.model, m.options.attention, set.examples[size_t(map_utt)],
                            map_layer, map_head, f.seed, map_path);
       std::printf("attention maps of %s (layer %d, head %d; full | clustered | "
-                  "improved-clustered): %s\n",
+                  "improved-clustered%s): %s\n",
                   set.examples[size_t(map_utt)].id.c_str(), map_layer, map_head,
+                  shares_query_key(m.options.attention.type)
+                      ? detail::cat(" | ", rows.back()).c_str()
+                      : "",
                   map_path.c_str());
     }
   }

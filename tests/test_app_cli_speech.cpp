@@ -130,6 +130,14 @@ TEST_CASE("speech_app_lsh") {
   CHECK_OUTPUT_MATCHES(m, "\nfull +[0-9.]+ +- +- +- +[0-9.]+ +[0-9.]+ +[0-9.]+\n"
                           "lsh-2 +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+\n");
   CHECK_STATUS(m, 0);
+  // Its attention map has a fourth panel: the dense weights of its own lsh-2.
+  const AppRun map = speech({"matrix", "--checkpoints", speech_out + "/lsh", "--manifest",
+                             corpus + "/dev.tsv", "--attention-map",
+                             speech_out + "/lsh_attention.png"});
+  CHECK_OUTPUT_MATCHES(map, "attention maps of dev0 \\(layer 0, head 0; full \\| clustered \\| "
+                            "improved-clustered \\| lsh-2\\): [^\n]*lsh_attention.png");
+  CHECK_STATUS(map, 0);
+  CHECK(std::filesystem::file_size(speech_out + "/lsh_attention.png") > 1000);
   CHECK_FAILS(speech({"evaluate", "--checkpoint", speech_out + "/full", "--manifest",
                       corpus + "/dev.tsv", "--attention", "lsh"}),
               "lsh attention needs a model whose queries and keys share one projection");

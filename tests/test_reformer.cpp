@@ -285,7 +285,10 @@ TEST_CASE("lsh: errors") {
   c.dropout = 0.1f;
   CHECK_ERROR(c.validate(), "dropout on the attention weights is not implemented for lsh");
   CHECK_ERROR(attention_matrix(AttentionType::shared_full, x.Q, x.Q, Tensor(), Tensor(), 1, 1),
-              "no dense weights of shared-full attention");
+              "shared-full attention's weights depend on its settings",
+              "use shared_attention_matrix");
+  CHECK_ERROR(shared_attention_matrix(AttentionConfig{}, x.Q, Tensor(), gen),
+              "expected shared-full or lsh attention, got full");
   CHECK(parse_attention_type("lsh") == AttentionType::lsh);
   CHECK(parse_attention_type("shared-full") == AttentionType::shared_full);
   CHECK_ERROR(parse_attention_type("reformer"), "shared-full, lsh");
@@ -294,6 +297,52 @@ TEST_CASE("lsh: errors") {
   CHECK(parse_attention_name("clustered").rounds == 0);
   CHECK_ERROR(parse_attention_name("lsh-0"), "at least 1 hashing round");
   CHECK_ERROR(parse_attention_name("lsh-x"), "unknown attention type 'lsh-x'");
+}
+
+// out = W V for the dense weights W, with the rotations drawn from the same generator state;
+// the rows of valid queries sum to 1, padded ones are 0; shared-full puts no weight on the
+// query's own position unless the sequence has no other.
+TEST_CASE("lsh and shared-full: dense weights (shared_attention_matrix)") {
+  const int64_t B = 2, H = 2, N = 13, M = 5;
+  const Tensor Q = random_tensor({B, H, N, 8}, 81), V = random_tensor({B, H, N, M}, 82);
+  for (const std::vector<int32_t>& lens : {std::vector<int32_t>{13, 6}, {1, 9}}) {
+    const Tensor lengths = Tensor::from_int_vector(lens, {B});
+    for (AttentionType type : {AttentionType::lsh, AttentionType::shared_full}) {
+      AttentionConfig c;
+      c.type = type;
+      c.rounds = 2;
+      c.buckets = 4;
+      c.chunk = 4;
+      const std::string name = attention_type_name(type);
+      CAPTURE(name);
+      CAPTURE(lens[0]);
+      Generator g1(11), g2(11);
+      const std::vector<float> W = shared_attention_matrix(c, Q, lengths, g1).to_vector();
+      REQUIRE(W.size() == size_t(B * H * N * N));
+      const Variable q(Q);
+      const std::vector<float> out =
+          attention(c, q, q, Variable(V), lengths, g2, false).data().to_vector();
+      const std::vector<float> v = V.to_vector();
+      std::vector<float> wv(out.size(), 0.0f);
+      for (int64_t bh = 0; bh < B * H; ++bh)
+        for (int64_t i = 0; i < N; ++i) {
+          const int64_t L = lens[size_t(bh / H)];
+          double sum = 0.0;
+          for (int64_t j = 0; j < N; ++j) {
+            const float w = W[size_t((bh * N + i) * N + j)];
+            sum += w;
+            for (int64_t m = 0; m < M; ++m)
+              wv[size_t((bh * N + i) * M + m)] += w * v[size_t((bh * N + j) * M + m)];
+          }
+          CHECK_MESSAGE(std::fabs(sum - (i < L ? 1.0 : 0.0)) < 1e-6,
+                        "row sum " << sum << " at (bh " << bh << ", i " << i << ")");
+          if (type == AttentionType::shared_full && i < L)
+            CHECK_MESSAGE(W[size_t((bh * N + i) * N + i)] == (L == 1 ? 1.0f : 0.0f),
+                          "self weight at (bh " << bh << ", i " << i << ")");
+        }
+      CHECK_CLOSE(wv, out, 1e-6, 1e-5);
+    }
+  }
 }
 
 TEST_CASE("multi-head attention with one projection for queries and keys") {

@@ -62,15 +62,22 @@ void write_attention_maps(SpeechModel& model, const AttentionConfig& attention,
         attention_matrix(t, Q, K, lengths, assignment, attention.clusters, attention.topk),
         Device::cpu));
   }
+  std::vector<std::string> titles = {"full", "clustered", "improved-clustered"};
+  if (shares_query_key(attention.type)) {  // the model's own type too: shared-full or lsh-X
+    titles.push_back(attention.type == AttentionType::lsh ? detail::cat("lsh-", attention.rounds)
+                                                          : "shared-full");
+    maps.push_back(on_device(shared_attention_matrix(attention, on_device(Q, Device::cpu),
+                                                     on_device(lengths, Device::cpu), gen),
+                             Device::cpu));
+  }
   double top = 0;
   for (const Tensor& m : maps) {
     const float* w = m.f32() + int64_t(head) * T * T;
     for (int64_t i = 0; i < T * T; ++i) top = std::max(top, double(w[i]));
   }
   // Each weight becomes a block of `scale` x `scale` pixels.
-  const char* titles[] = {"full", "clustered", "improved-clustered"};
   std::vector<plot::Panel> panels;
-  for (size_t p = 0; p < 3; ++p) {
+  for (size_t p = 0; p < maps.size(); ++p) {
     const float* w = maps[p].f32() + int64_t(head) * T * T;
     plot::Panel panel{titles[p], int(T), int(T), std::vector<double>(size_t(T * T))};
     for (int64_t i = 0; i < T * T; ++i)

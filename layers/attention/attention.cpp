@@ -119,8 +119,9 @@ Tensor attention_matrix(AttentionType type, const Tensor& Q, const Tensor& K,
                         int64_t topk, float temperature) {
   using namespace clustered_detail;
   const char* op = "attention_matrix";
-  CLUSTR_CHECK(!shares_query_key(type), op, ": no dense weights of ", attention_type_name(type),
-               " attention in this version (full, clustered, improved-clustered and oracle-top)");
+  CLUSTR_CHECK(!shares_query_key(type), op, ": ", attention_type_name(type), " attention's "
+               "weights depend on its settings and random rotations: use "
+               "shared_attention_matrix");
   check_f32(op, "Q", Q);
   detail::check_same_device(op, Q, K);
   detail::require_cpu(op, Q);  // an analysis on host memory
@@ -171,6 +172,25 @@ Tensor attention_matrix(AttentionType type, const Tensor& Q, const Tensor& K,
     }
   }
   return A;
+}
+
+Tensor shared_attention_matrix(const AttentionConfig& config, const Tensor& Q,
+                               const Tensor& lengths, Generator& gen, float temperature) {
+  const char* op = "shared_attention_matrix";
+  CLUSTR_CHECK(shares_query_key(config.type), op, ": expected shared-full or lsh attention, got ",
+               attention_type_name(config.type));
+  clustered_detail::check_f32(op, "Q", Q);
+  CLUSTR_CHECK(Q.rank() == 4, op, ": expected Q of shape (B, H, N, E), got ", describe(Q));
+  const int64_t B = Q.size(0), H = Q.size(1), N = Q.size(2);
+  // out = W V for every V: with V the identity, out is W.
+  Tensor eye = Tensor::zeros({B, H, N, N});
+  float* e = eye.f32();
+  for (int64_t bh = 0; bh < B * H; ++bh)
+    for (int64_t i = 0; i < N; ++i) e[(bh * N + i) * N + i] = 1.0f;
+  NoGradGuard no_grad;
+  const Variable q(Q);
+  return attention(config, q, q, Variable(eye.to(Q.device())), lengths, gen, false, temperature)
+      .data();
 }
 
 }  // namespace clustr

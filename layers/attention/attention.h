@@ -30,4 +30,12 @@ Tensor attention_matrix(AttentionType type, const Tensor& Q, const Tensor& K,
                         const Tensor& lengths, const Tensor& assignment, int64_t clusters,
                         int64_t topk, float temperature = 0.0f);
 
+// The same for the shared-QK types (config.type shared_full or lsh; the keys are Q scaled to
+// unit length): the weights (B, H, N, N) that attention(config, Q, Q, V, ...) applies, summed
+// over the rounds, with the rotations drawn from gen as that call draws them (the same gen
+// state gives the same buckets). A query with no key but itself has weight 1 on itself; rows
+// of padded queries are 0. Computed as attention() of an identity V (N x N per (b, h)).
+Tensor shared_attention_matrix(const AttentionConfig& config, const Tensor& Q,
+                               const Tensor& lengths, Generator& gen, float temperature = 0.0f);
+
 }  // namespace clustr
