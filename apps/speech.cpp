@@ -5,7 +5,8 @@
 //   speech evaluate --checkpoint DIR --manifest FILE [--attention TYPE] [--beam N]
 //   speech decode --checkpoint DIR --manifest FILE [--beam N]
 //   speech matrix --checkpoints DIR_FULL DIR_CLUSTERED DIR_IMPROVED --manifest FILE
-//                 [--attention-map FILE.png]
+//                 [--cluster-counts C1 C2] [--attention-map FILE.png]
+//   speech tradeoff --checkpoints DIR... --manifest FILE [--csv FILE] [--png FILE]
 //
 // Every command takes --device cpu|cuda (the model is built on the CPU, then moved) and
 // --precision fp32|bf16 (train: the products' precision; the others: default as trained).
@@ -27,6 +28,7 @@
 
 #include "apps/common/device.h"
 #include "apps/common/flags.h"
+#include "apps/common/plot.h"
 #include "apps/common/train_command.h"
 #include "apps/common/training.h"
 #include "apps/speech/attention_map.h"
@@ -283,6 +285,77 @@ int cmd_matrix(EvalFlags& f, const std::vector<std::string>& checkpoints,
   return 0;
 }
 
+// The paper's Figure 1a: each checkpoint evaluated with the attention it was trained with, its
+// PER on the manifest against the time of its forward passes over it (the median of --reps
+// evaluations; decoding and the loss left out). One line per attention type in the PNG.
+int cmd_tradeoff(EvalFlags& f, const std::vector<std::string>& checkpoints, int reps,
+                 const std::string& csv_path, const std::string& png_path, const CLI::App& app) {
+  check_eval_flags(f);
+  CLUSTR_CHECK(reps >= 1 && reps <= 100, "--reps must be in [1, 100], got ", reps);
+  struct Point {
+    std::string file, series, attention;
+    int64_t layers = 0;
+    double per = 0, seconds = 0;
+  };
+  std::vector<Point> points;
+  TokenTable tokens;
+  for (const std::string& c : checkpoints) {
+    LoadedModel m = load_trained_model(c, "--checkpoints", f.on, !f.non_strict, stdout);
+    override_precision(m, f, app);
+    const SpeechSet set = load_set(f, m, tokens);
+    CLUSTR_CHECK(!set.examples.empty(), f.manifest, ": no usable utterances");
+    std::vector<double> times;
+    double per = 0;
+    for (int r = 0; r < reps; ++r) {
+      const Evaluation e = evaluate_set(*m.model, set, f.max_frames, f.beam, f.seed);
+      times.push_back(e.forward_seconds);
+      if (r == 0) per = f.beam > 1 ? e.beam.rate() : e.greedy.rate();
+    }
+    std::sort(times.begin(), times.end());
+    const AttentionConfig& a = m.options.attention;
+    points.push_back({m.file, attention_type_name(a.type), a.describe(), m.options.layers, per,
+                      times[times.size() / 2]});
+    std::printf("%s: %lld layers, %s: PER %.4f, forward %.3f s\n", m.file.c_str(),
+                static_cast<long long>(m.options.layers), a.describe().c_str(), per,
+                points.back().seconds);
+  }
+  if (!csv_path.empty()) {
+    std::ofstream csv(csv_path);
+    CLUSTR_CHECK(csv.good(), "--csv: cannot write ", csv_path);
+    csv << "checkpoint,series,attention,layers,per,forward_seconds\n";
+    for (const Point& p : points)
+      csv << p.file << ',' << p.series << ",\"" << p.attention << "\"," << p.layers << ','
+          << p.per << ',' << p.seconds << '\n';
+    CLUSTR_CHECK(csv.good(), "--csv: writing ", csv_path, " failed");
+    std::printf("wrote %s\n", csv_path.c_str());
+  }
+  if (!png_path.empty()) {
+    std::vector<plot::Series> series;
+    for (const Point& p : points) {
+      auto s = std::find_if(series.begin(), series.end(),
+                            [&](const plot::Series& x) { return x.label == p.series; });
+      if (s == series.end()) s = series.insert(series.end(), plot::Series{p.series, {}, {}});
+      s->x.push_back(p.seconds);
+      s->y.push_back(p.per);
+    }
+    for (plot::Series& s : series) {  // each line from its fastest point to its slowest
+      std::vector<size_t> order(s.x.size());
+      for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+      std::sort(order.begin(), order.end(), [&](size_t i, size_t j) { return s.x[i] < s.x[j]; });
+      plot::Series sorted{s.label, {}, {}};
+      for (size_t i : order) sorted.x.push_back(s.x[i]), sorted.y.push_back(s.y[i]);
+      s = std::move(sorted);
+    }
+    plot::Options o;
+    o.title = detail::cat("PER against forward time on ", f.manifest);
+    o.x_label = "forward passes over the set (s)";
+    o.y_label = f.beam > 1 ? "PER (beam)" : "PER (greedy)";
+    plot::write_line_plot(png_path, series, o);
+    std::printf("wrote %s\n", png_path.c_str());
+  }
+  return 0;
+}
+
 // What `import` takes.
 struct ImportFlags {
   std::string format, in, out, units = "phones";
@@ -415,6 +488,20 @@ int main(int argc, char** argv) try {
   matrix->add_option("--map-utterance", map_utt, "index of the utterance in the manifest's kept "
                      "utterances")->capture_default_str();
 
+  int tradeoff_reps = 3;
+  std::string tradeoff_csv, tradeoff_png;
+  std::vector<std::string> tradeoff_checkpoints;
+  CLI::App* tradeoff = app.add_subcommand(
+      "tradeoff", "each checkpoint's PER against the time of its forward passes, with the "
+                  "attention it was trained with (the paper's Figure 1a)");
+  tradeoff->add_option("--checkpoints", tradeoff_checkpoints, "checkpoints (files or run folders)")
+      ->required();
+  add_eval_flags(*tradeoff, f);
+  tradeoff->add_option("--reps", tradeoff_reps, "evaluations per checkpoint (the median time)")
+      ->capture_default_str();
+  tradeoff->add_option("--csv", tradeoff_csv, "write the points to this CSV file");
+  tradeoff->add_option("--png", tradeoff_png, "draw them, a line per attention type, in this PNG");
+
   ImportFlags imp;
   CLI::App* import = app.add_subcommand(
       "import", "a LibriSpeech-style folder, a Kaldi data folder or a NeMo manifest to this "
@@ -449,6 +536,9 @@ int main(int argc, char** argv) try {
 
   if (*evaluate) return cmd_evaluate(f, checkpoint, *evaluate);
   if (*decode) return cmd_decode(f, checkpoint, *decode);
+  if (*tradeoff)
+    return cmd_tradeoff(f, tradeoff_checkpoints, tradeoff_reps, tradeoff_csv, tradeoff_png,
+                        *tradeoff);
   if (*matrix)
     return cmd_matrix(f, checkpoints, cluster_counts, map_path, map_layer, map_head, map_utt,
                       *matrix);

@@ -143,6 +143,33 @@ TEST_CASE("speech_app_lsh") {
               "lsh attention needs a model whose queries and keys share one projection");
 }
 
+// Figure 1a's points: each checkpoint with its own attention, PER against forward time, in a CSV
+// and a PNG; --reps outside [1, 100] is refused.
+TEST_CASE("speech_app_tradeoff") {
+  const std::string csv = speech_out + "/tradeoff.csv", png = speech_out + "/tradeoff.png";
+  std::filesystem::remove(csv);
+  const AppRun r = speech({"tradeoff", "--checkpoints", speech_out + "/full", speech_out + "/lsh",
+                           "--manifest", corpus + "/dev.tsv", "--reps", "2", "--csv", csv,
+                           "--png", png});
+  CHECK_OUTPUT_MATCHES(r, "full/best.safetensors: 1 layers, full: PER [0-9.]+, forward [0-9.]+ s\n"
+                          "[^\n]*\n[^\n]*lsh/best.safetensors: 1 layers, lsh \\(rounds=2, "
+                          "buckets=4, chunk=8\\): PER [0-9.]+, forward [0-9.]+ s\n");
+  CHECK_STATUS(r, 0);
+  std::ifstream in(csv);
+  std::string header, full, lsh;
+  std::getline(in, header);
+  std::getline(in, full);
+  std::getline(in, lsh);
+  CHECK(header == "checkpoint,series,attention,layers,per,forward_seconds");
+  CHECK_MESSAGE(full.find(",full,\"full\",1,") != std::string::npos, full);
+  CHECK_MESSAGE(lsh.find(",lsh,\"lsh (rounds=2, buckets=4, chunk=8)\",1,") != std::string::npos,
+                lsh);
+  CHECK(std::filesystem::file_size(png) > 1000);
+  CHECK_FAILS(speech({"tradeoff", "--checkpoints", speech_out + "/full", "--manifest",
+                      corpus + "/dev.tsv", "--reps", "0"}),
+              "--reps must be in [1, 100], got 0");
+}
+
 // Resuming takes the model's shape and the attention settings from the checkpoint (none of
 // the tiny model's flags is repeated); a model flag that contradicts it is refused.
 TEST_CASE("speech_app_resume") {

@@ -44,6 +44,10 @@ Device device_of(const Module& model) {
   return params.empty() ? Device::cpu : params.front().data().device();
 }
 
+void synchronize_device(Device device) {
+  if (device == Device::cuda) cuda::synchronize();
+}
+
 void LaunchMeter::begin() {
   const cuda::LaunchCounts c = cuda::launch_counts();
   start_kernels_ = c.kernels, start_blas_ = c.blas;

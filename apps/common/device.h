@@ -30,6 +30,10 @@ Tensor on_device(const Tensor& t, Device device);
 // The device of a model's parameters (cpu for a model without any).
 Device device_of(const Module& model);
 
+// Waits for the device's queued work (cuda::synchronize; nothing on the cpu), before a clock is
+// read around device work.
+void synchronize_device(Device device);
+
 // The kernel launches and cuBLAS calls of an app's training steps (cuda::launch_counts): each
 // step between begin() and end(); report() gives a log interval's averages per step and the
 // log line's suffix ("  launches/step K + B cuBLAS" on the device, "" on the cpu), and starts

@@ -135,8 +135,12 @@ Evaluation evaluate_set(SpeechModel& model, const SpeechSet& set, int64_t max_fr
   const Device device = device_of(model);
   for (const std::vector<size_t>& idx : make_length_buckets(lengths, bo)) {
     const SpeechBatch b = collate_speech(set.examples, idx);  // on the cpu
-    const Tensor logits =  // (B, T, V)
-        model.forward(on_device(b.features, device), on_device(b.lengths, device), gen).data();
+    const Tensor features = on_device(b.features, device), lens = on_device(b.lengths, device);
+    synchronize_device(device);
+    const auto f0 = Clock::now();
+    const Tensor logits = model.forward(features, lens, gen).data();  // (B, T, V)
+    synchronize_device(device);
+    e.forward_seconds += seconds_since(f0);
     // The CTC loss reads its lengths and targets from host copies: they stay on the cpu.
     const CtcOutput ctc = ctc_loss_forward(logits, b.lengths, b.targets, b.target_lengths,
                                            /*blank=*/0, /*want_grad=*/false);

@@ -46,7 +46,8 @@ struct Evaluation {
   std::vector<LabelSequence> hypotheses;  // per example of the set, in its order
   int64_t utterances = 0, impossible = 0;
   int64_t input_frames = 0;
-  double seconds = 0;
+  double seconds = 0;          // the whole evaluation
+  double forward_seconds = 0;  // the model's forward passes alone (the device synchronized)
 };
 
 // Evaluates `model` on `set` in evaluation mode (no dropout, no gradients), batches of up to
