@@ -113,12 +113,24 @@ AttentionConfig override_attention(const AttentionConfig& trained, const Attenti
                             [&app](const std::string& flag) { return app.count(flag) > 0; });
 }
 
+// The manifest's utterances for model m (refused when none is usable).
 SpeechSet load_set(const EvalFlags& f, const LoadedModel& m, TokenTable& tokens) {
   tokens = model_tokens(m.tokens, m.model->classes(),
                         f.tokens.empty() ? default_tokens(f.manifest) : f.tokens,
                         !f.tokens.empty(), m.file);
   FeatureCache cache(f.cache.empty() ? default_cache(f.manifest) : f.cache);
-  return load_speech_set(f.manifest, tokens, cache, m.options.stacking, f.max_utts, stdout);
+  SpeechSet set =
+      load_speech_set(f.manifest, tokens, cache, m.options.stacking, f.max_utts, stdout);
+  CLUSTR_CHECK(!set.examples.empty(), f.manifest, ": no usable utterances");
+  return set;
+}
+
+// A checkpoint to evaluate, on --device, in --precision when given.
+LoadedModel load_for_eval(const EvalFlags& f, const std::string& path, const char* flag,
+                          const CLI::App& app) {
+  LoadedModel m = load_trained_model(path, flag, f.on, !f.non_strict, stdout);
+  override_precision(m, f, app);
+  return m;
 }
 
 // Labels that spell words (characters, word pieces) are scored as words too: the word error
@@ -147,12 +159,10 @@ std::string hypothesis_text(const TokenTable& tokens, const LabelSequence& label
 
 int cmd_evaluate(EvalFlags& f, const std::string& checkpoint, const CLI::App& app) {
   check_eval_flags(f);
-  LoadedModel m = load_trained_model(checkpoint, "--checkpoint", f.on, !f.non_strict, stdout);
-  override_precision(m, f, app);
+  LoadedModel m = load_for_eval(f, checkpoint, "--checkpoint", app);
   const AttentionConfig a = override_attention(m.options.attention, f.attention, app);
   TokenTable tokens;
   const SpeechSet set = load_set(f, m, tokens);
-  CLUSTR_CHECK(!set.examples.empty(), f.manifest, ": no usable utterances");
   m.model->set_attention(a);
   const Evaluation e = evaluate_set(*m.model, set, f.max_frames, f.beam, f.seed);
   std::printf("checkpoint %s (step %lld), trained with %s in %s\n", m.file.c_str(),
@@ -173,8 +183,7 @@ int cmd_evaluate(EvalFlags& f, const std::string& checkpoint, const CLI::App& ap
 
 int cmd_decode(EvalFlags& f, const std::string& checkpoint, const CLI::App& app) {
   check_eval_flags(f);
-  LoadedModel m = load_trained_model(checkpoint, "--checkpoint", f.on, !f.non_strict, stdout);
-  override_precision(m, f, app);
+  LoadedModel m = load_for_eval(f, checkpoint, "--checkpoint", app);
   m.model->set_attention(override_attention(m.options.attention, f.attention, app));
   TokenTable tokens;
   const SpeechSet set = load_set(f, m, tokens);
@@ -230,10 +239,8 @@ int cmd_matrix(EvalFlags& f, const std::vector<std::string>& checkpoints,
   std::vector<std::string> rows;
   TokenTable tokens;
   for (const std::string& c : checkpoints) {
-    LoadedModel m = load_trained_model(c, "--checkpoints", f.on, !f.non_strict, stdout);
-    override_precision(m, f, app);
+    LoadedModel m = load_for_eval(f, c, "--checkpoints", app);
     const SpeechSet set = load_set(f, m, tokens);
-    CLUSTR_CHECK(!set.examples.empty(), f.manifest, ": no usable utterances");
     const AttentionConfig& trained = m.options.attention;
     rows.push_back(matrix_row_name(trained, !cluster_counts.empty()));
     per.emplace_back();
@@ -300,10 +307,8 @@ int cmd_tradeoff(EvalFlags& f, const std::vector<std::string>& checkpoints, int 
   std::vector<Point> points;
   TokenTable tokens;
   for (const std::string& c : checkpoints) {
-    LoadedModel m = load_trained_model(c, "--checkpoints", f.on, !f.non_strict, stdout);
-    override_precision(m, f, app);
+    LoadedModel m = load_for_eval(f, c, "--checkpoints", app);
     const SpeechSet set = load_set(f, m, tokens);
-    CLUSTR_CHECK(!set.examples.empty(), f.manifest, ": no usable utterances");
     std::vector<double> times;
     double per = 0;
     for (int r = 0; r < reps; ++r) {
