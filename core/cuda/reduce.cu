@@ -7,9 +7,9 @@
 // (inner > 1) gives a block 32 neighbouring outputs and up to 16 lanes over the axis, whose
 // partials a fixed tree combines (ColumnReduceKernel). Sums accumulate in double, as on the
 // CPU, so the two backends differ only in the order of double additions, which almost never
-// changes the rounded float. Max and min use the
-// NaN-propagating math::Maximum / math::Minimum and are exact. Argmax combines (value, index)
-// pairs with the CPU's rule (math::argmax_beats), so it gives the CPU's index exactly.
+// changes the rounded float. Max and min use the NaN-propagating math::Maximum /
+// math::Minimum and are exact. Argmax combines (value, index) pairs with the CPU's rule
+// (math::argmax_beats), so it gives the CPU's index exactly.
 #include <cmath>
 #include <cstdint>
 
