@@ -335,21 +335,17 @@ int cmd_tradeoff(EvalFlags& f, const std::vector<std::string>& checkpoints, int 
     std::printf("wrote %s\n", csv_path.c_str());
   }
   if (!png_path.empty()) {
+    // Each line from its fastest point to its slowest.
+    std::vector<Point> by_time = points;
+    std::stable_sort(by_time.begin(), by_time.end(),
+                     [](const Point& a, const Point& b) { return a.seconds < b.seconds; });
     std::vector<plot::Series> series;
-    for (const Point& p : points) {
+    for (const Point& p : by_time) {
       auto s = std::find_if(series.begin(), series.end(),
                             [&](const plot::Series& x) { return x.label == p.series; });
       if (s == series.end()) s = series.insert(series.end(), plot::Series{p.series, {}, {}});
       s->x.push_back(p.seconds);
       s->y.push_back(p.per);
-    }
-    for (plot::Series& s : series) {  // each line from its fastest point to its slowest
-      std::vector<size_t> order(s.x.size());
-      for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-      std::sort(order.begin(), order.end(), [&](size_t i, size_t j) { return s.x[i] < s.x[j]; });
-      plot::Series sorted{s.label, {}, {}};
-      for (size_t i : order) sorted.x.push_back(s.x[i]), sorted.y.push_back(s.y[i]);
-      s = std::move(sorted);
     }
     plot::Options o;
     o.title = detail::cat("PER against forward time on ", f.manifest);

@@ -17,7 +17,8 @@ namespace clustr::speech {
 // to right (full | clustered | improved-clustered, and the model's own type when it shares one
 // projection between queries and keys: shared-full or lsh-X, through shared_attention_matrix),
 // rows = queries top to bottom, columns = keys; colour = viridis of sqrt(weight / the largest
-// weight of the panels), so that the small weights stay visible. Throws on a bad layer or head, or when the file cannot be written.
+// weight of the panels), so that the small weights stay visible. Throws on a bad layer or head,
+// or when the file cannot be written.
 void write_attention_maps(SpeechModel& model, const AttentionConfig& attention,
                           const SpeechExample& example, int layer, int head, uint64_t seed,
                           const std::string& path);

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/ops_check.h"
 #include "layers/attention/clustered.h"
 #include "layers/attention/clustered_common.h"
 #include "layers/attention/clustering.h"
@@ -179,7 +180,7 @@ Tensor shared_attention_matrix(const AttentionConfig& config, const Tensor& Q,
   const char* op = "shared_attention_matrix";
   CLUSTR_CHECK(shares_query_key(config.type), op, ": expected shared-full or lsh attention, got ",
                attention_type_name(config.type));
-  clustered_detail::check_f32(op, "Q", Q);
+  detail::check_f32(op, "Q", Q);
   CLUSTR_CHECK(Q.rank() == 4, op, ": expected Q of shape (B, H, N, E), got ", describe(Q));
   const int64_t B = Q.size(0), H = Q.size(1), N = Q.size(2);
   // out = W V for every V: with V the identity, out is W.
