@@ -6,7 +6,8 @@
 //   speech decode --checkpoint DIR --manifest FILE [--beam N]
 //   speech matrix --checkpoints DIR_FULL DIR_CLUSTERED DIR_IMPROVED --manifest FILE
 //                 [--cluster-counts C1 C2] [--attention-map FILE.png]
-//   speech tradeoff --checkpoints DIR... --manifest FILE [--csv FILE] [--png FILE]
+//   speech tradeoff --checkpoints DIR... --manifest FILE [--cluster-counts C...] [--csv FILE]
+//                   [--png FILE]
 //
 // Every command takes --device cpu|cuda (the model is built on the CPU, then moved) and
 // --precision fp32|bf16 (train: the products' precision; the others: default as trained).
@@ -294,11 +295,15 @@ int cmd_matrix(EvalFlags& f, const std::vector<std::string>& checkpoints,
 
 // The paper's Figure 1a: each checkpoint evaluated with the attention it was trained with, its
 // PER on the manifest against the time of its forward passes over it (the median of --reps
-// evaluations; decoding and the loss left out). One line per attention type in the PNG.
-int cmd_tradeoff(EvalFlags& f, const std::vector<std::string>& checkpoints, int reps,
+// evaluations; decoding and the loss left out). A checkpoint of a clustered type is evaluated
+// at each of `cluster_counts` (empty: its own C). One line per attention type in the PNG.
+int cmd_tradeoff(EvalFlags& f, const std::vector<std::string>& checkpoints,
+                 const std::vector<int64_t>& cluster_counts, int reps,
                  const std::string& csv_path, const std::string& png_path, const CLI::App& app) {
   check_eval_flags(f);
   CLUSTR_CHECK(reps >= 1 && reps <= 100, "--reps must be in [1, 100], got ", reps);
+  for (int64_t c : cluster_counts)
+    CLUSTR_CHECK(c >= 1, "--cluster-counts: each count must be >= 1, got ", c);
   struct Point {
     std::string file, series, attention;
     int64_t layers = 0;
@@ -309,20 +314,31 @@ int cmd_tradeoff(EvalFlags& f, const std::vector<std::string>& checkpoints, int 
   for (const std::string& c : checkpoints) {
     LoadedModel m = load_for_eval(f, c, "--checkpoints", app);
     const SpeechSet set = load_set(f, m, tokens);
-    std::vector<double> times;
-    double per = 0;
-    for (int r = 0; r < reps; ++r) {
-      const Evaluation e = evaluate_set(*m.model, set, f.max_frames, f.beam, f.seed);
-      times.push_back(e.forward_seconds);
-      if (r == 0) per = f.beam > 1 ? e.beam.rate() : e.greedy.rate();
+    const AttentionConfig& trained = m.options.attention;
+    const bool clustered = trained.type == AttentionType::clustered ||
+                           trained.type == AttentionType::improved_clustered;
+    std::vector<AttentionConfig> configs;
+    for (int64_t count : clustered ? cluster_counts : std::vector<int64_t>{}) {
+      configs.push_back(trained);
+      configs.back().clusters = count;
     }
-    std::sort(times.begin(), times.end());
-    const AttentionConfig& a = m.options.attention;
-    points.push_back({m.file, attention_type_name(a.type), a.describe(), m.options.layers, per,
-                      times[times.size() / 2]});
-    std::printf("%s: %lld layers, %s: PER %.4f, forward %.3f s\n", m.file.c_str(),
-                static_cast<long long>(m.options.layers), a.describe().c_str(), per,
-                points.back().seconds);
+    if (configs.empty()) configs.push_back(trained);
+    for (const AttentionConfig& a : configs) {
+      m.model->set_attention(a);
+      std::vector<double> times;
+      double per = 0;
+      for (int r = 0; r < reps; ++r) {
+        const Evaluation e = evaluate_set(*m.model, set, f.max_frames, f.beam, f.seed);
+        times.push_back(e.forward_seconds);
+        if (r == 0) per = f.beam > 1 ? e.beam.rate() : e.greedy.rate();
+      }
+      std::sort(times.begin(), times.end());
+      points.push_back({m.file, attention_type_name(a.type), a.describe(), m.options.layers, per,
+                        times[times.size() / 2]});
+      std::printf("%s: %lld layers, %s: PER %.4f, forward %.3f s\n", m.file.c_str(),
+                  static_cast<long long>(m.options.layers), a.describe().c_str(), per,
+                  points.back().seconds);
+    }
   }
   if (!csv_path.empty()) {
     std::ofstream csv(csv_path);
@@ -498,6 +514,10 @@ int main(int argc, char** argv) try {
   tradeoff->add_option("--checkpoints", tradeoff_checkpoints, "checkpoints (files or run folders)")
       ->required();
   add_eval_flags(*tradeoff, f);
+  std::vector<int64_t> tradeoff_counts;
+  tradeoff->add_option("--cluster-counts", tradeoff_counts,
+                       "evaluate a checkpoint of a clustered type at each of these cluster "
+                       "counts (default: its own C)");
   tradeoff->add_option("--reps", tradeoff_reps, "evaluations per checkpoint (the median time)")
       ->capture_default_str();
   tradeoff->add_option("--csv", tradeoff_csv, "write the points to this CSV file");
@@ -538,8 +558,8 @@ int main(int argc, char** argv) try {
   if (*evaluate) return cmd_evaluate(f, checkpoint, *evaluate);
   if (*decode) return cmd_decode(f, checkpoint, *decode);
   if (*tradeoff)
-    return cmd_tradeoff(f, tradeoff_checkpoints, tradeoff_reps, tradeoff_csv, tradeoff_png,
-                        *tradeoff);
+    return cmd_tradeoff(f, tradeoff_checkpoints, tradeoff_counts, tradeoff_reps, tradeoff_csv,
+                        tradeoff_png, *tradeoff);
   if (*matrix)
     return cmd_matrix(f, checkpoints, cluster_counts, map_path, map_layer, map_head, map_utt,
                       *matrix);

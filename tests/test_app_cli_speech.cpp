@@ -170,6 +170,25 @@ TEST_CASE("speech_app_tradeoff") {
               "--reps must be in [1, 100], got 0");
 }
 
+// With --cluster-counts a clustered checkpoint gives a point per count, the others their one
+// point; a count below 1 is refused.
+TEST_CASE("speech_app_tradeoff_cluster_counts") {
+  const AppRun t = speech(cat({{"train", "--corpus", corpus}, speech_tiny,
+                               {"--attention", "clustered", "--epochs", "100", "--max-steps", "5",
+                                "--out", speech_out + "/clustered", "--overwrite"}}));
+  CHECK_STATUS(t, 0);
+  const AppRun r = speech({"tradeoff", "--checkpoints", speech_out + "/full",
+                           speech_out + "/clustered", "--manifest", corpus + "/dev.tsv",
+                           "--reps", "1", "--cluster-counts", "2", "3"});
+  CHECK_OUTPUT_MATCHES(r, "full/best.safetensors: 1 layers, full: PER [0-9.]+, forward [0-9.]+ s\n"
+                          "[^\n]*\n[^\n]*clustered/best.safetensors: 1 layers, clustered \\(C=2,"
+                          "[^\n]*\n[^\n]*clustered/best.safetensors: 1 layers, clustered \\(C=3,");
+  CHECK_STATUS(r, 0);
+  CHECK_FAILS(speech({"tradeoff", "--checkpoints", speech_out + "/clustered", "--manifest",
+                      corpus + "/dev.tsv", "--cluster-counts", "0"}),
+              "--cluster-counts: each count must be >= 1, got 0");
+}
+
 // Resuming takes the model's shape and the attention settings from the checkpoint (none of
 // the tiny model's flags is repeated); a model flag that contradicts it is refused.
 TEST_CASE("speech_app_resume") {
