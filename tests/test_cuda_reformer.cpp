@@ -1,6 +1,6 @@
 // lsh and shared-full attention on the device (layers/attention/reformer_cuda.h) against the CPU:
 // the buckets and each round's order exactly, the outputs, z and the gradients within float
-// rounding (the device sums in other orders), the same bits run after run, and the layer on the
+// rounding, with and without dropout (the device sums in other orders), the same bits run after run, and the layer on the
 // device through the dispatcher.
 #include <doctest/doctest.h>
 
@@ -69,6 +69,12 @@ TEST_CASE("cuda lsh attention: buckets, orders, outputs and gradients equal the 
   }
   SUBCASE("chunks of one: the first query has nothing but itself") {
     compare_case(ReformerOptions{1, 1, 1}, 7, 1, 41);
+  }
+  SUBCASE("dropout on the weights: the same mask") {
+    compare_case(ReformerOptions{3, 4, 4, 0.0f, 0.3f, 5, 9}, 26, 15, 61);
+  }
+  SUBCASE("shared-full with dropout") {
+    compare_case(ReformerOptions{1, 1, 19, 0.0f, 0.5f, 8, 1}, 19, 12, 71);
   }
 }
 

@@ -13,6 +13,7 @@
 #include "autograd/ops.h"
 #include "autograd/variable.h"
 #include "check.h"
+#include "core/philox.h"
 #include "core/random.h"
 #include "layers/attention/attention.h"
 #include "layers/attention/full.h"
@@ -69,36 +70,50 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-}  // namespace
-
-TEST_CASE("shared-full: one bucket, one round, one chunk: every other valid position") {
-  const Inputs x = make_inputs(11, 7, 1);
+// Shared-QK full attention without the self position, summed in double for inputs of
+// make_inputs: factor(bh, i, j) scales weight (i, j) after the softmax (dropout; 1: none).
+template <class Factor>
+std::vector<float> shared_full_reference(const Inputs& x, Factor factor) {
+  const int64_t N = x.N;
   const std::vector<float> q = x.Q.to_vector(), v = x.V.to_vector();
-  const int L[2] = {11, 7};
-  // Independent double-precision sums of shared-QK full attention without the self position.
-  std::vector<float> want(size_t(2 * 2 * 11 * 5), 0.0f);
-  for (int64_t bh = 0; bh < 4; ++bh)
-    for (int64_t i = 0; i < L[bh / 2]; ++i) {
-      std::vector<double> w(11, 0.0);
+  const std::vector<int32_t> lens = x.lengths.to_int_vector();
+  std::vector<float> want(size_t(4 * N * 5), 0.0f);
+  for (int64_t bh = 0; bh < 4; ++bh) {
+    const int64_t L = lens[size_t(bh / 2)];
+    for (int64_t i = 0; i < L; ++i) {
+      std::vector<double> w(size_t(N), 0.0);
       double top = -INFINITY, total = 0;
-      for (int64_t j = 0; j < L[bh / 2]; ++j) {
+      for (int64_t j = 0; j < L; ++j) {
         if (j == i) continue;
         double dot = 0, norm = 0;
         for (int64_t e = 0; e < 8; ++e) {
-          dot += double(q[(bh * 11 + i) * 8 + e]) * q[(bh * 11 + j) * 8 + e];
-          norm += double(q[(bh * 11 + j) * 8 + e]) * q[(bh * 11 + j) * 8 + e];
+          dot += double(q[(bh * N + i) * 8 + e]) * q[(bh * N + j) * 8 + e];
+          norm += double(q[(bh * N + j) * 8 + e]) * q[(bh * N + j) * 8 + e];
         }
         w[size_t(j)] = dot / std::sqrt(norm) / std::sqrt(8.0);
         top = std::max(top, w[size_t(j)]);
       }
-      for (int64_t j = 0; j < L[bh / 2]; ++j)
+      for (int64_t j = 0; j < L; ++j)
         total += w[size_t(j)] = j == i ? 0.0 : std::exp(w[size_t(j)] - top);
+      for (int64_t j = 0; j < L; ++j)
+        if (j != i) w[size_t(j)] *= factor(bh, i, j);
       for (int64_t m = 0; m < 5; ++m) {
         double acc = 0;
-        for (int64_t j = 0; j < L[bh / 2]; ++j) acc += w[size_t(j)] * v[(bh * 11 + j) * 5 + m];
-        want[size_t((bh * 11 + i) * 5 + m)] = float(acc / total);
+        for (int64_t j = 0; j < L; ++j) acc += w[size_t(j)] * v[(bh * N + j) * 5 + m];
+        want[size_t((bh * N + i) * 5 + m)] = float(acc / total);
       }
     }
+  }
+  return want;
+}
+
+}  // namespace
+
+TEST_CASE("shared-full: one bucket, one round, one chunk: every other valid position") {
+  const Inputs x = make_inputs(11, 7, 1);
+  // Independent double-precision sums of shared-QK full attention without the self position.
+  const std::vector<float> want =
+      shared_full_reference(x, [](int64_t, int64_t, int64_t) { return 1.0; });
   const Tensor G = random_tensor({2, 2, 11, 5}, 9);
   const Run got = run_op(x, Tensor(), ReformerOptions{1, 1, 11}, G);
   CHECK_CLOSE(got.out, want, 1e-6, 1e-5);
@@ -118,6 +133,72 @@ TEST_CASE("shared-full: one bucket, one round, one chunk: every other valid posi
   CHECK_CLOSE(got.out, ref.out, 1e-6, 1e-5);
   CHECK_CLOSE(got.dQ, ref.dQ, 1e-5, 1e-4);
   CHECK_CLOSE(got.dV, ref.dV, 1e-6, 1e-5);
+}
+
+// Dropout: shared-full's weights against a double-precision sum with the mask reformer.h names
+// (element ((bh X + x) N + i) N + j of the Philox stream, kept when its uniform is >= p), about p
+// of them dropped; gradcheck for a fixed mask; the same bits at 1 and 2 threads; through the
+// dispatcher, training only.
+TEST_CASE("lsh and shared-full: dropout on the attention weights") {
+  const Inputs x = make_inputs(11, 7, 91);
+  const float p = 0.3f;
+  const uint64_t seed = 5, offset = 7;
+  int64_t pairs = 0, dropped = 0;
+  const std::vector<float> want = shared_full_reference(x, [&](int64_t bh, int64_t i, int64_t j) {
+    const uint64_t idx = uint64_t((bh * 11 + i) * 11 + j);  // X = 1
+    const bool keep = uint_to_unit(philox4x32(seed, offset + idx / 4).v[idx % 4]) >= p;
+    ++pairs;
+    dropped += keep ? 0 : 1;
+    return keep ? 1.0 / (1.0 - p) : 0.0;
+  });
+  CHECK(pairs == 2 * 11 * 10 + 2 * 7 * 6);
+  CHECK_MESSAGE(dropped > pairs / 5, dropped, " of ", pairs, " dropped at p = 0.3");
+  CHECK_MESSAGE(dropped < 2 * pairs / 5, dropped, " of ", pairs, " dropped at p = 0.3");
+  const ReformerOptions shared{1, 1, 11, 0.0f, p, seed, offset};
+  const Tensor G = random_tensor({2, 2, 11, 5}, 92);
+  const Run got = run_op(x, Tensor(), shared, G);
+  CHECK_CLOSE(got.out, want, 1e-6, 1e-5);
+
+  // Gradcheck for the fixed mask, one bucket (a fixed order), two rounds.
+  const Inputs small = make_inputs(9, 5, 93);
+  test::check_grad("reformer with dropout",
+                   [&](const std::vector<Variable>& in) {
+                     return reformer_attention(in[0], in[1], small.lengths, Tensor(),
+                                               ReformerOptions{2, 1, 3, 0.0f, 0.4f, 11, 3});
+                   },
+                   {small.Q, small.V});
+
+  // The same bits at 1 and 2 threads.
+  const ReformerOptions o{2, 8, 4, 0.0f, 0.25f, 13, 2};
+  const Inputs y = make_inputs(45, 29, 94);
+  const Tensor rot = rotations_for(o, 8, 95), Gy = random_tensor({2, 2, 45, 5}, 96);
+  Run one, two;
+  {
+    test::ThreadCount t(1);
+    one = run_op(y, rot, o, Gy);
+  }
+  {
+    test::ThreadCount t(2);
+    two = run_op(y, rot, o, Gy);
+  }
+  CHECK(same_bits(one.out, two.out));
+  CHECK(same_bits(one.dQ, two.dQ));
+  CHECK(same_bits(one.dV, two.dV));
+  CHECK_FALSE(same_bits(one.out, run_op(y, rot, ReformerOptions{2, 8, 4}, Gy).out));
+
+  // The dispatcher drops weights in training only.
+  AttentionConfig c;
+  c.type = AttentionType::lsh;
+  c.rounds = 2;
+  c.buckets = 4;
+  c.chunk = 4;
+  const Variable Qv(y.Q), Vv(y.V);
+  Generator g0(3), g1(3), g2(3);
+  const std::vector<float> plain = attention(c, Qv, Qv, Vv, y.lengths, g0, true).data().to_vector();
+  c.dropout = 0.2f;
+  CHECK(same_bits(attention(c, Qv, Qv, Vv, y.lengths, g1, false).data().to_vector(), plain));
+  CHECK_FALSE(same_bits(attention(c, Qv, Qv, Vv, y.lengths, g2, true).data().to_vector(), plain));
+  CHECK(reformer_attention_dropout_blocks(2, 3, 10, 4) == 600);
 }
 
 TEST_CASE("lsh: values and gradients against the reference for the same buckets") {
@@ -283,7 +364,11 @@ TEST_CASE("lsh: errors") {
   CHECK_ERROR(c.validate(), "buckets must be an even number >= 2, got 5");
   c.buckets = 4;
   c.dropout = 0.1f;
-  CHECK_ERROR(c.validate(), "dropout on the attention weights is not implemented for lsh");
+  CHECK_NOTHROW(c.validate());
+  c.dropout = 1.0f;
+  CHECK_ERROR(c.validate(), "dropout must be in [0, 1), got 1");
+  CHECK_ERROR(reformer_attention(Q, V, Tensor(), Tensor(), ReformerOptions{1, 1, 4, 0.0f, 1.0f}),
+              "expected dropout in [0, 1), got 1");
   CHECK_ERROR(attention_matrix(AttentionType::shared_full, x.Q, x.Q, Tensor(), Tensor(), 1, 1),
               "shared-full attention's weights depend on its settings",
               "use shared_attention_matrix");

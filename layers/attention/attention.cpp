@@ -75,18 +75,25 @@ Variable attention(const AttentionConfig& config, const Variable& Q, const Varia
       CLUSTR_CHECK(q.rank() == 4, "attention: expected Q (B, H, N, E), got ", describe(q));
       ReformerOptions options;
       options.temperature = temperature;
+      Tensor rotations;
       if (config.type == AttentionType::shared_full) {  // one chunk of every position
         options.buckets = 1;
         options.chunk = std::max<int64_t>(q.size(2), 1);
-        return reformer_attention(Q, V, lengths, Tensor(), options);
+      } else {
+        options.rounds = config.rounds;
+        options.buckets = config.buckets;
+        options.chunk = config.chunk;
+        // The rotations: one (E, buckets / 2) Gaussian matrix per round, shared by the batch
+        // and the heads, drawn from the run's stream like the clustering's planes.
+        rotations = Tensor::empty({options.rounds, q.size(3), options.buckets / 2});
+        normal_(rotations, gen);
       }
-      options.rounds = config.rounds;
-      options.buckets = config.buckets;
-      options.chunk = config.chunk;
-      // The rotations: one (E, buckets / 2) Gaussian matrix per round, shared by the batch and
-      // the heads, drawn from the run's stream like the clustering's planes.
-      Tensor rotations = Tensor::empty({options.rounds, q.size(3), options.buckets / 2});
-      normal_(rotations, gen);
+      if (training && config.dropout > 0.0f) {
+        options.dropout = config.dropout;
+        options.seed = gen.seed();
+        options.offset = gen.reserve(reformer_attention_dropout_blocks(
+            q.size(0), q.size(1), q.size(2), options.rounds));
+      }
       return reformer_attention(Q, V, lengths, rotations, options);
     }
   }

@@ -17,8 +17,6 @@ void AttentionConfig::validate() const {
   CLUSTR_CHECK(buckets >= 2 && buckets % 2 == 0,
                "AttentionConfig: buckets must be an even number >= 2, got ", buckets);
   CLUSTR_CHECK(chunk >= 1, "AttentionConfig: chunk must be >= 1, got ", chunk);
-  CLUSTR_CHECK(dropout == 0.0f || !shares_query_key(type), "AttentionConfig: dropout on the ",
-               "attention weights is not implemented for ", type_name, " attention");
   CLUSTR_CHECK(dropout >= 0.0f && dropout < 1.0f,
                "AttentionConfig: dropout must be in [0, 1), got ", dropout);
   // Clustering groups queries from the whole sequence, so a query's cluster centroid would

@@ -90,13 +90,15 @@ void cuda::improved_clustered_attention_backward(const ClusteredDims&, const Clu
 }
 
 // reformer_cuda.h
-void cuda::reformer_attention_forward(const ReformerDims&, const int32_t*, float, const float*,
-                                      const float*, const float*, float*, int32_t*, float*) {
+void cuda::reformer_attention_forward(const ReformerDims&, const int32_t*, float,
+                                      const ReformerDropout&, const float*, const float*,
+                                      const float*, float*, int32_t*, float*) {
   no_backend("cuda::reformer_attention_forward");
 }
-void cuda::reformer_attention_backward(const ReformerDims&, const int32_t*, float, const float*,
-                                       const float*, const float*, const int32_t*, const float*,
-                                       const float*, float*, float*) {
+void cuda::reformer_attention_backward(const ReformerDims&, const int32_t*, float,
+                                       const ReformerDropout&, const float*, const float*,
+                                       const float*, const int32_t*, const float*, const float*,
+                                       float*, float*) {
   no_backend("cuda::reformer_attention_backward");
 }
 void cuda::reformer_buckets(const ReformerDims&, const int32_t*, const float*, const float*,

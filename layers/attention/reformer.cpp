@@ -20,6 +20,7 @@
 #include "core/parallel.h"
 #include "layers/attention/clustered_common.h"
 #include "layers/attention/reformer_cuda.h"
+#include "layers/attention/reformer_mask.h"
 
 namespace clustr {
 
@@ -31,6 +32,25 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 struct Dims {
   int64_t B, H, N, E, M, X, R, m;
 };
+
+using clustered_detail::Dropout;
+
+// The dropout of a call's options (off when p is 0).
+Dropout dropout_of(const ReformerOptions& o) {
+  return clustered_detail::dropout_of(o.dropout, o.seed, o.offset);
+}
+
+// The dropout factor of query i and key j in round x of pair bh (reformer.h's mask).
+float keep_factor(const Dropout& drop, const Dims& d, int64_t bh, int64_t x, int64_t i,
+                  int64_t j) {
+  return reformer_detail::keep_factor(drop.seed, drop.offset,
+                                      reformer_detail::mask_index(d.N, d.X, bh, x, i, j), drop.p,
+                                      drop.scale);
+}
+
+cuda::ReformerDropout device_dropout(const Dropout& drop) {
+  return cuda::ReformerDropout{drop.p, drop.scale, drop.seed, drop.offset};
+}
 
 Dims check_inputs(const char* op, const Tensor& Q, const Tensor& V, const Tensor& lengths,
                   const Tensor& rotations, const ReformerOptions& o) {
@@ -45,6 +65,8 @@ Dims check_inputs(const char* op, const Tensor& Q, const Tensor& V, const Tensor
   CLUSTR_CHECK(o.buckets == 1 || (o.buckets >= 2 && o.buckets % 2 == 0), op,
                ": expected 1 bucket or an even number of them, got ", o.buckets);
   CLUSTR_CHECK(o.chunk >= 1, op, ": expected a chunk of at least 1 position, got ", o.chunk);
+  CLUSTR_CHECK(o.dropout >= 0.0f && o.dropout < 1.0f, op, ": expected dropout in [0, 1), got ",
+               o.dropout);
   const Dims d{Q.size(0), Q.size(1), Q.size(2), Q.size(3), V.size(3), o.rounds, o.buckets, o.chunk};
   if (lengths.defined()) detail::check_lengths(op, lengths, d.B, d.N, "N", "Q", Q);
   if (d.R > 1) {
@@ -171,9 +193,11 @@ void scatter_add(const float* src, int64_t width, const int32_t* rows, int64_t n
 }
 
 // One (b, h) pair of the forward. q, v, out at the pair's (N, E), (N, M), (N, M); order (X, N);
-// z (N). mx, l and acc: the online softmax of each query across rounds.
-void forward_pair(const Dims& d, float t, int64_t L, const float* q, const float* v, const float* W,
-                  float* out, int32_t* order, float* z, Scratch& s) {
+// z (N). mx, l and acc: the online softmax of each query across rounds; the dropped weights go
+// into acc, the whole ones into l.
+void forward_pair(const Dims& d, float t, const Dropout& drop, int64_t bh, int64_t L,
+                  const float* q, const float* v, const float* W, float* out, int32_t* order,
+                  float* z, Scratch& s) {
   const int64_t E = d.E, M = d.M;
   float *mx = s.mx, *l = s.l, *acc = s.acc;
   unit_keys(q, L, E, s.k, s.norm);
@@ -204,6 +228,9 @@ void forward_pair(const Dims& d, float t, int64_t L, const float* q, const float
         const float scale = l[i] > 0.0f ? math::exp(mx[i] - m_new) : 0.0f;
         float sum = 0.0f;
         for (int64_t b = 0; b < nk; ++b) sum += row[b] = math::exp(row[b] - m_new);
+        if (drop.on())
+          for (int64_t b = 0; b < nk; ++b)
+            row[b] *= keep_factor(drop, d, bh, x, i, o[k0 + b]);
         l[i] = l[i] * scale + sum;
         mx[i] = m_new;
         for (int64_t c = 0; c < M; ++c) acc[i * M + c] *= scale;
@@ -224,9 +251,9 @@ void forward_pair(const Dims& d, float t, int64_t L, const float* q, const float
 }
 
 // One (b, h) pair of the backward: dq and dv at the pair's rows (zeroed by the caller).
-void backward_pair(const Dims& d, float t, int64_t L, const float* q, const float* v,
-                   const float* out, const float* g, const int32_t* order, const float* z,
-                   float* dq, float* dv, Scratch& s) {
+void backward_pair(const Dims& d, float t, const Dropout& drop, int64_t bh, int64_t L,
+                   const float* q, const float* v, const float* out, const float* g,
+                   const int32_t* order, const float* z, float* dq, float* dv, Scratch& s) {
   const int64_t E = d.E, M = d.M;
   float *dk = s.dk, *delta = s.delta;
   unit_keys(q, L, E, s.k, s.norm);
@@ -246,13 +273,17 @@ void backward_pair(const Dims& d, float t, int64_t L, const float* q, const floa
       gather(g, M, o + a0, nq, s.gc);
       cpu::gemm(false, true, nq, nk, E, t, s.qc, E, s.kc, E, 0.0f, s.s, nk);
       cpu::gemm(false, true, nq, nk, M, 1.0f, s.gc, M, s.vc, M, 0.0f, s.dp, nk);
-      for (int64_t a = 0; a < nq; ++a) {  // P and dS = P (dP - delta) in place of S and dP
+      // The dropped weights Pd = P keep scale and dS = P (dP keep scale - delta) in place of S
+      // and dP (delta = dout . out: out has the dropout).
+      for (int64_t a = 0; a < nq; ++a) {
         float *p = s.s + a * nk, *ds = s.dp + a * nk;
         const int32_t i = o[a0 + a];
         const float zi = z[i];
         for (int64_t b = 0; b < nk; ++b) {
           p[b] = zi == kNegInf || b == a0 + a - k0 ? 0.0f : math::exp(p[b] - zi);
-          ds[b] = p[b] * (ds[b] - delta[i]);
+          const float keep = drop.on() ? keep_factor(drop, d, bh, x, i, o[k0 + b]) : 1.0f;
+          ds[b] = p[b] * (ds[b] * keep - delta[i]);
+          p[b] *= keep;
         }
       }
       cpu::gemm(true, false, nk, M, nq, 1.0f, s.s, nk, s.gc, M, 0.0f, s.dvc, M);
@@ -313,6 +344,7 @@ ReformerOutput reformer_attention_forward(const Tensor& Q, const Tensor& V, cons
                                           const Tensor& rotations, const ReformerOptions& options) {
   const Dims d = check_inputs("reformer_attention", Q, V, lengths, rotations, options);
   const float t = temperature_of(options, d.E);
+  const Dropout drop = dropout_of(options);
   ReformerOutput r;
   if (Q.device() == Device::cuda) {
     r.out = Tensor::empty({d.B, d.H, d.N, d.M}, DType::f32, Device::cuda);
@@ -320,8 +352,9 @@ ReformerOutput reformer_attention_forward(const Tensor& Q, const Tensor& V, cons
     r.logsumexp = Tensor::empty({d.B, d.H, d.N}, DType::f32, Device::cuda);
     const Tensor W = d.R > 1 ? rotations.to(Device::cuda) : Tensor();  // a host draw
     cuda::reformer_attention_forward(device_dims(d), lengths.defined() ? lengths.i32() : nullptr, t,
-                                     Q.f32(), V.f32(), d.R > 1 ? W.f32() : nullptr, r.out.f32(),
-                                     r.order.i32(), r.logsumexp.f32());
+                                     device_dropout(drop), Q.f32(), V.f32(),
+                                     d.R > 1 ? W.f32() : nullptr, r.out.f32(), r.order.i32(),
+                                     r.logsumexp.f32());
     return r;
   }
   r.out = Tensor::zeros({d.B, d.H, d.N, d.M});
@@ -332,8 +365,8 @@ ReformerOutput reformer_attention_forward(const Tensor& Q, const Tensor& V, cons
   int32_t* order = r.order.i32();
   const int32_t* len = lengths.defined() ? lengths.i32() : nullptr;
   for_each_pair(d, len, false, [&](int64_t bh, int64_t L, Scratch& s) {
-    forward_pair(d, t, L, q + bh * d.N * d.E, v + bh * d.N * d.M, W, out + bh * d.N * d.M,
-                 order + bh * d.X * d.N, z + bh * d.N, s);
+    forward_pair(d, t, drop, bh, L, q + bh * d.N * d.E, v + bh * d.N * d.M, W,
+                 out + bh * d.N * d.M, order + bh * d.X * d.N, z + bh * d.N, s);
   });
   return r;
 }
@@ -344,7 +377,8 @@ ReformerGrads reformer_attention_backward(const Tensor& dout, const Tensor& Q, c
   const char* op = "reformer_attention_backward";
   const Dims d =
       check_inputs(op, Q, V, lengths, Tensor(),
-                   ReformerOptions{options.rounds, 1, options.chunk, options.temperature});
+                   ReformerOptions{options.rounds, 1, options.chunk, options.temperature,
+                                   options.dropout});
   const Shape out_shape{d.B, d.H, d.N, d.M};
   CLUSTR_CHECK(
       dout.defined() && dout.dtype() == DType::f32 && dout.shape() == out_shape &&
@@ -354,6 +388,7 @@ ReformerGrads reformer_attention_backward(const Tensor& dout, const Tensor& Q, c
       op, ": expected dout and the forward's out ", to_string(out_shape), ", order (", d.B, ", ",
       d.H, ", ", d.X, ", ", d.N, ") and logsumexp (", d.B, ", ", d.H, ", ", d.N, ")");
   const float t = temperature_of(options, d.E);
+  const Dropout drop = dropout_of(options);
   ReformerGrads r;
   for (const Tensor* x : {&dout, &forward.out, &forward.order, &forward.logsumexp})
     detail::check_same_device(op, Q, *x);
@@ -361,7 +396,7 @@ ReformerGrads reformer_attention_backward(const Tensor& dout, const Tensor& Q, c
     r.dQ = Tensor::empty(Q.shape(), DType::f32, Device::cuda);
     r.dV = Tensor::empty(V.shape(), DType::f32, Device::cuda);
     cuda::reformer_attention_backward(device_dims(d), lengths.defined() ? lengths.i32() : nullptr,
-                                      t, Q.f32(), V.f32(), forward.out.f32(), forward.order.i32(),
+                                      t, device_dropout(drop), Q.f32(), V.f32(), forward.out.f32(), forward.order.i32(),
                                       forward.logsumexp.f32(), dout.f32(), r.dQ.f32(), r.dV.f32());
     return r;
   }
@@ -373,9 +408,9 @@ ReformerGrads reformer_attention_backward(const Tensor& dout, const Tensor& Q, c
   float *dq = r.dQ.f32(), *dv = r.dV.f32();
   const int32_t* len = lengths.defined() ? lengths.i32() : nullptr;
   for_each_pair(d, len, true, [&](int64_t bh, int64_t L, Scratch& s) {
-    backward_pair(d, t, L, q + bh * d.N * d.E, v + bh * d.N * d.M, out + bh * d.N * d.M,
-                  g + bh * d.N * d.M, order + bh * d.X * d.N, z + bh * d.N, dq + bh * d.N * d.E,
-                  dv + bh * d.N * d.M, s);
+    backward_pair(d, t, drop, bh, L, q + bh * d.N * d.E, v + bh * d.N * d.M,
+                  out + bh * d.N * d.M, g + bh * d.N * d.M, order + bh * d.X * d.N, z + bh * d.N,
+                  dq + bh * d.N * d.E, dv + bh * d.N * d.M, s);
   });
   return r;
 }
@@ -394,6 +429,14 @@ Variable reformer_attention(const Variable& Q, const Variable& V, const Tensor& 
   node->saved_.logsumexp = std::move(r.logsumexp);
   node->options_ = options;
   return attach(std::move(r.out), std::move(node), {&Q, &V});
+}
+
+uint64_t reformer_attention_dropout_blocks(int64_t B, int64_t H, int64_t N, int64_t rounds) {
+  CLUSTR_CHECK(B >= 0 && H >= 0 && N >= 0 && rounds >= 1,
+               "reformer_attention_dropout_blocks: expected B, H, N >= 0 and rounds >= 1, got B=",
+               B, " H=", H, " N=", N, " rounds=", rounds);
+  const uint64_t elements = uint64_t(B) * uint64_t(H) * uint64_t(rounds) * uint64_t(N) * uint64_t(N);
+  return (elements + 3) / 4;
 }
 
 Tensor reformer_buckets(const Tensor& Q, const Tensor& lengths, const Tensor& rotations,

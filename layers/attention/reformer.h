@@ -19,6 +19,10 @@
 //        z_i = log sum_x sum_{j in P_x(i)} exp(t q_i . k_j).
 //      A query with no key but itself in every round takes its own value, out_i = v_i (the
 //      Reformer's rule: no attention to oneself unless there is nothing else).
+//      Dropout (training): the weight of pair (x, j) for query i is kept, scaled by 1 / (1 - p),
+//      or dropped, by mask element ((bh X + x) N + i) N + j of the Philox stream (seed, offset):
+//      kept when uint_to_unit(philox4x32(seed, offset + idx / 4).v[idx % 4]) >= p. z_i is the
+//      undropped one, so out_i = sum_x sum_j keep scale exp(t q_i . k_j - z_i) v_j.
 // Shared-full is R = 1, X = 1 and m >= L: every other valid position, with no hashing.
 // Padded queries (i >= L) give 0; padded positions are never keys, and since the sort leaves
 // them out, the valid positions' outputs do not depend on how much padding follows.
@@ -41,7 +45,12 @@ struct ReformerOptions {
   int64_t buckets = 32;      // R per round: 1, or even
   int64_t chunk = 32;        // m
   float temperature = 0.0f;  // <= 0: 1/sqrt(E)
+  float dropout = 0.0f;      // probability of dropping a weight, in [0, 1)
+  uint64_t seed = 0, offset = 0;  // the mask's Philox stream and first counter block
 };
+
+// Counter blocks the dropout mask of one call uses (reserve them from the run's Generator).
+uint64_t reformer_attention_dropout_blocks(int64_t B, int64_t H, int64_t N, int64_t rounds);
 
 // What backward needs besides Q and V: each round's sorted order (B, H, X, N; entries at and
 // past L unused) and each query's z (B, H, N; -inf for a query that took its own value).

@@ -25,6 +25,7 @@
 #include "core/cuda/kernel.h"
 #include "core/cuda/scratch.h"
 #include "core/math.h"
+#include "layers/attention/reformer_mask.h"
 
 namespace clustr::cuda {
 
@@ -40,6 +41,15 @@ CLUSTR_DEVICE float dot(const float* a, const float* b, int64_t n) {
   float s = 0.0f;
   for (int64_t e = 0; e < n; ++e) s += a[e] * b[e];
   return s;
+}
+
+// The dropout factor of query position i and key position j (pair-major indices bh N + i and
+// bh N + j) in round x (reformer.h's mask); 1 without dropout.
+CLUSTR_DEVICE float keep_factor(const ReformerDropout& drop, int64_t i, int64_t j, int64_t N,
+                                int64_t X, int64_t x) {
+  if (drop.p <= 0.0f) return 1.0f;
+  const uint64_t idx = reformer_detail::mask_index(N, X, i / N, x, i % N, j % N);
+  return reformer_detail::keep_factor(drop.seed, drop.offset, idx, drop.p, drop.scale);
 }
 
 // k = q / |q| (0 for q = 0) and |q|, a thread per position of every pair.
@@ -138,9 +148,10 @@ struct InitKernel {
 
 // Round x of the forward, one block per (pair, chunk), a thread per query of the chunk: the
 // query's scores on the keys of its chunk and the one before (itself left out), folded into its
-// online softmax.
+// online softmax (the sum of the whole weights, the values weighted by the dropped ones).
 struct ForwardRoundKernel {
   static constexpr bool kUsesBarrier = false;
+  ReformerDropout drop;
   const float *q, *k, *v;
   const int32_t *order, *lengths;
   float *mx, *l, *acc;
@@ -171,8 +182,9 @@ struct ForwardRoundKernel {
         if (b == a) continue;
         const float w = math::exp(temperature * dot(qi, kb + o[b] * E, E) - m_new);
         sum += w;
+        const float wd = w * keep_factor(drop, i, bh * N + o[b], N, X, x);
         const float* vj = vb + o[b] * M;
-        for (int64_t cc = 0; cc < M; ++cc) ai[cc] += w * vj[cc];
+        for (int64_t cc = 0; cc < M; ++cc) ai[cc] += wd * vj[cc];
       }
       l[i] = l[i] * scale + sum;
       mx[i] = m_new;
@@ -216,17 +228,20 @@ struct DeltaKernel {
 
 // What backward reads of every pair.
 struct BackwardArgs {
+  ReformerDropout drop;
   const float *q, *k, *v, *g, *z, *delta;
   const int32_t *order, *lengths;
   int64_t H, N, E, M, X, m, chunks, x;
   float temperature;
 
-  // dS of query i (sorted a) and key j: p (dp - delta_i), with p = exp(s - z_i) and dp =
-  // dout_i . v_j; p through `weight`.
+  // dS of query i (sorted a) and key j: p (dp keep - delta_i), with p = exp(s - z_i), dp =
+  // dout_i . v_j and keep the dropout factor; the dropped weight p keep through `weight`.
   CLUSTR_DEVICE float ds(int64_t i, int64_t j, float& weight) const {
-    weight =
+    const float p =
         z[i] == -INFINITY ? 0.0f : math::exp(temperature * dot(q + i * E, k + j * E, E) - z[i]);
-    return weight * (dot(g + i * M, v + j * M, M) - delta[i]);
+    const float keep = keep_factor(drop, i, j, N, X, x);
+    weight = p * keep;
+    return p * (dot(g + i * M, v + j * M, M) * keep - delta[i]);
   }
 };
 
@@ -333,7 +348,7 @@ void sort_positions(const ReformerDims& d, const int32_t* lengths, const float* 
 }  // namespace
 
 void reformer_attention_forward(const ReformerDims& d, const int32_t* lengths, float temperature,
-                                const float* Q, const float* V, const float* rotations, float* out,
+                                const ReformerDropout& dropout, const float* Q, const float* V, const float* rotations, float* out,
                                 int32_t* order, float* logsumexp) {
   const int64_t P = d.B * d.H * d.N;
   if (P == 0) return;
@@ -344,14 +359,14 @@ void reformer_attention_forward(const ReformerDims& d, const int32_t* lengths, f
          InitKernel{mx.get(), l.get(), acc.get(), d.M, P});
   for (int64_t x = 0; x < d.X; ++x)
     launch("cuda::reformer (forward round)", {chunk_grid(d)}, {chunk_threads(d)}, 0,
-           ForwardRoundKernel{Q, k.get(), V, order, lengths, mx.get(), l.get(), acc.get(), d.H, d.N,
+           ForwardRoundKernel{dropout, Q, k.get(), V, order, lengths, mx.get(), l.get(), acc.get(), d.H, d.N,
                               d.E, d.M, d.X, d.m, chunks_of(d), x, temperature});
   launch("cuda::reformer (finish)", {blocks(P)}, {kElementwiseThreads}, 0,
          FinishKernel{V, mx.get(), l.get(), acc.get(), lengths, out, logsumexp, d.H, d.N, d.M, P});
 }
 
 void reformer_attention_backward(const ReformerDims& d, const int32_t* lengths, float temperature,
-                                 const float* Q, const float* V, const float* out,
+                                 const ReformerDropout& dropout, const float* Q, const float* V, const float* out,
                                  const int32_t* order, const float* logsumexp, const float* dout,
                                  float* dQ, float* dV) {
   const int64_t P = d.B * d.H * d.N;
@@ -362,6 +377,7 @@ void reformer_attention_backward(const ReformerDims& d, const int32_t* lengths, 
   launch("cuda::reformer (delta)", {blocks(P)}, {kElementwiseThreads}, 0,
          DeltaKernel{out, dout, delta.get(), dQ, dk.get(), dV, d.E, d.M, P});
   BackwardArgs a{};
+  a.drop = dropout;
   a.q = Q, a.k = k.get(), a.v = V, a.g = dout, a.z = logsumexp, a.delta = delta.get();
   a.order = order, a.lengths = lengths;
   a.H = d.H, a.N = d.N, a.E = d.E, a.M = d.M, a.X = d.X, a.m = d.m, a.chunks = chunks_of(d);

@@ -19,14 +19,20 @@ struct ReformerDims {
   int64_t B = 0, H = 0, N = 0, E = 0, M = 0, X = 1, R = 1, m = 1;
 };
 
+// The attention dropout of a call (reformer.h's mask; off when p is 0; scale = 1 / (1 - p)).
+struct ReformerDropout {
+  float p = 0.0f, scale = 1.0f;
+  uint64_t seed = 0, offset = 0;
+};
+
 // out, order and logsumexp = (overwritten) the forward of reformer_attention_forward.
 void reformer_attention_forward(const ReformerDims& d, const int32_t* lengths, float temperature,
-                                const float* Q, const float* V, const float* rotations, float* out,
+                                const ReformerDropout& dropout, const float* Q, const float* V, const float* rotations, float* out,
                                 int32_t* order, float* logsumexp);
 
 // dQ, dV = (overwritten) the gradients of sum(dout * out) for the forward's order.
 void reformer_attention_backward(const ReformerDims& d, const int32_t* lengths, float temperature,
-                                 const float* Q, const float* V, const float* out,
+                                 const ReformerDropout& dropout, const float* Q, const float* V, const float* out,
                                  const int32_t* order, const float* logsumexp, const float* dout,
                                  float* dQ, float* dV);
 
