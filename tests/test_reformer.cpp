@@ -70,6 +70,24 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
+// The op at 1 and at 2 threads: the same bits (checked); returns the first run.
+Run run_at_two_thread_counts(const Inputs& x, const Tensor& rotations, const ReformerOptions& o,
+                             const Tensor& G) {
+  Run one, two;
+  {
+    test::ThreadCount t(1);
+    one = run_op(x, rotations, o, G);
+  }
+  {
+    test::ThreadCount t(2);
+    two = run_op(x, rotations, o, G);
+  }
+  CHECK(same_bits(one.out, two.out));
+  CHECK(same_bits(one.dQ, two.dQ));
+  CHECK(same_bits(one.dV, two.dV));
+  return one;
+}
+
 // Shared-QK full attention without the self position, summed in double for inputs of
 // make_inputs: factor(bh, i, j) scales weight (i, j) after the softmax (dropout; 1: none).
 template <class Factor>
@@ -172,18 +190,7 @@ TEST_CASE("lsh and shared-full: dropout on the attention weights") {
   const ReformerOptions o{2, 8, 4, 0.0f, 0.25f, 13, 2};
   const Inputs y = make_inputs(45, 29, 94);
   const Tensor rot = rotations_for(o, 8, 95), Gy = random_tensor({2, 2, 45, 5}, 96);
-  Run one, two;
-  {
-    test::ThreadCount t(1);
-    one = run_op(y, rot, o, Gy);
-  }
-  {
-    test::ThreadCount t(2);
-    two = run_op(y, rot, o, Gy);
-  }
-  CHECK(same_bits(one.out, two.out));
-  CHECK(same_bits(one.dQ, two.dQ));
-  CHECK(same_bits(one.dV, two.dV));
+  const Run one = run_at_two_thread_counts(y, rot, o, Gy);
   CHECK_FALSE(same_bits(one.out, run_op(y, rot, ReformerOptions{2, 8, 4}, Gy).out));
 
   // The dispatcher drops weights in training only.
@@ -280,18 +287,7 @@ TEST_CASE("lsh: the same bits at 1 and 2 threads, and whatever padding follows")
   const Inputs x = make_inputs(45, 29, 41);
   const ReformerOptions o = ReformerOptions{2, 8, 4};
   const Tensor rot = rotations_for(o, 8, 42), G = random_tensor({2, 2, 45, 5}, 43);
-  Run one, two;
-  {
-    test::ThreadCount t(1);
-    one = run_op(x, rot, o, G);
-  }
-  {
-    test::ThreadCount t(2);
-    two = run_op(x, rot, o, G);
-  }
-  CHECK(same_bits(one.out, two.out));
-  CHECK(same_bits(one.dQ, two.dQ));
-  CHECK(same_bits(one.dV, two.dV));
+  const Run one = run_at_two_thread_counts(x, rot, o, G);
 
   // The second sequence alone, unpadded (its 29 valid positions), gives the same bits.
   auto rows = [](const std::vector<float>& t, int64_t width) {  // b = 1, positions < 29
