@@ -296,7 +296,8 @@ int cmd_matrix(EvalFlags& f, const std::vector<std::string>& checkpoints,
 // The paper's Figure 1a: each checkpoint evaluated with the attention it was trained with, its
 // PER on the manifest against the time of its forward passes over it (the median of --reps
 // evaluations; decoding and the loss left out). A checkpoint of a clustered type is evaluated
-// at each of `cluster_counts` (empty: its own C). One line per attention type in the PNG.
+// at each of `cluster_counts` (empty: its own C). One line per attention type in the PNG, lsh's
+// per number of rounds (lsh-1, lsh-4) as in the paper's figure.
 int cmd_tradeoff(EvalFlags& f, const std::vector<std::string>& checkpoints,
                  const std::vector<int64_t>& cluster_counts, int reps,
                  const std::string& csv_path, const std::string& png_path, const CLI::App& app) {
@@ -333,7 +334,7 @@ int cmd_tradeoff(EvalFlags& f, const std::vector<std::string>& checkpoints,
         if (r == 0) per = f.beam > 1 ? e.beam.rate() : e.greedy.rate();
       }
       std::sort(times.begin(), times.end());
-      points.push_back({m.file, attention_type_name(a.type), a.describe(), m.options.layers, per,
+      points.push_back({m.file, matrix_row_name(a, false), a.describe(), m.options.layers, per,
                         times[times.size() / 2]});
       std::printf("%s: %lld layers, %s: PER %.4f, forward %.3f s\n", m.file.c_str(),
                   static_cast<long long>(m.options.layers), a.describe().c_str(), per,
@@ -521,7 +522,7 @@ int main(int argc, char** argv) try {
   tradeoff->add_option("--reps", tradeoff_reps, "evaluations per checkpoint (the median time)")
       ->capture_default_str();
   tradeoff->add_option("--csv", tradeoff_csv, "write the points to this CSV file");
-  tradeoff->add_option("--png", tradeoff_png, "draw them, a line per attention type, in this PNG");
+  tradeoff->add_option("--png", tradeoff_png, "draw them, a line per attention type (lsh: per number of rounds), in this PNG");
 
   ImportFlags imp;
   CLI::App* import = app.add_subcommand(

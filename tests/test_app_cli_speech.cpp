@@ -162,7 +162,7 @@ TEST_CASE("speech_app_tradeoff") {
   std::getline(in, lsh);
   CHECK(header == "checkpoint,series,attention,layers,per,forward_seconds");
   CHECK_MESSAGE(full.find(",full,\"full\",1,") != std::string::npos, full);
-  CHECK_MESSAGE(lsh.find(",lsh,\"lsh (rounds=2, buckets=4, chunk=8)\",1,") != std::string::npos,
+  CHECK_MESSAGE(lsh.find(",lsh-2,\"lsh (rounds=2, buckets=4, chunk=8)\",1,") != std::string::npos,
                 lsh);
   CHECK(std::filesystem::file_size(png) > 1000);
   CHECK_FAILS(speech({"tradeoff", "--checkpoints", speech_out + "/full", "--manifest",
