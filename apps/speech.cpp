@@ -522,7 +522,9 @@ int main(int argc, char** argv) try {
   tradeoff->add_option("--reps", tradeoff_reps, "evaluations per checkpoint (the median time)")
       ->capture_default_str();
   tradeoff->add_option("--csv", tradeoff_csv, "write the points to this CSV file");
-  tradeoff->add_option("--png", tradeoff_png, "draw them, a line per attention type (lsh: per number of rounds), in this PNG");
+  tradeoff->add_option("--png", tradeoff_png,
+                       "draw them, a line per attention type (lsh: per number of rounds), in this "
+                       "PNG");
 
   ImportFlags imp;
   CLI::App* import = app.add_subcommand(

@@ -396,8 +396,9 @@ ReformerGrads reformer_attention_backward(const Tensor& dout, const Tensor& Q, c
     r.dQ = Tensor::empty(Q.shape(), DType::f32, Device::cuda);
     r.dV = Tensor::empty(V.shape(), DType::f32, Device::cuda);
     cuda::reformer_attention_backward(device_dims(d), lengths.defined() ? lengths.i32() : nullptr,
-                                      t, device_dropout(drop), Q.f32(), V.f32(), forward.out.f32(), forward.order.i32(),
-                                      forward.logsumexp.f32(), dout.f32(), r.dQ.f32(), r.dV.f32());
+                                      t, device_dropout(drop), Q.f32(), V.f32(), forward.out.f32(),
+                                      forward.order.i32(), forward.logsumexp.f32(), dout.f32(),
+                                      r.dQ.f32(), r.dV.f32());
     return r;
   }
   r.dQ = Tensor::zeros(Q.shape());
@@ -435,7 +436,8 @@ uint64_t reformer_attention_dropout_blocks(int64_t B, int64_t H, int64_t N, int6
   CLUSTR_CHECK(B >= 0 && H >= 0 && N >= 0 && rounds >= 1,
                "reformer_attention_dropout_blocks: expected B, H, N >= 0 and rounds >= 1, got B=",
                B, " H=", H, " N=", N, " rounds=", rounds);
-  const uint64_t elements = uint64_t(B) * uint64_t(H) * uint64_t(rounds) * uint64_t(N) * uint64_t(N);
+  const uint64_t elements =
+      uint64_t(B) * uint64_t(H) * uint64_t(rounds) * uint64_t(N) * uint64_t(N);
   return (elements + 3) / 4;
 }
 

@@ -348,8 +348,9 @@ void sort_positions(const ReformerDims& d, const int32_t* lengths, const float* 
 }  // namespace
 
 void reformer_attention_forward(const ReformerDims& d, const int32_t* lengths, float temperature,
-                                const ReformerDropout& dropout, const float* Q, const float* V, const float* rotations, float* out,
-                                int32_t* order, float* logsumexp) {
+                                const ReformerDropout& dropout, const float* Q, const float* V,
+                                const float* rotations, float* out, int32_t* order,
+                                float* logsumexp) {
   const int64_t P = d.B * d.H * d.N;
   if (P == 0) return;
   Scratch<float> k(P * d.E), norm(P), mx(P), l(P), acc(P * d.M);
@@ -359,16 +360,16 @@ void reformer_attention_forward(const ReformerDims& d, const int32_t* lengths, f
          InitKernel{mx.get(), l.get(), acc.get(), d.M, P});
   for (int64_t x = 0; x < d.X; ++x)
     launch("cuda::reformer (forward round)", {chunk_grid(d)}, {chunk_threads(d)}, 0,
-           ForwardRoundKernel{dropout, Q, k.get(), V, order, lengths, mx.get(), l.get(), acc.get(), d.H, d.N,
-                              d.E, d.M, d.X, d.m, chunks_of(d), x, temperature});
+           ForwardRoundKernel{dropout, Q, k.get(), V, order, lengths, mx.get(), l.get(), acc.get(),
+                              d.H, d.N, d.E, d.M, d.X, d.m, chunks_of(d), x, temperature});
   launch("cuda::reformer (finish)", {blocks(P)}, {kElementwiseThreads}, 0,
          FinishKernel{V, mx.get(), l.get(), acc.get(), lengths, out, logsumexp, d.H, d.N, d.M, P});
 }
 
 void reformer_attention_backward(const ReformerDims& d, const int32_t* lengths, float temperature,
-                                 const ReformerDropout& dropout, const float* Q, const float* V, const float* out,
-                                 const int32_t* order, const float* logsumexp, const float* dout,
-                                 float* dQ, float* dV) {
+                                 const ReformerDropout& dropout, const float* Q, const float* V,
+                                 const float* out, const int32_t* order, const float* logsumexp,
+                                 const float* dout, float* dQ, float* dV) {
   const int64_t P = d.B * d.H * d.N;
   if (P == 0) return;
   Scratch<float> k(P * d.E), norm(P), delta(P), dk(P * d.E);
