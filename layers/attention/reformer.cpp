@@ -1,8 +1,9 @@
 // Reformer attention and shared-full (see reformer.h): hashing, the sort, and the chunked
 // products, one (b, h) pair per task.
 //
-// Each chunk's products run through the GEMM on gathered rows: its queries (raw q), its keys
-// (unit k) and values from the chunk and the one before. Forward keeps, per query, an online
+// Each chunk's products run through the GEMM on rows gathered into a window in sorted order: its
+// queries (raw q), its keys (unit k) and values from the chunk and the one before (Scratch says
+// how the window moves, so that each row is fetched once a round). Forward keeps, per query, an online
 // softmax over everything it has seen in the rounds so far (running max, sum and weighted sum of
 // values, Milakov & Gimelshein 2018); backward recomputes the weights from the saved z.
 #include "layers/attention/reformer.h"
@@ -90,13 +91,23 @@ float temperature_of(const ReformerOptions& o, int64_t E) {
   return o.temperature > 0.0f ? o.temperature : 1.0f / std::sqrt(static_cast<float>(E));
 }
 
-// k_j = q_j / |q_j| for the L valid positions of one (b, h); norms kept for backward.
-void unit_keys(const float* q, int64_t L, int64_t E, float* k, float* norm) {
+// |q_j| for the L valid positions of one (b, h).
+void row_norms(const float* q, int64_t L, int64_t E, float* norm) {
   for (int64_t j = 0; j < L; ++j) {
     double s = 0.0;
     for (int64_t e = 0; e < E; ++e) s += double(q[j * E + e]) * q[j * E + e];
     norm[j] = static_cast<float>(std::sqrt(s));
-    const float inv = norm[j] > 0.0f ? 1.0f / norm[j] : 0.0f;
+  }
+}
+
+// 1 / |q_j|, or 0 for q_j = 0 (whose unit key is 0).
+float inverse_norm(float norm) { return norm > 0.0f ? 1.0f / norm : 0.0f; }
+
+// k_j = q_j / |q_j| for the L valid positions of one (b, h); norms kept for backward.
+void unit_keys(const float* q, int64_t L, int64_t E, float* k, float* norm) {
+  row_norms(q, L, E, norm);
+  for (int64_t j = 0; j < L; ++j) {
+    const float inv = inverse_norm(norm[j]);
     for (int64_t e = 0; e < E; ++e) k[j * E + e] = q[j * E + e] * inv;
   }
 }
@@ -133,63 +144,111 @@ void sort_round(const int32_t* bucket, int64_t L, int64_t R, std::vector<int64_t
 }
 
 // Scratch of one task, carved from one tensor (so that the allocator's figures count it).
+//
+// A round walks its chunks in sorted order through a window: the rows of the sorted positions
+// [k0, q1) that chunk [q0, q1) sees, at rows 0.. of each window array (q, unit k, v; backward
+// also dout and the gradients). Moving on, the chunk's rows stay as the next one's previous
+// chunk and the next chunk's rows are gathered after them, so each position's rows are read
+// once a round, and backward's gradients of a position go to it once a round, when its rows
+// leave the window.
 struct Scratch {
-  float *k, *norm;              // unit keys (N, E), |q| (N)
-  int32_t* bucket;              // (N)
-  float *qc, *kc, *vc, *s, *t;  // gathered rows and a block's products
-  float *mx, *l, *acc;          // forward: each query's online softmax across rounds
-  float *gc, *dp, *dqc, *dkc, *dvc, *dk, *delta;  // backward's
-  std::vector<int64_t> count;                     // the sort's (R + 1)
-  float* proj;  // the projections on a round's rotation (N, R / 2)
+  float *k, *norm;           // forward's unit keys (N, E) for hashing; |q| (N)
+  int32_t* bucket;           // (N)
+  float *qw, *kw, *vw, *gw;  // the window's rows: q, unit k, v, dout
+  float *s, *t, *scale;      // a block's products; forward: its rows' rescaling
+  float *mx, *l, *acc;       // forward: each query's online softmax across rounds
+  float *dp, *dqw, *dkw, *dvw;  // backward: dP of a block; the window's gradients
+  float* delta;                 // backward: dout . out (N)
+  std::vector<int64_t> count;   // the sort's (R + 1)
+  float* proj;                  // the projections on a round's rotation (N, R / 2)
 };
 
 Tensor make_scratch(const Dims& d, bool backward, Scratch& s) {
   const int64_t nk = std::min<int64_t>(2 * d.m, d.N), rows = std::min(kRowBlock, d.m);
   return clustered_detail::carve([&](clustered_detail::Carve& c) {
-    s.k = c.f32(d.N * d.E);
     s.norm = c.f32(d.N);
     s.bucket = c.i32(d.N);
-    s.qc = c.f32(rows * d.E);
-    s.kc = c.f32(nk * d.E);
-    s.vc = c.f32(nk * d.M);
+    s.qw = c.f32(nk * d.E);
+    s.kw = c.f32(nk * d.E);
+    s.vw = c.f32(nk * d.M);
     s.s = c.f32(rows * nk);
-    s.t = c.f32(rows * std::max(d.M, d.E));
     if (!backward) {  // backward reads the saved orders: no hashing
+      s.k = c.f32(d.N * d.E);
       s.proj = c.f32(d.N * (d.R / 2));
+      s.t = c.f32(rows * d.M);
+      s.scale = c.f32(rows);
       s.mx = c.f32(d.N);
       s.l = c.f32(d.N);
       s.acc = c.f32(d.N * d.M);
       return;
     }
-    s.gc = c.f32(rows * d.M);
+    s.gw = c.f32(nk * d.M);
     s.dp = c.f32(rows * nk);
-    s.dqc = c.f32(rows * d.E);
-    s.dkc = c.f32(nk * d.E);
-    s.dvc = c.f32(nk * d.M);
-    s.dk = c.f32(d.N * d.E);
+    s.dqw = c.f32(nk * d.E);
+    s.dkw = c.f32(nk * d.E);
+    s.dvw = c.f32(nk * d.M);
     s.delta = c.f32(d.N);
   });
 }
 
-// Calls f(a0, a1, k0, nk) for each block of sorted query positions [a0, a1) and the sorted key
-// positions [k0, k0 + nk) it sees (its chunk and the one before).
-template <typename F>
-void for_each_block(int64_t L, int64_t m, F f) {
+// Walks a round's L sorted positions chunk by chunk: chunk(w0, k0, q0, q1) for each chunk [q0,
+// q1), with k0 the first key it sees (the start of the chunk before, or 0) and w0 the first
+// position the window held until now (its rows [0, k0 - w0) leave it, the rows of [k0, q0) stay
+// and move to the front); then block(a0, a1, k0, nk) for each block of its query positions
+// [a0, a1), with its keys [k0, k0 + nk).
+template <typename Chunk, typename Block>
+void for_each_chunk(int64_t L, int64_t m, Chunk chunk, Block block) {
+  int64_t w0 = 0;
   for (int64_t q0 = 0; q0 < L; q0 += m) {
     const int64_t q1 = std::min(L, q0 + m), k0 = q0 >= m ? q0 - m : 0;
+    chunk(w0, k0, q0, q1);
+    w0 = k0;
     for (int64_t a0 = q0; a0 < q1; a0 += kRowBlock)
-      f(a0, std::min(q1, a0 + kRowBlock), k0, q1 - k0);
+      block(a0, std::min(q1, a0 + kRowBlock), k0, q1 - k0);
   }
 }
 
-void gather(const float* src, int64_t width, const int32_t* rows, int64_t n, float* dst) {
-  for (int64_t r = 0; r < n; ++r)
-    std::copy(src + rows[r] * width, src + (rows[r] + 1) * width, dst + r * width);
+// Rows [from, from + n) of a (rows, width) array moved to rows [0, n) (from >= 0).
+void move_rows(float* a, int64_t width, int64_t from, int64_t n) {
+  if (from > 0) std::copy(a + from * width, a + (from + n) * width, a);
 }
 
-void scatter_add(const float* src, int64_t width, const int32_t* rows, int64_t n, float* dst) {
-  for (int64_t r = 0; r < n; ++r)
-    for (int64_t c = 0; c < width; ++c) dst[rows[r] * width + c] += src[r * width + c];
+// The rows these loops reach in sorted order are random ones: each asks for the cache lines of
+// the row kAhead iterations on, so that several rows are on their way from memory at once (at
+// long N, where a pair's rows no longer fit in the caches, waiting for them one by one is what
+// made the time per element grow with N).
+constexpr int64_t kAhead = 8;
+
+template <bool kWrite>
+void prefetch_row(const float* row, int64_t width) {
+  for (int64_t c = 0; c < width; c += 16) __builtin_prefetch(row + c, kWrite ? 1 : 0);
+}
+
+void gather(const float* src, int64_t width, const int32_t* rows, int64_t n, float* dst) {
+  for (int64_t r = 0; r < n; ++r) {
+    if (r + kAhead < n) prefetch_row<false>(src + rows[r + kAhead] * width, width);
+    std::copy(src + rows[r] * width, src + (rows[r] + 1) * width, dst + r * width);
+  }
+}
+
+// Positions rows[0..n)'s q, unit k and v into qw, kw and vw. The unit key is q / |q| with
+// unit_keys's arithmetic, so it equals the key the hashing saw, bit for bit.
+void gather_keys(const float* q, const float* v, const float* norm, const int32_t* rows,
+                 int64_t n, int64_t E, int64_t M, float* qw, float* kw, float* vw) {
+  for (int64_t r = 0; r < n; ++r) {
+    if (r + kAhead < n) {
+      prefetch_row<false>(q + rows[r + kAhead] * E, E);
+      prefetch_row<false>(v + rows[r + kAhead] * M, M);
+    }
+    const int64_t j = rows[r];
+    const float inv = inverse_norm(norm[j]);
+    const float* qj = q + j * E;
+    for (int64_t e = 0; e < E; ++e) {
+      qw[r * E + e] = qj[e];
+      kw[r * E + e] = qj[e] * inv;
+    }
+    std::copy(v + j * M, v + (j + 1) * M, vw + r * M);
+  }
 }
 
 // One (b, h) pair of the forward. q, v, out at the pair's (N, E), (N, M), (N, M); order (X, N);
@@ -208,36 +267,48 @@ void forward_pair(const Dims& d, float t, const Dropout& drop, int64_t bh, int64
     int32_t* o = order + x * d.N;
     hash_round(s.k, L, E, d.R > 1 ? W + x * E * (d.R / 2) : nullptr, d.R, s.bucket, s.proj);
     sort_round(s.bucket, L, d.R, s.count, o);
-    for_each_block(L, d.m, [&](int64_t a0, int64_t a1, int64_t k0, int64_t nk) {
+    const auto chunk = [&](int64_t w0, int64_t k0, int64_t q0, int64_t q1) {
+      const int64_t keep = q0 - k0;
+      move_rows(s.qw, E, k0 - w0, keep);
+      move_rows(s.kw, E, k0 - w0, keep);
+      move_rows(s.vw, M, k0 - w0, keep);
+      gather_keys(q, v, s.norm, o + q0, q1 - q0, E, M, s.qw + keep * E, s.kw + keep * E,
+                  s.vw + keep * M);
+    };
+    const auto block = [&](int64_t a0, int64_t a1, int64_t k0, int64_t nk) {
       const int64_t nq = a1 - a0;
-      gather(q, E, o + a0, nq, s.qc);
-      gather(s.k, E, o + k0, nk, s.kc);
-      gather(v, M, o + k0, nk, s.vc);
-      cpu::gemm(false, true, nq, nk, E, t, s.qc, E, s.kc, E, 0.0f, s.s, nk);
+      cpu::gemm(false, true, nq, nk, E, t, s.qw + (a0 - k0) * E, E, s.kw, E, 0.0f, s.s, nk);
       for (int64_t a = 0; a < nq; ++a) {
         float* row = s.s + a * nk;
         row[a0 + a - k0] = kNegInf;  // the query itself
         const int32_t i = o[a0 + a];
         float top = kNegInf;
         for (int64_t b = 0; b < nk; ++b) top = std::max(top, row[b]);
+        s.scale[a] = 1.0f;
         if (top == kNegInf) {  // nothing but itself in this block
           std::fill(row, row + nk, 0.0f);
           continue;
         }
         const float m_new = std::max(mx[i], top);
-        const float scale = l[i] > 0.0f ? math::exp(mx[i] - m_new) : 0.0f;
+        s.scale[a] = l[i] > 0.0f ? math::exp(mx[i] - m_new) : 0.0f;
         float sum = 0.0f;
         for (int64_t b = 0; b < nk; ++b) sum += row[b] = math::exp(row[b] - m_new);
         if (drop.on())
           for (int64_t b = 0; b < nk; ++b)
             row[b] *= keep_factor(drop, d, bh, x, i, o[k0 + b]);
-        l[i] = l[i] * scale + sum;
+        l[i] = l[i] * s.scale[a] + sum;
         mx[i] = m_new;
-        for (int64_t c = 0; c < M; ++c) acc[i * M + c] *= scale;
       }
-      cpu::gemm(false, false, nq, M, nk, 1.0f, s.s, nk, s.vc, M, 0.0f, s.t, M);
-      scatter_add(s.t, M, o + a0, nq, acc);
-    });
+      cpu::gemm(false, false, nq, M, nk, 1.0f, s.s, nk, s.vw, M, 0.0f, s.t, M);
+      for (int64_t a = 0; a < nq; ++a) {  // acc_i = acc_i scale + this block's sum
+        if (a + kAhead < nq) prefetch_row<true>(acc + int64_t(o[a0 + a + kAhead]) * M, M);
+        float* ai = acc + int64_t(o[a0 + a]) * M;
+        const float* ta = s.t + a * M;
+        const float sc = s.scale[a];
+        for (int64_t c = 0; c < M; ++c) ai[c] = ai[c] * sc + ta[c];
+      }
+    };
+    for_each_chunk(L, d.m, chunk, block);
   }
   for (int64_t i = 0; i < L; ++i) {
     if (l[i] == 0.0f) {  // no key but itself in any round: its own value
@@ -250,14 +321,39 @@ void forward_pair(const Dims& d, float t, const Dropout& drop, int64_t bh, int64
   }
 }
 
+// Backward's gradients of the window's first n rows (sorted positions rows[0..n)) to their
+// positions: dv_j += dvw_r and dq_j += dqw_r + (dkw_r - k_j (k_j . dkw_r)) / |q_j|, the key
+// term through k = q / |q|.
+void flush_rows(const int32_t* rows, int64_t n, int64_t E, int64_t M, const Scratch& s,
+                float* dq, float* dv) {
+  for (int64_t r = 0; r < n; ++r) {
+    if (r + kAhead < n) {
+      prefetch_row<true>(dq + rows[r + kAhead] * E, E);
+      prefetch_row<true>(dv + rows[r + kAhead] * M, M);
+    }
+    const int64_t j = rows[r];
+    const float *dqr = s.dqw + r * E, *dkr = s.dkw + r * E, *kr = s.kw + r * E;
+    const float* dvr = s.dvw + r * M;
+    float *dqj = dq + j * E, *dvj = dv + j * M;
+    for (int64_t c = 0; c < M; ++c) dvj[c] += dvr[c];
+    if (s.norm[j] == 0.0f) {  // k_j = 0 whatever q_j: no key term
+      for (int64_t e = 0; e < E; ++e) dqj[e] += dqr[e];
+      continue;
+    }
+    float dot = 0.0f;
+    for (int64_t e = 0; e < E; ++e) dot += kr[e] * dkr[e];
+    const float inv = 1.0f / s.norm[j];
+    for (int64_t e = 0; e < E; ++e) dqj[e] += dqr[e] + (dkr[e] - kr[e] * dot) * inv;
+  }
+}
+
 // One (b, h) pair of the backward: dq and dv at the pair's rows (zeroed by the caller).
 void backward_pair(const Dims& d, float t, const Dropout& drop, int64_t bh, int64_t L,
                    const float* q, const float* v, const float* out, const float* g,
                    const int32_t* order, const float* z, float* dq, float* dv, Scratch& s) {
   const int64_t E = d.E, M = d.M;
-  float *dk = s.dk, *delta = s.delta;
-  unit_keys(q, L, E, s.k, s.norm);
-  std::fill(dk, dk + L * E, 0.0f);
+  float* delta = s.delta;
+  row_norms(q, L, E, s.norm);
   for (int64_t i = 0; i < L; ++i) {  // dO_i . out_i
     float acc = 0.0f;
     for (int64_t c = 0; c < M; ++c) acc += g[i * M + c] * out[i * M + c];
@@ -265,47 +361,57 @@ void backward_pair(const Dims& d, float t, const Dropout& drop, int64_t bh, int6
   }
   for (int64_t x = 0; x < d.X; ++x) {
     const int32_t* o = order + x * d.N;
-    for_each_block(L, d.m, [&](int64_t a0, int64_t a1, int64_t k0, int64_t nk) {
+    int64_t start = 0;  // the window's first sorted position
+    const auto chunk = [&](int64_t w0, int64_t k0, int64_t q0, int64_t q1) {
+      const int64_t keep = q0 - k0, n = q1 - q0;
+      flush_rows(o + w0, k0 - w0, E, M, s, dq, dv);  // the rows that leave
+      for (float* a : {s.qw, s.kw, s.dqw, s.dkw}) move_rows(a, E, k0 - w0, keep);
+      for (float* a : {s.vw, s.gw, s.dvw}) move_rows(a, M, k0 - w0, keep);
+      gather_keys(q, v, s.norm, o + q0, n, E, M, s.qw + keep * E, s.kw + keep * E,
+                  s.vw + keep * M);
+      gather(g, M, o + q0, n, s.gw + keep * M);
+      std::fill(s.dkw + keep * E, s.dkw + (keep + n) * E, 0.0f);
+      std::fill(s.dvw + keep * M, s.dvw + (keep + n) * M, 0.0f);
+      start = k0;
+    };
+    const auto block = [&](int64_t a0, int64_t a1, int64_t k0, int64_t nk) {
       const int64_t nq = a1 - a0;
-      gather(q, E, o + a0, nq, s.qc);
-      gather(s.k, E, o + k0, nk, s.kc);
-      gather(v, M, o + k0, nk, s.vc);
-      gather(g, M, o + a0, nq, s.gc);
-      cpu::gemm(false, true, nq, nk, E, t, s.qc, E, s.kc, E, 0.0f, s.s, nk);
-      cpu::gemm(false, true, nq, nk, M, 1.0f, s.gc, M, s.vc, M, 0.0f, s.dp, nk);
+      const float *qa = s.qw + (a0 - k0) * E, *ga = s.gw + (a0 - k0) * M;
+      cpu::gemm(false, true, nq, nk, E, t, qa, E, s.kw, E, 0.0f, s.s, nk);
+      cpu::gemm(false, true, nq, nk, M, 1.0f, ga, M, s.vw, M, 0.0f, s.dp, nk);
       // The dropped weights Pd = P keep scale and dS = P (dP keep scale - delta) in place of S
       // and dP (delta = dout . out: out has the dropout).
       for (int64_t a = 0; a < nq; ++a) {
         float *p = s.s + a * nk, *ds = s.dp + a * nk;
         const int32_t i = o[a0 + a];
-        const float zi = z[i];
+        const float zi = z[i], di = delta[i];
+        if (zi == kNegInf) {  // took its own value: no weights
+          std::fill(p, p + nk, 0.0f);
+          std::fill(ds, ds + nk, 0.0f);
+          continue;
+        }
+        for (int64_t b = 0; b < nk; ++b) p[b] = math::exp(p[b] - zi);
+        p[a0 + a - k0] = 0.0f;  // the query itself
+        if (!drop.on()) {
+          for (int64_t b = 0; b < nk; ++b) ds[b] = p[b] * (ds[b] - di);
+          continue;
+        }
         for (int64_t b = 0; b < nk; ++b) {
-          p[b] = zi == kNegInf || b == a0 + a - k0 ? 0.0f : math::exp(p[b] - zi);
-          const float keep = drop.on() ? keep_factor(drop, d, bh, x, i, o[k0 + b]) : 1.0f;
-          ds[b] = p[b] * (ds[b] * keep - delta[i]);
+          const float keep = keep_factor(drop, d, bh, x, i, o[k0 + b]);
+          ds[b] = p[b] * (ds[b] * keep - di);
           p[b] *= keep;
         }
       }
-      cpu::gemm(true, false, nk, M, nq, 1.0f, s.s, nk, s.gc, M, 0.0f, s.dvc, M);
-      scatter_add(s.dvc, M, o + k0, nk, dv);
-      cpu::gemm(false, false, nq, E, nk, t, s.dp, nk, s.kc, E, 0.0f, s.dqc, E);
-      scatter_add(s.dqc, E, o + a0, nq, dq);
-      cpu::gemm(true, false, nk, E, nq, t, s.dp, nk, s.qc, E, 0.0f, s.dkc, E);
-      scatter_add(s.dkc, E, o + k0, nk, dk);
-    });
+      cpu::gemm(true, false, nk, M, nq, 1.0f, s.s, nk, ga, M, 1.0f, s.dvw, M);
+      cpu::gemm(false, false, nq, E, nk, t, s.dp, nk, s.kw, E, 0.0f, s.dqw + (a0 - k0) * E, E);
+      cpu::gemm(true, false, nk, E, nq, t, s.dp, nk, qa, E, 1.0f, s.dkw, E);
+    };
+    for_each_chunk(L, d.m, chunk, block);
+    flush_rows(o + start, L - start, E, M, s, dq, dv);  // the last window
   }
-  for (int64_t i = 0; i < L; ++i) {
+  for (int64_t i = 0; i < L; ++i)
     if (z[i] == kNegInf)  // took its own value
       for (int64_t c = 0; c < M; ++c) dv[i * M + c] += g[i * M + c];
-    // Through k = q / |q|: dq += (dk - k (k . dk)) / |q|.
-    if (s.norm[i] == 0.0f) continue;
-    const float* ki = s.k + i * E;
-    const float* dki = dk + i * E;
-    float dot = 0.0f;
-    for (int64_t e = 0; e < E; ++e) dot += ki[e] * dki[e];
-    const float inv = 1.0f / s.norm[i];
-    for (int64_t e = 0; e < E; ++e) dq[i * E + e] += (dki[e] - ki[e] * dot) * inv;
-  }
 }
 
 // Runs f(bh, L, scratch) for every (b, h) pair, one task each.
