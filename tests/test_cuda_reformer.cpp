@@ -1,7 +1,7 @@
 // lsh and shared-full attention on the device (layers/attention/reformer_cuda.h) against the CPU:
 // the buckets and each round's order exactly, the outputs, z and the gradients within float
-// rounding, with and without dropout (the device sums in other orders), the same bits run after run, and the layer on the
-// device through the dispatcher.
+// rounding, with and without dropout (the device sums in other orders), the same bits run after
+// run, and the layer on the device through the dispatcher.
 #include <doctest/doctest.h>
 
 #include <vector>
@@ -25,13 +25,15 @@ using clustr::test::Tolerance;
 
 namespace {
 
-// Forward and backward of one case on both devices: inputs Q, V, lengths, rotations, dout.
-void compare_case(const ReformerOptions& o, int64_t N, int32_t short_len, uint32_t seed) {
-  const Tensor Q = random_tensor({2, 3, N, 8}, seed), V = random_tensor({2, 3, N, 6}, seed + 1);
+// Forward and backward of one case on both devices (batch 2, H heads, E query/key and M value
+// entries): inputs Q, V, lengths, rotations, dout.
+void compare_case(const ReformerOptions& o, int64_t N, int32_t short_len, uint32_t seed,
+                  int64_t H = 3, int64_t E = 8, int64_t M = 6) {
+  const Tensor Q = random_tensor({2, H, N, E}, seed), V = random_tensor({2, H, N, M}, seed + 1);
   const Tensor lengths = Tensor::from_int_vector({int32_t(N), short_len}, {2});
   const Tensor rot =
-      o.buckets > 1 ? random_tensor({o.rounds, 8, o.buckets / 2}, seed + 2) : Tensor();
-  const Tensor dout = random_tensor({2, 3, N, 6}, seed + 3);
+      o.buckets > 1 ? random_tensor({o.rounds, E, o.buckets / 2}, seed + 2) : Tensor();
+  const Tensor dout = random_tensor({2, H, N, M}, seed + 3);
   const Tolerance close = Tolerance::close(2e-6, 2e-5);
   clustr::test::compare_devices(
       [&](const Inputs& x) {
@@ -75,6 +77,12 @@ TEST_CASE("cuda lsh attention: buckets, orders, outputs and gradients equal the 
   }
   SUBCASE("shared-full with dropout") {
     compare_case(ReformerOptions{1, 1, 19, 0.0f, 0.5f, 8, 1}, 19, 12, 71);
+  }
+  // The device's sort gives each of its 256 threads a span of positions: over 512 of them, spans
+  // of 3 (a span's positions placed out of order would show). Rows of 40 and 36 entries give the
+  // warps' lanes two entries each or one. Chunks of one keep the emulated attention small.
+  SUBCASE("long sequences: the sort's spans, rows wider than a warp") {
+    compare_case(ReformerOptions{2, 8, 1}, 600, 531, 81, 1, 40, 36);
   }
 }
 

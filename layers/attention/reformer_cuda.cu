@@ -7,15 +7,19 @@
 //
 // Every sum has one owner, so nothing needs atomics and the result is the same run after run:
 //   - unit keys and buckets: a thread per position (per position and round);
-//   - the sort: a thread per (pair, round), a counting sort over the pair's valid positions;
-//   - forward, one launch per round: a thread per query updates that query's online softmax
+//   - the sort: a block per (pair, round), a stable counting sort: each thread counts the buckets
+//     of its own span of positions, a scan over (bucket, span) gives every span its place in
+//     each bucket, and each thread places its span's positions in order;
+//   - forward, one launch per round: a warp per query updates that query's online softmax
 //     (running max, sum and weighted sum of values, kept across the rounds' launches), reading
 //     the keys of its chunk and the one before; a last launch divides;
-//   - backward, two launches per round: a thread per query adds its dq; a thread per key adds its
+//   - backward, two launches per round: a warp per query adds its dq; a warp per key adds its
 //     dv and dk over the queries that see it (its own chunk's and the next chunk's); a last
 //     launch takes dk through the normalisation into dq.
-// Each thread walks its keys one by one (no shared-memory tiles): a plain first version, whose
-// speed on a GPU is still to be measured.
+// In a warp, lane l holds the entries l, l + 32, ... of a row: every row is read and written
+// whole by the warp at once (coalesced), and a dot product is the lanes' partial sums added by a
+// butterfly of shuffles, the same in every lane and run after run. The warp walks its keys one
+// by one, without shared-memory tiles.
 #include "layers/attention/reformer_cuda.h"
 
 #include <cmath>
@@ -31,7 +35,13 @@ namespace clustr::cuda {
 
 namespace {
 
-constexpr unsigned kChunkThreads = 64;
+constexpr unsigned kWarp = 32;
+constexpr unsigned kChunkWarps = 4;  // warps of a (pair, chunk) block
+constexpr unsigned kSortThreads = 256;
+
+struct AddFloat {
+  CLUSTR_HD float operator()(float a, float b) const { return a + b; }
+};
 
 CLUSTR_DEVICE int64_t valid_positions(const int32_t* lengths, int64_t bh, int64_t H, int64_t N) {
   return lengths ? lengths[bh / H] : N;
@@ -41,6 +51,20 @@ CLUSTR_DEVICE float dot(const float* a, const float* b, int64_t n) {
   float s = 0.0f;
   for (int64_t e = 0; e < n; ++e) s += a[e] * b[e];
   return s;
+}
+
+// a . b over n entries, lane `lane` of the warp taking entries lane, lane + 32, ...; every lane
+// of the warp calls it and gets the same sum.
+CLUSTR_DEVICE float warp_dot(const Thread& t, unsigned lane, const float* a, const float* b,
+                             int64_t n) {
+  float s = 0.0f;
+  for (int64_t e = lane; e < n; e += kWarp) s += a[e] * b[e];
+  return warp_reduce(t, s, AddFloat{});
+}
+
+// y += alpha x over n entries, lane `lane` taking entries lane, lane + 32, ...
+CLUSTR_DEVICE void warp_axpy(unsigned lane, float alpha, const float* x, float* y, int64_t n) {
+  for (int64_t e = lane; e < n; e += kWarp) y[e] += alpha * x[e];
 }
 
 // The dropout factor of query position i and key position j (pair-major indices bh N + i and
@@ -109,26 +133,53 @@ struct HashKernel {
   }
 };
 
-// Each round's order of the valid positions by (bucket, position), a thread per (pair, round):
-// a counting sort (count: R + 1 integers of scratch per thread). Entries past L are 0.
+// Each round's order of the valid positions by (bucket, position), a block per (pair, round): a
+// stable counting sort. Thread s takes the span [j0, j1) of the valid positions (block_span) and
+// counts its buckets into count(b, s) (scratch, R x threads integers per block); thread b then
+// turns row b into the places of each span's first position of bucket b within the bucket, and
+// the bucket's total into shared memory, whose exclusive sum (thread 0) gives each bucket's
+// start; thread s then places its span's positions in order. Entries past L are 0.
 struct SortKernel {
-  static constexpr bool kUsesBarrier = false;
+  static constexpr bool kUsesBarrier = true;
   const int32_t* bucket;  // (B, H, X, N)
   const int32_t* lengths;
-  int32_t *order, *count;  // (B, H, X, N), (B, H, X, R + 1)
-  int64_t H, N, X, R, total;
+  int32_t *order, *count;  // (B, H, X, N), (B, H, X, R, threads)
+  int64_t H, N, X, R;
   CLUSTR_DEVICE void operator()(const Thread& t) const {
-    for (int64_t p = global_x(t); p < total; p += grid_stride_x(t)) {
-      const int64_t L = valid_positions(lengths, p / X, H, N);
-      const int32_t* b = bucket + p * N;
-      int32_t* o = order + p * N;
-      int32_t* c = count + p * (R + 1);
-      for (int64_t r = 0; r <= R; ++r) c[r] = 0;
-      for (int64_t j = 0; j < L; ++j) ++c[b[j] + 1];
-      for (int64_t r = 0; r < R; ++r) c[r + 1] += c[r];
-      for (int64_t j = 0; j < L; ++j) o[c[b[j]]++] = int32_t(j);
-      for (int64_t a = L; a < N; ++a) o[a] = 0;
+    const int64_t p = t.block_idx().x, S = t.block_dim().x, s = t.thread_idx().x;
+    const int64_t L = valid_positions(lengths, p / X, H, N);
+    const int32_t* b = bucket + p * N;
+    int32_t* o = order + p * N;
+    int32_t* c = count + p * R * S;  // c[r * S + s]
+    int32_t* start = t.shared<int32_t>();  // (R)
+    const Span span = block_span(t, L);
+    for (int64_t r = 0; r < R; ++r) c[r * S + s] = 0;
+    for (int64_t j = span.begin; j < span.end; ++j) ++c[b[j] * S + s];
+    t.sync();
+    for (int64_t r = s; r < R; r += S) {
+      int32_t before = 0;
+      for (int64_t u = 0; u < S; ++u) {
+        const int32_t n = c[r * S + u];
+        c[r * S + u] = before;
+        before += n;
+      }
+      start[r] = before;
     }
+    t.sync();
+    if (s == 0) {
+      int32_t before = 0;
+      for (int64_t r = 0; r < R; ++r) {
+        const int32_t n = start[r];
+        start[r] = before;
+        before += n;
+      }
+    }
+    t.sync();
+    for (int64_t j = span.begin; j < span.end; ++j) {
+      const int32_t r = b[j];
+      o[start[r] + c[r * S + s]++] = int32_t(j);
+    }
+    for (int64_t a = L + s; a < N; a += S) o[a] = 0;
   }
 };
 
@@ -146,11 +197,11 @@ struct InitKernel {
   }
 };
 
-// Round x of the forward, one block per (pair, chunk), a thread per query of the chunk: the
+// Round x of the forward, one block per (pair, chunk), a warp per query of the chunk: the
 // query's scores on the keys of its chunk and the one before (itself left out), folded into its
 // online softmax (the sum of the whole weights, the values weighted by the dropped ones).
 struct ForwardRoundKernel {
-  static constexpr bool kUsesBarrier = false;
+  static constexpr bool kUsesBarrier = true;  // the warps' shuffles
   ReformerDropout drop;
   const float *q, *k, *v;
   const int32_t *order, *lengths;
@@ -161,33 +212,35 @@ struct ForwardRoundKernel {
     const int64_t bh = t.block_idx().x / chunks, c = t.block_idx().x % chunks;
     const int64_t L = valid_positions(lengths, bh, H, N);
     const int64_t q0 = c * m, q1 = q0 + m < L ? q0 + m : L, k0 = c > 0 ? q0 - m : 0;
+    const unsigned lane = t.thread_idx().x % kWarp, warps = t.block_dim().x / kWarp;
     const int32_t* o = order + (bh * X + x) * N;
     const float *kb = k + bh * N * E, *vb = v + bh * N * M;
-    for (int64_t a = q0 + t.thread_idx().x; a < q1; a += t.block_dim().x) {
-      if (q1 - k0 < 2) break;  // nothing but itself
+    if (q1 - k0 < 2) return;  // nothing but itself (the whole warp leaves together)
+    for (int64_t a = q0 + t.thread_idx().x / kWarp; a < q1; a += warps) {
       const int64_t i = bh * N + o[a];
       const float* qi = q + i * E;
       float top = -INFINITY;
       for (int64_t b = k0; b < q1; ++b)
         if (b != a) {
-          const float s = temperature * dot(qi, kb + o[b] * E, E);
+          const float s = temperature * warp_dot(t, lane, qi, kb + o[b] * E, E);
           top = s > top ? s : top;
         }
       const float m_new = mx[i] > top ? mx[i] : top;
       const float scale = l[i] > 0.0f ? math::exp(mx[i] - m_new) : 0.0f;
       float* ai = acc + i * M;
-      for (int64_t cc = 0; cc < M; ++cc) ai[cc] *= scale;
+      for (int64_t cc = lane; cc < M; cc += kWarp) ai[cc] *= scale;
       float sum = 0.0f;
       for (int64_t b = k0; b < q1; ++b) {
         if (b == a) continue;
-        const float w = math::exp(temperature * dot(qi, kb + o[b] * E, E) - m_new);
+        const float w =
+            math::exp(temperature * warp_dot(t, lane, qi, kb + o[b] * E, E) - m_new);
         sum += w;
-        const float wd = w * keep_factor(drop, i, bh * N + o[b], N, X, x);
-        const float* vj = vb + o[b] * M;
-        for (int64_t cc = 0; cc < M; ++cc) ai[cc] += wd * vj[cc];
+        warp_axpy(lane, w * keep_factor(drop, i, bh * N + o[b], N, X, x), vb + o[b] * M, ai, M);
       }
-      l[i] = l[i] * scale + sum;
-      mx[i] = m_new;
+      if (lane == 0) {  // every lane read mx[i] and l[i] before the shuffles above
+        l[i] = l[i] * scale + sum;
+        mx[i] = m_new;
+      }
     }
   }
 };
@@ -234,45 +287,48 @@ struct BackwardArgs {
   int64_t H, N, E, M, X, m, chunks, x;
   float temperature;
 
-  // dS of query i (sorted a) and key j: p (dp keep - delta_i), with p = exp(s - z_i), dp =
-  // dout_i . v_j and keep the dropout factor; the dropped weight p keep through `weight`.
-  CLUSTR_DEVICE float ds(int64_t i, int64_t j, float& weight) const {
-    const float p =
-        z[i] == -INFINITY ? 0.0f : math::exp(temperature * dot(q + i * E, k + j * E, E) - z[i]);
+  // dS of query i and key j: p (dp keep - delta_i), with p = exp(s - z_i), dp = dout_i . v_j
+  // and keep the dropout factor; the dropped weight p keep through `weight`. Every lane of the
+  // warp calls it and gets the same values.
+  CLUSTR_DEVICE float ds(const Thread& t, unsigned lane, int64_t i, int64_t j,
+                         float& weight) const {
+    const float s = temperature * warp_dot(t, lane, q + i * E, k + j * E, E);
+    const float dp = warp_dot(t, lane, g + i * M, v + j * M, M);
+    const float p = z[i] == -INFINITY ? 0.0f : math::exp(s - z[i]);
     const float keep = keep_factor(drop, i, j, N, X, x);
     weight = p * keep;
-    return p * (dot(g + i * M, v + j * M, M) * keep - delta[i]);
+    return p * (dp * keep - delta[i]);
   }
 };
 
-// Round x, a thread per query: dq_i += t sum_j dS_ij k_j.
+// Round x, a warp per query: dq_i += t sum_j dS_ij k_j.
 struct QueryGradKernel {
-  static constexpr bool kUsesBarrier = false;
+  static constexpr bool kUsesBarrier = true;  // the warps' shuffles
   BackwardArgs a;
   float* dq;
   CLUSTR_DEVICE void operator()(const Thread& t) const {
     const int64_t bh = t.block_idx().x / a.chunks, c = t.block_idx().x % a.chunks;
     const int64_t L = valid_positions(a.lengths, bh, a.H, a.N);
     const int64_t q0 = c * a.m, q1 = q0 + a.m < L ? q0 + a.m : L, k0 = c > 0 ? q0 - a.m : 0;
+    const unsigned lane = t.thread_idx().x % kWarp, warps = t.block_dim().x / kWarp;
     const int32_t* o = a.order + (bh * a.X + a.x) * a.N;
-    for (int64_t s = q0 + t.thread_idx().x; s < q1; s += t.block_dim().x) {
+    for (int64_t s = q0 + t.thread_idx().x / kWarp; s < q1; s += warps) {
       const int64_t i = bh * a.N + o[s];
-      float* dqi = dq + i * a.E;
       for (int64_t b = k0; b < q1; ++b) {
         if (b == s) continue;
         const int64_t j = bh * a.N + o[b];
         float w;
-        const float d = a.temperature * a.ds(i, j, w);
-        for (int64_t e = 0; e < a.E; ++e) dqi[e] += d * a.k[j * a.E + e];
+        const float d = a.temperature * a.ds(t, lane, i, j, w);
+        warp_axpy(lane, d, a.k + j * a.E, dq + i * a.E, a.E);
       }
     }
   }
 };
 
-// Round x, a thread per key (sorted b in chunk c): over the queries that see it, those of chunk c
+// Round x, a warp per key (sorted b in chunk c): over the queries that see it, those of chunk c
 // and of chunk c + 1, dv_j += p dout_i and dk_j += t dS_ij q_i.
 struct KeyGradKernel {
-  static constexpr bool kUsesBarrier = false;
+  static constexpr bool kUsesBarrier = true;  // the warps' shuffles
   BackwardArgs a;
   float *dk, *dv;
   CLUSTR_DEVICE void operator()(const Thread& t) const {
@@ -280,17 +336,17 @@ struct KeyGradKernel {
     const int64_t L = valid_positions(a.lengths, bh, a.H, a.N);
     const int64_t b0 = c * a.m, b1 = b0 + a.m < L ? b0 + a.m : L;
     const int64_t s1 = b0 + 2 * a.m < L ? b0 + 2 * a.m : L;  // the queries that see chunk c
+    const unsigned lane = t.thread_idx().x % kWarp, warps = t.block_dim().x / kWarp;
     const int32_t* o = a.order + (bh * a.X + a.x) * a.N;
-    for (int64_t b = b0 + t.thread_idx().x; b < b1; b += t.block_dim().x) {
+    for (int64_t b = b0 + t.thread_idx().x / kWarp; b < b1; b += warps) {
       const int64_t j = bh * a.N + o[b];
-      float *dkj = dk + j * a.E, *dvj = dv + j * a.M;
       for (int64_t s = b0; s < s1; ++s) {
         if (s == b) continue;
         const int64_t i = bh * a.N + o[s];
         float w;
-        const float d = a.temperature * a.ds(i, j, w);
-        for (int64_t cc = 0; cc < a.M; ++cc) dvj[cc] += w * a.g[i * a.M + cc];
-        for (int64_t e = 0; e < a.E; ++e) dkj[e] += d * a.q[i * a.E + e];
+        const float d = a.temperature * a.ds(t, lane, i, j, w);
+        warp_axpy(lane, w, a.g + i * a.M, dv + j * a.M, a.M);
+        warp_axpy(lane, d, a.q + i * a.E, dk + j * a.E, a.E);
       }
     }
   }
@@ -326,8 +382,9 @@ unsigned chunk_grid(const ReformerDims& d) {
   return static_cast<unsigned>(d.B * d.H * chunks_of(d));
 }
 
+// A warp per query of a chunk, up to kChunkWarps warps (a block's size is a multiple of 32).
 unsigned chunk_threads(const ReformerDims& d) {
-  return static_cast<unsigned>(d.m < kChunkThreads ? d.m : kChunkThreads);
+  return kWarp * static_cast<unsigned>(d.m < kChunkWarps ? d.m : kChunkWarps);
 }
 
 // Unit keys, buckets and the sorted orders of every round.
@@ -340,9 +397,10 @@ void sort_positions(const ReformerDims& d, const int32_t* lengths, const float* 
   launch("cuda::reformer (hash)", {blocks(PX)}, {kElementwiseThreads}, 0,
          HashKernel{k, rotations, lengths, bucket, d.H, d.N, d.E, d.X, d.R, PX});
   if (!order) return;
-  Scratch<int32_t> count(d.B * d.H * d.X * (d.R + 1));
-  launch("cuda::reformer (sort)", {blocks(d.B * d.H * d.X)}, {kElementwiseThreads}, 0,
-         SortKernel{bucket, lengths, order, count.get(), d.H, d.N, d.X, d.R, d.B * d.H * d.X});
+  Scratch<int32_t> count(d.B * d.H * d.X * d.R * kSortThreads);
+  launch("cuda::reformer (sort)", {static_cast<unsigned>(d.B * d.H * d.X)}, {kSortThreads},
+         d.R * sizeof(int32_t),
+         SortKernel{bucket, lengths, order, count.get(), d.H, d.N, d.X, d.R});
 }
 
 }  // namespace
