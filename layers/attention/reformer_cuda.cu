@@ -133,6 +133,17 @@ struct HashKernel {
   }
 };
 
+// a[0..n) replaced by the sum of the entries before each (integers: exact); returns their total.
+CLUSTR_DEVICE int32_t exclusive_scan(int32_t* a, int64_t n) {
+  int32_t before = 0;
+  for (int64_t u = 0; u < n; ++u) {
+    const int32_t x = a[u];
+    a[u] = before;
+    before += x;
+  }
+  return before;
+}
+
 // Each round's order of the valid positions by (bucket, position), a block per (pair, round): a
 // stable counting sort. Thread s takes the span [j0, j1) of the valid positions (block_span) and
 // counts its buckets into count(b, s) (scratch, R x threads integers per block); thread b then
@@ -156,24 +167,9 @@ struct SortKernel {
     for (int64_t r = 0; r < R; ++r) c[r * S + s] = 0;
     for (int64_t j = span.begin; j < span.end; ++j) ++c[b[j] * S + s];
     t.sync();
-    for (int64_t r = s; r < R; r += S) {
-      int32_t before = 0;
-      for (int64_t u = 0; u < S; ++u) {
-        const int32_t n = c[r * S + u];
-        c[r * S + u] = before;
-        before += n;
-      }
-      start[r] = before;
-    }
+    for (int64_t r = s; r < R; r += S) start[r] = exclusive_scan(c + r * S, S);
     t.sync();
-    if (s == 0) {
-      int32_t before = 0;
-      for (int64_t r = 0; r < R; ++r) {
-        const int32_t n = start[r];
-        start[r] = before;
-        before += n;
-      }
-    }
+    if (s == 0) exclusive_scan(start, R);
     t.sync();
     for (int64_t j = span.begin; j < span.end; ++j) {
       const int32_t r = b[j];
@@ -225,8 +221,12 @@ struct ForwardRoundKernel {
           const float s = temperature * warp_dot(t, lane, qi, kb + o[b] * E, E);
           top = s > top ? s : top;
         }
-      const float m_new = mx[i] > top ? mx[i] : top;
-      const float scale = l[i] > 0.0f ? math::exp(mx[i] - m_new) : 0.0f;
+      // mx[i] and l[i] are read by lane 0 alone, which writes them below, and handed to the
+      // warp: a shuffle orders no memory, so another lane's read would race with that write.
+      const float mx_i = warp_reduce(t, lane == 0 ? mx[i] : -INFINITY, math::Maximum{});
+      const float l_i = warp_reduce(t, lane == 0 ? l[i] : 0.0f, AddFloat{});
+      const float m_new = mx_i > top ? mx_i : top;
+      const float scale = l_i > 0.0f ? math::exp(mx_i - m_new) : 0.0f;
       float* ai = acc + i * M;
       for (int64_t cc = lane; cc < M; cc += kWarp) ai[cc] *= scale;
       float sum = 0.0f;
@@ -237,8 +237,8 @@ struct ForwardRoundKernel {
         sum += w;
         warp_axpy(lane, w * keep_factor(drop, i, bh * N + o[b], N, X, x), vb + o[b] * M, ai, M);
       }
-      if (lane == 0) {  // every lane read mx[i] and l[i] before the shuffles above
-        l[i] = l[i] * scale + sum;
+      if (lane == 0) {
+        l[i] = l_i * scale + sum;
         mx[i] = m_new;
       }
     }
