@@ -3,9 +3,9 @@
 //
 // Each chunk's products run through the GEMM on rows gathered into a window in sorted order: its
 // queries (raw q), its keys (unit k) and values from the chunk and the one before (Scratch says
-// how the window moves, so that each row is fetched once a round). Forward keeps, per query, an online
-// softmax over everything it has seen in the rounds so far (running max, sum and weighted sum of
-// values, Milakov & Gimelshein 2018); backward recomputes the weights from the saved z.
+// how the window moves, so that each row is fetched once a round). Forward keeps, per query, an
+// online softmax over everything it has seen in the rounds so far (running max, sum and weighted
+// sum of values, Milakov & Gimelshein 2018); backward recomputes the weights from the saved z.
 #include "layers/attention/reformer.h"
 
 #include <algorithm>
