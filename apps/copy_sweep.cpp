@@ -84,8 +84,7 @@ struct Cell {
 };
 
 bool has_clusters(const std::string& attention) {
-  const AttentionType t = parse_attention_name(attention).type;
-  return t == AttentionType::clustered || t == AttentionType::improved_clustered;
+  return uses_clusters(parse_attention_name(attention).type);
 }
 
 // The cell's attention in its run options.

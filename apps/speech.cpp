@@ -199,17 +199,12 @@ int cmd_decode(EvalFlags& f, const std::string& checkpoint, const CLI::App& app)
   return 0;
 }
 
-// Whether the type groups queries into --clusters clusters.
-bool is_clustered(AttentionType t) {
-  return t == AttentionType::clustered || t == AttentionType::improved_clustered;
-}
-
 // A trained model's row label: the type, with lsh's rounds and, when the matrix evaluates at
 // several cluster counts, a clustered type's C.
 std::string matrix_row_name(const AttentionConfig& a, bool with_clusters) {
   if (a.type == AttentionType::lsh) return detail::cat("lsh-", a.rounds);
   const std::string name = attention_type_name(a.type);
-  return is_clustered(a.type) && with_clusters ? detail::cat(name, "-", a.clusters) : name;
+  return uses_clusters(a.type) && with_clusters ? detail::cat(name, "-", a.clusters) : name;
 }
 
 int cmd_matrix(EvalFlags& f, const std::vector<std::string>& checkpoints,
@@ -320,7 +315,7 @@ int cmd_tradeoff(EvalFlags& f, const std::vector<std::string>& checkpoints,
     const SpeechSet set = load_set(f, m, tokens);
     const AttentionConfig& trained = m.options.attention;
     std::vector<AttentionConfig> configs;
-    for (int64_t count : is_clustered(trained.type) ? cluster_counts : std::vector<int64_t>{}) {
+    for (int64_t count : uses_clusters(trained.type) ? cluster_counts : std::vector<int64_t>{}) {
       configs.push_back(trained);
       configs.back().clusters = count;
     }

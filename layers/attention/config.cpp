@@ -77,6 +77,10 @@ bool shares_query_key(AttentionType type) {
   return type == AttentionType::shared_full || type == AttentionType::lsh;
 }
 
+bool uses_clusters(AttentionType type) {
+  return type == AttentionType::clustered || type == AttentionType::improved_clustered;
+}
+
 const char* attention_type_name(AttentionType type) {
   switch (type) {
     case AttentionType::full:

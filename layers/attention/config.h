@@ -18,6 +18,8 @@ enum class AttentionType { full, clustered, improved_clustered, oracle_top, shar
 
 // Whether a layer trained with `type` shares one projection between queries and keys.
 bool shares_query_key(AttentionType type);
+// Whether `type` groups the queries into clusters (AttentionConfig::clusters).
+bool uses_clusters(AttentionType type);
 
 struct AttentionConfig {
   AttentionType type = AttentionType::full;
