@@ -340,6 +340,28 @@ struct BlocksRace {  // thread 0 of every block adds to one counter without an a
   }
 };
 
+// Planted bug for AddressSanitizer: each thread reads one past the end of an array on its
+// fiber's stack, after a barrier (the index comes from the host, so the compiler cannot see it).
+struct StackOverflowAfterBarrier {
+  static constexpr bool kUsesBarrier = true;
+  float* out;
+  int index;
+  CLUSTR_DEVICE void operator()(const Thread& t) const {
+    float local[4];
+    for (int i = 0; i < 4; ++i) local[i] = static_cast<float>(t.thread_idx().x + i);
+    t.sync();
+    float* volatile p = local;  // UBSan cannot see through it: AddressSanitizer's catch
+    out[t.thread_idx().x] = p[index];
+  }
+};
+
+TEST_CASE("cuda emulator: a stack overflow after a barrier (planted)" * doctest::skip()) {
+  Tensor out = Tensor::zeros({8}, DType::f32, Device::cuda);
+  cuda::launch("in bounds", {1}, {8}, 0, StackOverflowAfterBarrier{out.f32(), 3});
+  CHECK(out.to_vector()[7] == 10.0f);
+  cuda::launch("one past the end", {1}, {8}, 0, StackOverflowAfterBarrier{out.f32(), 4});
+}
+
 TEST_CASE("cuda emulator: a race in shared memory (planted)" * doctest::skip()) {
   Tensor out = Tensor::zeros({1}, DType::f32, Device::cuda);
   cuda::launch("shared slot race", {1}, {8}, sizeof(float), SharedSlotRace{out.f32()});
