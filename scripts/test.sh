@@ -30,8 +30,7 @@ ctest --test-dir build --output-on-failure -j "$jobs"
 
 # The sanitizer builds keep line tables only (-g1): the reports' stack traces name files and
 # lines, and the two builds compile about a quarter faster than with full debug information.
-# Their tests and apps compile at -O1 (tests/CMakeLists.txt, apps/CMakeLists.txt), the library
-# at -O2.
+# Their tests and apps compile at -O1 (CMakeLists.txt), the library at -O2.
 sanitizer_flags="-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG"
 echo "== sanitizer build (ASan + UBSan), CUDA kernels on the emulated device =="
 cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo "$sanitizer_flags" \

@@ -14,6 +14,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <iterator>
 #include <limits>
 #include <string>
 #include <vector>
@@ -135,11 +136,11 @@ TEST_CASE("cuda ops: reductions over every axis match the cpu") {
     Tensor x = cpu_tensor(random_values(clustr::numel(s), seed++), s);
     Tensor dx = x.to(Device::cuda);
     for (int axis = -1; axis < static_cast<int>(s.size()); ++axis) {
-      for (int o = 0; o < 4; ++o) {
+      for (size_t o = 0; o < std::size(ops); ++o) {
         const clustr::ReduceOp op = ops[o];
         // keepdim only reshapes (the same launch): each axis takes it with one op in turn.
         for (bool keepdim : {false, true}) {
-          if (keepdim && o != (axis + 1) % 4) continue;
+          if (keepdim && o != static_cast<size_t>(axis + 1) % std::size(ops)) continue;
           CAPTURE(clustr::to_string(s));
           CAPTURE(axis);
           CAPTURE(static_cast<int>(op));
