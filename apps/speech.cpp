@@ -4,6 +4,8 @@
 //   speech train --corpus DIR [--preset cpu|paper] [--attention TYPE] [--out DIR] [--resume DIR]
 //   speech evaluate --checkpoint DIR --manifest FILE [--attention TYPE] [--beam N]
 //   speech decode --checkpoint DIR --manifest FILE [--beam N]
+//   speech lm --manifest FILE [--order N] --out FILE.json [--dev FILE]
+//   (evaluate and decode: --lm FILE.json [--lm-weight W...] [--lm-bonus B...] with --beam N)
 //   speech matrix --checkpoints DIR_FULL DIR_CLUSTERED DIR_IMPROVED --manifest FILE
 //                 [--cluster-counts C1 C2] [--attention-map FILE.png]
 //   speech tradeoff --checkpoints DIR... --manifest FILE [--cluster-counts C...] [--csv FILE]
@@ -34,6 +36,7 @@
 #include "apps/common/training.h"
 #include "apps/speech/attention_map.h"
 #include "apps/speech/dataset.h"
+#include "apps/speech/lm.h"
 #include "apps/speech/options.h"
 #include "apps/speech/train.h"
 #include "core/error.h"
@@ -60,7 +63,36 @@ struct EvalFlags {
   Precision precision = Precision::fp32;  // the overriding precision (when given)
   bool tf32 = false;
   bool non_strict = false;  // --non-strict: load a checkpoint that lacks parameters
+  // evaluate and decode: the language model fused into the beam search, and its settings
+  std::string lm;
+  std::vector<double> lm_weights{0.5}, lm_bonuses{1.0};
 };
+
+void add_lm_flags(CLI::App& app, EvalFlags& f) {
+  app.add_option("--lm", f.lm, "a label language model (speech lm) to fuse into the beam "
+                 "search (needs --beam >= 2)");
+  app.add_option("--lm-weight", f.lm_weights, "the language model's weight (evaluate: several "
+                 "values score each, with each --lm-bonus)")->capture_default_str();
+  app.add_option("--lm-bonus", f.lm_bonuses, "the score added per label, against the pull "
+                 "towards short outputs (evaluate: several values as for --lm-weight)")
+      ->capture_default_str();
+}
+
+// The language model of --lm for the model's `tokens`, with every weight x bonus.
+LanguageModel load_lm(const EvalFlags& f, const TokenTable& tokens, const CLI::App& app) {
+  if (f.lm.empty()) {
+    CLUSTR_CHECK(!app.count("--lm-weight") && !app.count("--lm-bonus"),
+                 "--lm-weight and --lm-bonus need --lm");
+    return {};
+  }
+  CLUSTR_CHECK(f.beam >= 2, "--lm is used by the beam search: it needs --beam >= 2, got --beam ",
+               f.beam);
+  for (double w : f.lm_weights)
+    CLUSTR_CHECK(std::isfinite(w) && w >= 0, "--lm-weight must be finite and >= 0, got ", w);
+  for (double b : f.lm_bonuses)
+    CLUSTR_CHECK(std::isfinite(b), "--lm-bonus must be finite, got ", b);
+  return load_language_model(f.lm, tokens, f.lm_weights, f.lm_bonuses);
+}
 
 void add_eval_flags(CLI::App& app, EvalFlags& f) {
   app.add_option("--manifest", f.manifest, "manifest to evaluate (e.g. <corpus>/test.tsv)")
@@ -164,8 +196,9 @@ int cmd_evaluate(EvalFlags& f, const std::string& checkpoint, const CLI::App& ap
   const AttentionConfig a = override_attention(m.options.attention, f.attention, app);
   TokenTable tokens;
   const SpeechSet set = load_set(f, m, tokens);
+  const LanguageModel lm = load_lm(f, tokens, app);
   m.model->set_attention(a);
-  const Evaluation e = evaluate_set(*m.model, set, f.max_frames, f.beam, f.seed);
+  const Evaluation e = evaluate_set(*m.model, set, f.max_frames, f.beam, f.seed, lm.fusions);
   std::printf("checkpoint %s (step %lld), trained with %s in %s\n", m.file.c_str(),
               static_cast<long long>(m.step), m.options.attention.describe().c_str(),
               to_string(m.options.precision));
@@ -178,6 +211,10 @@ int cmd_evaluate(EvalFlags& f, const std::string& checkpoint, const CLI::App& ap
   std::printf("  (impossible alignments %lld, %.1f s, %.0f frames/s)\n",
               static_cast<long long>(e.impossible), e.seconds,
               double(e.input_frames) / std::max(e.seconds, 1e-9));
+  for (size_t i = 0; i < lm.fusions.size(); ++i)
+    std::printf("PER beam %d + language model %s (order %d, weight %g, bonus %g) %.4f\n", f.beam,
+                lm.file.c_str(), lm.lm->order(), lm.fusions[i].weight, lm.fusions[i].bonus,
+                e.fused[i].rate());
   print_word_errors(tokens, set, e);
   return 0;
 }
@@ -188,11 +225,14 @@ int cmd_decode(EvalFlags& f, const std::string& checkpoint, const CLI::App& app)
   m.model->set_attention(override_attention(m.options.attention, f.attention, app));
   TokenTable tokens;
   const SpeechSet set = load_set(f, m, tokens);
-  const Evaluation e = evaluate_set(*m.model, set, f.max_frames, f.beam, f.seed);
+  const LanguageModel lm = load_lm(f, tokens, app);
+  CLUSTR_CHECK(lm.fusions.size() <= 1, "decode takes one --lm-weight and one --lm-bonus, got ",
+               f.lm_weights.size(), " and ", f.lm_bonuses.size());
+  const Evaluation e = evaluate_set(*m.model, set, f.max_frames, f.beam, f.seed, lm.fusions);
   for (size_t i = 0; i < set.examples.size(); ++i)
     std::printf("%s\t%s\n", set.examples[i].id.c_str(),
                 hypothesis_text(tokens, e.hypotheses[i]).c_str());
-  const ErrorRate& er = f.beam > 1 ? e.beam : e.greedy;
+  const ErrorRate& er = !e.fused.empty() ? e.fused[0] : f.beam > 1 ? e.beam : e.greedy;
   std::printf("PER %.4f (%lld edits / %lld %s)\n", er.rate(), static_cast<long long>(er.edits),
               static_cast<long long>(er.reference_length), label_unit(tokens));
   print_word_errors(tokens, set, e);
@@ -473,12 +513,26 @@ int main(int argc, char** argv) try {
   CLI::App* evaluate = app.add_subcommand("evaluate", "loss and PER of a checkpoint on a manifest");
   evaluate->add_option("--checkpoint", checkpoint, "checkpoint file, or a run folder")->required();
   add_eval_flags(*evaluate, f);
+  add_lm_flags(*evaluate, f);
   add_attention_flags(*evaluate, f.attention);
 
   CLI::App* decode = app.add_subcommand("decode", "print the decoded phones of each utterance");
   decode->add_option("--checkpoint", checkpoint, "checkpoint file, or a run folder")->required();
   add_eval_flags(*decode, f);
+  add_lm_flags(*decode, f);
   add_attention_flags(*decode, f.attention);
+
+  LmFlags lmf;
+  CLI::App* lm = app.add_subcommand(
+      "lm", "count a manifest's label sequences into an n-gram language model (interpolated "
+            "Kneser-Ney) for evaluate and decode --lm");
+  lm->add_option("--manifest", lmf.manifest, "the text to count: a manifest's labels (e.g. "
+                 "<corpus>/train.tsv; never the sets you report)")->required();
+  lm->add_option("--tokens", lmf.tokens, "tokens file (default: tokens.txt beside the manifest)");
+  lm->add_option("--order", lmf.order, "n: labels of history + 1")->capture_default_str();
+  lm->add_option("--dev", lmf.dev, "also report the perplexity on this manifest");
+  lm->add_option("--out", lmf.out, "the JSON file to write")->required();
+  lm->add_flag("--overwrite", lmf.overwrite, "replace --out if it exists");
 
   std::vector<std::string> checkpoints;
   std::string map_path;
@@ -563,6 +617,10 @@ int main(int argc, char** argv) try {
     return cmd_matrix(f, checkpoints, cluster_counts, map_path, map_layer, map_head, map_utt,
                       *matrix);
   if (*import) return cmd_import(imp);
+  if (*lm) {
+    build_language_model(lmf, stdout);
+    return 0;
+  }
 
   out_mode(!resume.empty(), o.output.overwrite);  // --overwrite with --resume: refused at once
   if (!resume.empty()) {

@@ -10,6 +10,11 @@
 // (products are sums in log space, + is log-add-exp). Prefixes live in a trie (parent, label)
 // so that a prefix is one integer; candidates that extend the trie are only added as nodes when
 // they survive the pruning, so the trie holds at most T * beam_width nodes.
+//
+// With a language model (shallow fusion), p_b and p_nb stay the CTC's own: the model's
+// ln p of a prefix is a property of its trie node (its parent's plus ln p_lm(label | the
+// parent's last labels)), added with its weight and the length bonus only where prefixes are
+// ranked. The model's distribution after a context is computed once per distinct context.
 #include "layers/ctc_decode.h"
 
 #include <algorithm>
@@ -65,7 +70,7 @@ void log_softmax_frame(const float* x, int64_t V, float* lp) {
 
 // The prefixes seen so far: node 0 is the empty prefix.
 struct Trie {
-  std::vector<int32_t> parent{-1}, label{-1};
+  std::vector<int32_t> parent{-1}, label{-1}, depth{0};
   std::unordered_map<uint64_t, int32_t> children;  // key(parent, label) -> node
 
   static uint64_t key(int32_t p, int32_t c) {
@@ -79,6 +84,7 @@ struct Trie {
     const int32_t node = static_cast<int32_t>(parent.size());
     parent.push_back(p);
     label.push_back(c);
+    depth.push_back(depth[size_t(p)] + 1);
     children.emplace(key(p, c), node);
     return node;
   }
@@ -90,6 +96,57 @@ struct Trie {
   }
 };
 
+// The fusion's side of the search for one utterance: per trie node, ln p_lm of its labels and
+// (when asked) the model's distribution after them.
+struct LmScorer {
+  LmScorer(const LmFusion& f, int64_t V)
+      : fusion(f), width(size_t(V) + 1), context(size_t(f.lm ? f.lm->order() - 1 : 0)) {}
+
+  bool on() const { return (fusion.lm && fusion.weight != 0) || fusion.bonus != 0; }
+
+  // ln p_lm of each symbol after `node`'s labels ((V + 1) floats, </s> last).
+  const float* after(const Trie& trie, int32_t node) {
+    if (node_dist.size() <= size_t(node)) node_dist.resize(size_t(node) + 1, -1);
+    if (node_dist[size_t(node)] < 0) {
+      std::fill(context.begin(), context.end(), 0);  // <s>
+      int32_t n = node;
+      for (size_t i = context.size(); i > 0 && n > 0; --i, n = trie.parent[size_t(n)])
+        context[i - 1] = trie.label[size_t(n)];
+      const std::string key(reinterpret_cast<const char*>(context.data()),
+                            context.size() * sizeof(int32_t));
+      auto [it, fresh] = by_context.emplace(key, int32_t(by_context.size()));
+      if (fresh) {
+        table.resize(table.size() + width);
+        fusion.lm->log_probs(context.data(), table.data() + table.size() - width);
+      }
+      node_dist[size_t(node)] = it->second;
+    }
+    return table.data() + size_t(node_dist[size_t(node)]) * width;
+  }
+  // ln p_lm of `node`'s labels; nodes are scored in the order they are added, parents first.
+  double lm_of(const Trie& trie, int32_t node) {
+    while (node_lm.size() <= size_t(node)) {
+      const auto n = int32_t(node_lm.size());
+      node_lm.push_back(n == 0 ? 0.0
+                               : node_lm[size_t(trie.parent[size_t(n)])] +
+                                     after(trie, trie.parent[size_t(n)])[trie.label[size_t(n)]]);
+    }
+    return node_lm[size_t(node)];
+  }
+  // The ranking's addition for a prefix `depth` labels long with ln p_lm = lm.
+  double bonus_of(double lm, int32_t depth) const {
+    return fusion.weight * lm + fusion.bonus * double(depth);
+  }
+
+  const LmFusion& fusion;
+  size_t width;
+  std::vector<int32_t> context;
+  std::vector<float> table;
+  std::unordered_map<std::string, int32_t> by_context;
+  std::vector<int32_t> node_dist;
+  std::vector<double> node_lm;
+};
+
 // A prefix in the beam or a candidate for it: an existing trie node, or (node < 0) the
 // extension of `parent` by `label`, not in the trie yet.
 struct Prefix {
@@ -99,8 +156,19 @@ struct Prefix {
 };
 
 CtcHypothesis beam_search_one(const float* x, int64_t frames, int64_t V, int beam_width,
-                              int blank) {
+                              int blank, const LmFusion& fusion) {
   Trie trie;
+  LmScorer lm(fusion, V);
+  const bool fused = lm.on(), with_lm = fusion.lm && fusion.weight != 0;
+  // The ranking's addition for a candidate: its node's, or its parent's plus the label's.
+  auto addition = [&](const Prefix& p) -> double {
+    if (!fused) return 0;
+    if (p.node >= 0)
+      return lm.bonus_of(with_lm ? lm.lm_of(trie, p.node) : 0, trie.depth[size_t(p.node)]);
+    const double l =
+        with_lm ? lm.lm_of(trie, p.parent) + lm.after(trie, p.parent)[p.label] : 0;
+    return lm.bonus_of(l, trie.depth[size_t(p.parent)] + 1);
+  };
   std::vector<Prefix> beam{{0, -1, -1, 0.0f, -INFINITY}}, cand;
   std::unordered_map<uint64_t, size_t> index;  // candidate key -> position in cand
   std::vector<float> lp(static_cast<size_t>(V));
@@ -148,7 +216,7 @@ CtcHypothesis beam_search_one(const float* x, int64_t frames, int64_t V, int bea
     const size_t keep = std::min(order.size(), static_cast<size_t>(beam_width));
     std::vector<float> score(cand.size());
     for (size_t i = 0; i < cand.size(); ++i) {
-      const float v = cand[i].total();
+      const float v = static_cast<float>(cand[i].total() + addition(cand[i]));
       score[i] = std::isnan(v) ? -INFINITY : v;  // NaN logits must not break the ordering
     }
     std::partial_sort(order.begin(), order.begin() + keep, order.end(), [&](size_t a, size_t b) {
@@ -161,8 +229,16 @@ CtcHypothesis beam_search_one(const float* x, int64_t frames, int64_t V, int bea
       beam.push_back(p);
     }
   }
-  const Prefix& best = beam.front();  // beam is sorted, best first
-  return {trie.labels_of(best.node), static_cast<double>(best.total())};
+  // The beam is sorted, best first; with a language model the end of the sequence counts too.
+  size_t best = 0;
+  double best_score = -INFINITY;
+  for (size_t i = 0; i < beam.size(); ++i) {
+    double v = double(beam[i].total()) + addition(beam[i]);
+    if (with_lm) v += fusion.weight * lm.after(trie, beam[i].node)[V];
+    if (std::isnan(v)) v = -INFINITY;
+    if (i == 0 || v > best_score) best = i, best_score = v;
+  }
+  return {trie.labels_of(beam[best].node), static_cast<double>(beam[best].total()), best_score};
 }
 
 }  // namespace
@@ -187,13 +263,21 @@ std::vector<LabelSequence> ctc_greedy_decode(const Tensor& logits, const Tensor&
 }
 
 std::vector<CtcHypothesis> ctc_beam_search(const Tensor& logits, const Tensor& input_lengths,
-                                           int beam_width, int blank) {
+                                           int beam_width, int blank, const LmFusion& fusion) {
   const Checked in = check_decode_inputs("ctc_beam_search", logits, input_lengths, blank);
   CLUSTR_CHECK(beam_width >= 1, "ctc_beam_search: expected beam_width >= 1, got ", beam_width);
+  CLUSTR_CHECK(std::isfinite(fusion.weight) && fusion.weight >= 0 && std::isfinite(fusion.bonus),
+               "ctc_beam_search: expected a finite language-model weight >= 0 and a finite "
+               "bonus, got ", fusion.weight, " and ", fusion.bonus);
+  if (fusion.lm)
+    CLUSTR_CHECK(fusion.lm->classes() == in.V && blank == 0, "ctc_beam_search: the language "
+                 "model's ", fusion.lm->classes(), " classes must be the logits' V = ", in.V,
+                 ", with the blank 0 (got blank = ", blank, ")");
   std::vector<CtcHypothesis> out(static_cast<size_t>(in.B));
 #pragma omp parallel for schedule(dynamic, 1) if (in.B * in.T * in.V * beam_width >= kParallelMin)
   for (int64_t b = 0; b < in.B; ++b)
-    out[b] = beam_search_one(in.x + b * in.T * in.V, in.lengths[b], in.V, beam_width, blank);
+    out[b] = beam_search_one(in.x + b * in.T * in.V, in.lengths[b], in.V, beam_width, blank,
+                             fusion);
   return out;
 }
 

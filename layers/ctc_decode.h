@@ -11,6 +11,7 @@
 
 #include "core/tensor.h"
 #include "layers/error_rate.h"
+#include "layers/ngram_lm.h"
 
 namespace clustr {
 
@@ -22,6 +23,17 @@ std::vector<LabelSequence> ctc_greedy_decode(const Tensor& logits, const Tensor&
 struct CtcHypothesis {
   LabelSequence labels;
   double log_prob = 0;  // ln p(labels | logits) summed over the alignments the beam kept
+  double score = 0;     // what the search ranked it by: log_prob, plus the fusion's terms
+};
+
+// Shallow fusion of a label language model into the beam search: prefixes are ranked by
+//   ln p_ctc(y) + weight * ln p_lm(y) + bonus * |y|
+// and the final choice adds weight * ln p_lm(</s> | y). The bonus (per label) offsets the
+// model's pull towards short outputs. No model (or weight and bonus 0) is the plain search.
+struct LmFusion {
+  const NgramLm* lm = nullptr;
+  double weight = 0;
+  double bonus = 0;
 };
 
 // Prefix beam search (Hannun et al. 2014, without a language model): after each frame, keep
@@ -30,9 +42,11 @@ struct CtcHypothesis {
 // (both in log space) so that a repeated label is told apart from a held one. With a beam wide
 // enough to keep every prefix the result is the exact most probable labelling; beam_width 1 is
 // greedy decoding when every frame's best class has probability above 1/2. Equal scores keep
-// the prefix found first. Utterances run in parallel.
+// the prefix found first. Utterances run in parallel. With `fusion`, the language model's
+// classes must be the logits' V and the blank 0 (the token tables' convention).
 std::vector<CtcHypothesis> ctc_beam_search(const Tensor& logits, const Tensor& input_lengths,
-                                           int beam_width, int blank = 0);
+                                           int beam_width, int blank = 0,
+                                           const LmFusion& fusion = {});
 
 // The label sequences of a CTC target batch: targets i32 (B, Umax) padded or (sum of
 // target_lengths) concatenated, target_lengths i32 (B), as layers/ctc.h takes them.

@@ -12,6 +12,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -337,6 +338,51 @@ TEST_CASE("speech_app_import_pieces") {
   CHECK_FAILS(speech({"import", "--format", "nemo", "--in", "x", "--out", "y.tsv",
                       "--vocab-size", "10"}),
               "--vocab-size and --piece-model are for --units pieces");
+}
+
+// A label language model counted from the training manifest, fused into the beam search.
+TEST_CASE("speech_app_lm") {
+  const std::string lm = speech_out + "/lm.json";
+  const AppRun built = speech({"lm", "--manifest", corpus + "/train.tsv", "--order", "3",
+                               "--dev", corpus + "/dev.tsv", "--out", lm, "--overwrite"});
+  CHECK_OUTPUT_MATCHES(built, "train.tsv: [0-9]+ sequences, [0-9]+ labels; order 3.*"
+                       "perplexity per label: [0-9.]+ on the training text, [0-9.]+ on [^\n]*"
+                       "dev.tsv.*wrote [^\n]*lm.json");
+  CHECK_STATUS(built, 0);
+  CHECK_FAILS(speech({"lm", "--manifest", corpus + "/train.tsv", "--out", lm}),
+              "lm.json exists: pass --overwrite to replace it");
+
+  const Args eval = {"evaluate", "--checkpoint", speech_out + "/full", "--manifest",
+                     corpus + "/dev.tsv", "--beam", "4", "--lm", lm};
+  const AppRun r = speech(cat({eval, {"--lm-weight", "0", "0.5", "--lm-bonus", "0", "1"}}));
+  CHECK_OUTPUT_MATCHES(r, "PER beam 4 [0-9.]+.*"
+                       "PER beam 4 \\+ language model [^\n]*lm.json \\(order 3, weight 0, bonus "
+                       "0\\) [0-9.]+\n.*weight 0, bonus 1\\).*weight 0.5, bonus 0\\).*"
+                       "weight 0.5, bonus 1\\) [0-9.]+\n");
+  CHECK_STATUS(r, 0);
+  // Weight and bonus 0 is the plain beam search.
+  std::smatch plain, zero;
+  CHECK(std::regex_search(r.output, plain, std::regex("PER beam 4 ([0-9.]+)")));
+  CHECK(std::regex_search(r.output, zero, std::regex("weight 0, bonus 0\\) ([0-9.]+)")));
+  CHECK(plain[1].str() == zero[1].str());
+
+  CHECK_FAILS(speech({"evaluate", "--checkpoint", speech_out + "/full", "--manifest",
+                      corpus + "/dev.tsv", "--lm", lm}),
+              "--lm is used by the beam search: it needs --beam >= 2, got --beam 1");
+  CHECK_FAILS(speech(cat({eval, {"--lm-weight", "-1"}})), "--lm-weight must be finite and >= 0");
+  CHECK_FAILS(speech({"decode", "--checkpoint", speech_out + "/full", "--manifest",
+                      corpus + "/dev.tsv", "--beam", "4", "--lm", lm, "--lm-weight", "0.1",
+                      "0.2"}),
+              "decode takes one --lm-weight and one --lm-bonus, got 2 and 1");
+  CHECK_FAILS(speech({"evaluate", "--checkpoint", speech_out + "/full", "--manifest",
+                      corpus + "/dev.tsv", "--beam", "4", "--lm-weight", "0.1"}),
+              "--lm-weight and --lm-bonus need --lm");
+  const std::string other = speech_out + "/lm_other.json";
+  std::ofstream(other) << R"({"format": "clustr-ngram-lm", "version": 1, "order": 1, )"
+                          R"("tokens": ["<blank>", "zz"], "counts": [[1, 1]]})";
+  CHECK_FAILS(speech(cat({{"evaluate", "--checkpoint", speech_out + "/full", "--manifest",
+                           corpus + "/dev.tsv", "--beam", "4", "--lm", other}})),
+              "counted over another token table: its token 1 is 'zz'");
 }
 
 TEST_CASE("speech_app_bad_beam") {

@@ -118,13 +118,16 @@ std::string default_cache(const std::string& manifest) {
 }
 
 Evaluation evaluate_set(SpeechModel& model, const SpeechSet& set, int64_t max_frames, int beam,
-                        uint64_t hash_seed) {
+                        uint64_t hash_seed, const std::vector<LmFusion>& fusions) {
+  CLUSTR_CHECK(fusions.empty() || beam > 1,
+               "a language model is used by the beam search: it needs --beam >= 2");
   const auto t0 = Clock::now();
   NoGradGuard no_grad;
   const bool was_training = model.training();
   model.eval();
   Generator gen(hash_seed);
   Evaluation e;
+  e.fused.resize(fusions.size());
   e.hypotheses.resize(set.examples.size());
   std::vector<int64_t> lengths;
   for (const SpeechExample& x : set.examples) lengths.push_back(x.features.size(0));
@@ -163,6 +166,14 @@ Evaluation evaluate_set(SpeechModel& model, const SpeechSet& set, int64_t max_fr
       e.greedy.add(ref, greedy[r]);
       if (beam > 1) e.beam.add(ref, beamed[r]);
       e.hypotheses[idx[r]] = beam > 1 ? beamed[r] : greedy[r];
+    }
+    for (size_t i = 0; i < fusions.size(); ++i) {
+      const std::vector<CtcHypothesis> h =
+          ctc_beam_search(host_logits, b.lengths, beam, /*blank=*/0, fusions[i]);
+      for (size_t r = 0; r < idx.size(); ++r) {
+        e.fused[i].add(set.examples[idx[r]].labels, h[r].labels);
+        if (i == 0) e.hypotheses[idx[r]] = h[r].labels;
+      }
     }
     e.utterances += int64_t(idx.size());
     e.input_frames += b.input_frames;

@@ -43,6 +43,7 @@ struct Evaluation {
   double loss = 0;  // mean over utterances of CTC loss / target length (impossible ones left out)
   ErrorRate greedy;  // phone error rate of best-path decoding
   ErrorRate beam;    // of prefix beam search (when beam > 1)
+  std::vector<ErrorRate> fused;  // of the beam search with each language-model fusion asked for
   std::vector<LabelSequence> hypotheses;  // per example of the set, in its order
   int64_t utterances = 0, impossible = 0;
   int64_t input_frames = 0;
@@ -52,10 +53,11 @@ struct Evaluation {
 
 // Evaluates `model` on `set` in evaluation mode (no dropout, no gradients), batches of up to
 // `max_frames` padded positions, on the device of the model's parameters (decoding runs on host
-// copies of the logits). The hypotheses are the beam search's when beam > 1, else
-// greedy. `hash_seed` keys the clustered types' hashing.
+// copies of the logits). The hypotheses are the first fusion's when `fusions` are given (beam
+// > 1), else the beam search's when beam > 1, else greedy. `hash_seed` keys the clustered
+// types' hashing.
 Evaluation evaluate_set(SpeechModel& model, const SpeechSet& set, int64_t max_frames, int beam,
-                        uint64_t hash_seed);
+                        uint64_t hash_seed, const std::vector<LmFusion>& fusions = {});
 
 // A checkpoint path: a file, or a folder holding best.safetensors (or last.safetensors).
 std::string resolve_checkpoint(const std::string& file_or_folder, const char* flag);
