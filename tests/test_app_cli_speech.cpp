@@ -351,6 +351,9 @@ TEST_CASE("speech_app_lm") {
   CHECK_STATUS(built, 0);
   CHECK_FAILS(speech({"lm", "--manifest", corpus + "/train.tsv", "--out", lm}),
               "lm.json exists: pass --overwrite to replace it");
+  CHECK_FAILS(speech({"lm", "--manifest", corpus + "/train.tsv", "--out", lm, "--overwrite",
+                      "--order", "9"}),
+              "--order must be in [1, 8], got 9");
 
   const Args eval = {"evaluate", "--checkpoint", speech_out + "/full", "--manifest",
                      corpus + "/dev.tsv", "--beam", "4", "--lm", lm};

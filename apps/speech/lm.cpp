@@ -46,6 +46,8 @@ double perplexity(const NgramLm& lm, const std::vector<LabelSequence>& sequences
 
 void build_language_model(const LmFlags& f, std::FILE* log) {
   CLUSTR_CHECK(!f.out.empty(), "--out: expected the file to write the language model to");
+  CLUSTR_CHECK(f.order >= 1 && f.order <= NgramLm::kMaxOrder, "--order must be in [1, ",
+               NgramLm::kMaxOrder, "], got ", f.order);
   CLUSTR_CHECK(f.overwrite || !std::filesystem::exists(f.out), f.out,
                " exists: pass --overwrite to replace it");
   const TokenTable tokens = read_tokens(f.tokens.empty() ? default_tokens(f.manifest) : f.tokens);
