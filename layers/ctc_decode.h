@@ -36,7 +36,7 @@ struct LmFusion {
   double bonus = 0;
 };
 
-// Prefix beam search (Hannun et al. 2014, without a language model): after each frame, keep
+// Prefix beam search (Hannun et al. 2014; a language model with `fusion`): after each frame, keep
 // the beam_width label prefixes of highest probability, where the probability of a prefix sums
 // every alignment that collapses to it, split into alignments ending in a blank and in a label
 // (both in log space) so that a repeated label is told apart from a held one. With a beam wide
