@@ -102,7 +102,8 @@ struct LmScorer {
   LmScorer(const LmFusion& f, int64_t V)
       : fusion(f), width(size_t(V) + 1), context(size_t(f.lm ? f.lm->order() - 1 : 0)) {}
 
-  bool on() const { return (fusion.lm && fusion.weight != 0) || fusion.bonus != 0; }
+  bool with_lm() const { return fusion.lm && fusion.weight != 0; }
+  bool on() const { return with_lm() || fusion.bonus != 0; }
 
   // ln p_lm of each symbol after `node`'s labels ((V + 1) floats, </s> last).
   const float* after(const Trie& trie, int32_t node) {
@@ -159,7 +160,7 @@ CtcHypothesis beam_search_one(const float* x, int64_t frames, int64_t V, int bea
                               int blank, const LmFusion& fusion) {
   Trie trie;
   LmScorer lm(fusion, V);
-  const bool fused = lm.on(), with_lm = fusion.lm && fusion.weight != 0;
+  const bool fused = lm.on(), with_lm = lm.with_lm();
   // The ranking's addition for a candidate: its node's, or its parent's plus the label's.
   auto addition = [&](const Prefix& p) -> double {
     if (!fused) return 0;

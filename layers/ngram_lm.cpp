@@ -58,7 +58,8 @@ void NgramLm::build() {
   histories_.assign(size_t(order_), {});
   discount_.assign(size_t(order_), 0.5);
   // Order N: the counts themselves; order k < N: continuation counts from order k + 1's types.
-  std::map<Key, double> level;  // order k's n-grams -> c_k, ordered (a fixed build order)
+  // (The counts are whole numbers, so the totals do not depend on the order of the sums.)
+  std::unordered_map<Key, double> level;  // order k's n-grams -> c_k
   for (const auto& [k, c] : counts_) level.emplace(k, double(c));
   for (int k = order_; k >= 1; --k) {
     auto& hist = histories_[size_t(k - 1)];
@@ -67,15 +68,13 @@ void NgramLm::build() {
       const std::vector<int32_t> ids = ids_of(gram);
       History& h = hist[key_of(ids.data(), k - 1)];
       h.total += c;
-      h.types += 1;
       h.next.emplace_back(ids.back(), c);
       n1 += c == 1;
       n2 += c == 2;
     }
     if (n1 > 0 && n2 > 0) discount_[size_t(k - 1)] = double(n1) / double(n1 + 2 * n2);
-    for (auto& [key, h] : hist) std::sort(h.next.begin(), h.next.end());
     if (k == 1) break;
-    std::map<Key, double> lower;  // each order-k type adds 1 to its (k - 1)-suffix
+    std::unordered_map<Key, double> lower;  // each order-k type adds 1 to its (k - 1)-suffix
     for (const auto& [gram, c] : level) lower[gram.substr(sizeof(int32_t))] += 1;
     level = std::move(lower);
   }
@@ -85,10 +84,25 @@ std::vector<int64_t> NgramLm::distinct_ngrams() const {
   std::vector<int64_t> out;
   for (const auto& hist : histories_) {
     int64_t n = 0;
-    for (const auto& [key, h] : hist) n += h.types;
+    for (const auto& [key, h] : hist) n += int64_t(h.next.size());
     out.push_back(n);
   }
   return out;
+}
+
+void NgramLm::probabilities(const int32_t* context, double* p) const {
+  std::fill(p, p + classes_ + 1, 1.0 / double(classes_));
+  p[0] = 0;
+  for (int k = 1; k <= order_; ++k) {
+    const auto& hist = histories_[size_t(k - 1)];
+    auto it = hist.find(key_of(context + (order_ - k), k - 1));
+    if (it == hist.end()) continue;
+    const History& h = it->second;
+    const double d = discount_[size_t(k - 1)];
+    const double gamma = d * double(h.next.size()) / h.total;  // D_k N_k(h) / c_k(h)
+    for (int32_t w = 1; w <= classes_; ++w) p[w] *= gamma;
+    for (const auto& [w, c] : h.next) p[w] += std::max(c - d, 0.0) / h.total;
+  }
 }
 
 double NgramLm::log_prob(const LabelSequence& history, int32_t next) const {
@@ -99,34 +113,14 @@ double NgramLm::log_prob(const LabelSequence& history, int32_t next) const {
   const size_t take = std::min(context.size(), history.size());
   std::copy(history.end() - std::ptrdiff_t(take), history.end(),
             context.end() - std::ptrdiff_t(take));
-  double p = 1.0 / double(classes_);
-  for (int k = 1; k <= order_; ++k) {
-    const auto& hist = histories_[size_t(k - 1)];
-    auto it = hist.find(key_of(context.data() + (order_ - k), k - 1));
-    if (it == hist.end()) continue;
-    const History& h = it->second;
-    const double d = discount_[size_t(k - 1)];
-    double c = 0;
-    auto n = std::lower_bound(h.next.begin(), h.next.end(), std::make_pair(next, 0.0));
-    if (n != h.next.end() && n->first == next) c = n->second;
-    p = std::max(c - d, 0.0) / h.total + d * double(h.types) / h.total * p;
-  }
-  return std::log(p);
+  std::vector<double> p(size_t(classes_) + 1);
+  probabilities(context.data(), p.data());
+  return std::log(p[size_t(next)]);
 }
 
 void NgramLm::log_probs(const int32_t* context, float* out) const {
-  std::vector<double> p(size_t(classes_) + 1, 1.0 / double(classes_));
-  p[0] = 0;
-  for (int k = 1; k <= order_; ++k) {
-    const auto& hist = histories_[size_t(k - 1)];
-    auto it = hist.find(key_of(context + (order_ - k), k - 1));
-    if (it == hist.end()) continue;
-    const History& h = it->second;
-    const double d = discount_[size_t(k - 1)];
-    const double gamma = d * double(h.types) / h.total;
-    for (double& v : p) v *= gamma;
-    for (const auto& [w, c] : h.next) p[size_t(w)] += std::max(c - d, 0.0) / h.total;
-  }
+  std::vector<double> p(size_t(classes_) + 1);
+  probabilities(context, p.data());
   out[0] = -std::numeric_limits<float>::infinity();
   for (size_t w = 1; w < p.size(); ++w) out[w] = static_cast<float>(std::log(p[w]));
 }

@@ -68,12 +68,14 @@ class NgramLm {
  private:
   struct History {
     double total = 0;                              // c_k(h)
-    int64_t types = 0;                             // N_k(h)
-    std::vector<std::pair<int32_t, double>> next;  // (w, c_k(h w)), c > 0
+    std::vector<std::pair<int32_t, double>> next;  // (w, c_k(h w)), c > 0; N_k(h) = its size
   };
   using Key = std::string;  // the bytes of a history's ids
   static Key key_of(const int32_t* ids, int n);
   void build();  // the lower orders and the discounts, from counts_
+  // p of every symbol after `context` (order - 1 ids) into p[0 .. classes], p[0] = 0: the one
+  // place the smoothing is computed, for log_prob and log_probs alike.
+  void probabilities(const int32_t* context, double* p) const;
 
   int order_ = 0;
   int32_t classes_ = 0;

@@ -380,6 +380,9 @@ TEST_CASE("speech_app_lm") {
   CHECK_FAILS(speech({"evaluate", "--checkpoint", speech_out + "/full", "--manifest",
                       corpus + "/dev.tsv", "--beam", "4", "--lm-weight", "0.1"}),
               "--lm-weight and --lm-bonus need --lm");
+  CHECK_FAILS(speech(cat({{"evaluate", "--checkpoint", speech_out + "/full", "--manifest",
+                           corpus + "/dev.tsv", "--beam", "4", "--lm", speech_out}})),
+              "--lm: cannot open " + speech_out + ": is a folder, not a file");
   const std::string other = speech_out + "/lm_other.json";
   std::ofstream(other) << R"({"format": "clustr-ngram-lm", "version": 1, "order": 1, )"
                           R"("tokens": ["<blank>", "zz"], "counts": [[1, 1]]})";

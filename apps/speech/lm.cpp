@@ -1,9 +1,7 @@
 // The speech app's label language model (lm.h).
 #include "apps/speech/lm.h"
 
-#include <cerrno>
 #include <cmath>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -11,6 +9,7 @@
 #include "apps/common/metrics_file.h"
 #include "apps/speech/train.h"
 #include "core/error.h"
+#include "data/file_reason.h"
 
 namespace clustr::speech {
 
@@ -71,8 +70,11 @@ void build_language_model(const LmFlags& f, std::FILE* log) {
 LanguageModel load_language_model(const std::string& path, const TokenTable& tokens,
                                   const std::vector<double>& weights,
                                   const std::vector<double>& bonuses) {
+  // A folder or a FIFO is refused before it is opened (a FIFO would block the read).
+  const std::string reason = unreadable_reason(path);
+  CLUSTR_CHECK(reason.empty(), "--lm: cannot open ", path, ": ", reason);
   std::ifstream in(path, std::ios::binary);
-  CLUSTR_CHECK(in.good(), "--lm: cannot read ", path, ": ", std::strerror(errno));
+  CLUSTR_CHECK(in.good(), "--lm: cannot open ", path);
   std::ostringstream text;
   text << in.rdbuf();
   LanguageModel m;
