@@ -257,6 +257,20 @@ TEST_CASE("speech_app_no_command") {
   CHECK_FAILS(speech({}), "A subcommand is required");
 }
 
+// evaluate and decode take the attention's settings from the checkpoint unless given: their
+// help must not show the library's defaults (100 clusters, full attention) as if they applied.
+TEST_CASE("speech_app_eval_help") {
+  for (const char* command : {"evaluate", "decode"}) {
+    const AppRun r = speech({command, "--help"});
+    INFO(r.command, "\n", r.output);
+    REQUIRE(r.status == 0);
+    CHECK(r.output.find("--clusters INT=") == std::string::npos);
+    CHECK(r.output.find("--attention TEXT=") == std::string::npos);
+    CHECK(r.output.find("clusters C (clustered types) (default: the model's)") !=
+          std::string::npos);
+  }
+}
+
 TEST_CASE("speech_app_bad_stacking") {
   CHECK_FAILS(speech({"train", "--corpus", "x", "--stacking", "3"}),
               "--stacking must be 1, 2 or 4, got 3");

@@ -27,6 +27,12 @@ void add_attention_flags(CLI::App& app, AttentionConfig& a) {
   FlagTable f;
   add_attention_settings(f, a);
   f.add_to(app);
+  // A value left out is the checkpoint's, not the one `a` holds: the help says so.
+  for (const auto& entry : f.entries()) {
+    CLI::Option* option = app.get_option("--" + entry.first);
+    option->default_str("");
+    option->description(option->get_description() + " (default: the model's)");
+  }
 }
 
 void add_precision_flag(CLI::App& app, Precision& precision) {

@@ -87,7 +87,8 @@ struct RunOptions : MachineOptions {
 // k = 32). Throws on another name.
 RunOptions preset_options(const std::string& name);
 
-// The attention flags (--attention --clusters --topk --bits --iterations) bound to `a`.
+// The attention flags of evaluate and decode (--attention --clusters --topk --bits --iterations
+// --rounds --buckets --chunk) bound to `a`; their help gives the model's values as the default.
 void add_attention_flags(CLI::App& app, AttentionConfig& a);
 // --precision fp32|bf16, bound to `precision`.
 void add_precision_flag(CLI::App& app, Precision& precision);
