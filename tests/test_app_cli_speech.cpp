@@ -368,6 +368,11 @@ TEST_CASE("speech_app_lm") {
   CHECK_FAILS(speech({"lm", "--manifest", corpus + "/train.tsv", "--out", lm, "--overwrite",
                       "--order", "9"}),
               "--order must be in [1, 8], got 9");
+  // The message names the file asked for, not only the temporary one written first.
+  CHECK_FAILS(speech({"lm", "--manifest", corpus + "/train.tsv", "--out",
+                      speech_out + "/no_folder/lm.json"}),
+              "cannot write " + speech_out + "/no_folder/lm.json (through " + speech_out +
+                  "/no_folder/lm.json.tmp.");
 
   const Args eval = {"evaluate", "--checkpoint", speech_out + "/full", "--manifest",
                      corpus + "/dev.tsv", "--beam", "4", "--lm", lm};

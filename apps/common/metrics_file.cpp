@@ -46,10 +46,17 @@ void write_lines_atomically(const std::string& path, const std::vector<std::stri
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   {
     std::ofstream out(tmp, std::ios::trunc);
-    CLUSTR_CHECK(out.good(), "cannot write ", tmp, ": ", std::strerror(errno));
+    CLUSTR_CHECK(out.good(), "cannot write ", path, " (through ", tmp, "): ",
+                 std::strerror(errno));
     for (const std::string& l : lines) out << l << '\n';
     out.flush();
-    CLUSTR_CHECK(out.good(), "cannot write ", tmp, ": ", std::strerror(errno));
+    if (!out.good()) {
+      const int err = errno;
+      out.close();
+      std::remove(tmp.c_str());
+      throw Error(detail::cat("cannot write ", path, " (through ", tmp, "): ",
+                              std::strerror(err)));
+    }
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     const int err = errno;
