@@ -46,11 +46,9 @@ void write_lines_atomically(const std::string& path, const std::vector<std::stri
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   {
     std::ofstream out(tmp, std::ios::trunc);
-    CLUSTR_CHECK(out.good(), "cannot write ", path, " (through ", tmp, "): ",
-                 std::strerror(errno));
-    for (const std::string& l : lines) out << l << '\n';
+    for (const std::string& l : lines) out << l << '\n';  // nothing happens if it did not open
     out.flush();
-    if (!out.good()) {
+    if (!out.good()) {  // no half-written temporary file is left behind
       const int err = errno;
       out.close();
       std::remove(tmp.c_str());
