@@ -214,21 +214,34 @@ inline __m512i cvt32(__m512 lo, __m512 hi) {
   return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
 }
 
-// n <= 16 consecutive elements of an operand from p, as floats (bf16 widened exactly); the
-// rest zero.
-inline __m512 load16(const char* p, Operand type, int64_t n) {
-  if (n <= 0) return _mm512_setzero_ps();
-  if (type == Operand::f32) return _mm512_maskz_loadu_ps(mask16(n), p);
-  const __m256i h = _mm256_maskz_loadu_epi16(mask16(n), p);
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
 // n <= 32 consecutive elements of an operand from p as 32 bf16; the rest zero.
 inline __m512i load32_bf16(const char* p, Operand type, int64_t n) {
   if (n <= 0) return _mm512_setzero_si512();
   if (type == Operand::bf16) return _mm512_maskz_loadu_epi16(mask32(n), p);
   return cvt32(_mm512_maskz_loadu_ps(mask16(n), p),
                n > 16 ? _mm512_maskz_loadu_ps(mask16(n - 16), p + 64) : _mm512_setzero_ps());
+}
+
+// Two rows of an operand, x and y (n <= 16 consecutive elements each; null: a row of zeros),
+// as bf16 interleaved word by word: word c = (x[c], y[c]), x in the low half. That is one pair
+// of k of a B tile row, and of 16 rows of A^T. A bf16 operand is never widened.
+inline __m512i pair16(const char* x, const char* y, Operand type, int64_t n) {
+  alignas(64) static const uint16_t kInterleave[32] = {0,  16, 1,  17, 2,  18, 3,  19,
+                                                       4,  20, 5,  21, 6,  22, 7,  23,
+                                                       8,  24, 9,  25, 10, 26, 11, 27,
+                                                       12, 28, 13, 29, 14, 30, 15, 31};
+  if (n <= 0) return _mm512_setzero_si512();
+  const __mmask16 m = mask16(n);
+  __m512i both;
+  if (type == Operand::bf16) {
+    const __m256i xs = x ? _mm256_maskz_loadu_epi16(m, x) : _mm256_setzero_si256();
+    const __m256i ys = y ? _mm256_maskz_loadu_epi16(m, y) : _mm256_setzero_si256();
+    both = _mm512_inserti64x4(_mm512_castsi256_si512(xs), ys, 1);
+  } else {
+    both = cvt32(x ? _mm512_maskz_loadu_ps(m, x) : _mm512_setzero_ps(),
+                 y ? _mm512_maskz_loadu_ps(m, y) : _mm512_setzero_ps());
+  }
+  return _mm512_permutexvar_epi16(_mm512_load_si512(kInterleave), both);
 }
 
 // Transposes 16 x 16 32-bit words (row i in r[i]).
@@ -273,7 +286,8 @@ inline void pack_a(const GemmBf16Call& g, int64_t i, int64_t rows, int64_t p0, i
 // zero-padded), depths [p0, p0 + kc). op(A) = A^T is packed tile by tile across all the
 // rowgroups, so that each of the tile's 32 rows of A is read in one sweep along its columns
 // (whole cache lines, in order: the hardware prefetcher follows 32 such streams, not the
-// scattered lines of one rowgroup at a time).
+// scattered lines of one rowgroup at a time). A rowgroup's tile is 16 pairs of rows of A,
+// interleaved into words (pair16), then one 16 x 16 transpose of words: row r of the tile.
 inline void pack_a_rows(const GemmBf16Call& g, int64_t i, int64_t rows, int64_t p0, int64_t kc,
                         int64_t ktiles, uint16_t* dst, int64_t group) {
   const int64_t groups = ceil_div(rows, 16);
@@ -281,6 +295,9 @@ inline void pack_a_rows(const GemmBf16Call& g, int64_t i, int64_t rows, int64_t 
   if (g.trans_a) {
     const Operand type = g.a_type;
     const int64_t elem = type == Operand::f32 ? 4 : 2;
+    auto row_of = [&](int64_t k, int64_t col) {  // row p0 + k of A from column col, or null
+      return k < kc ? byte_ptr(g.A, type, (p0 + k) * g.lda + col) : nullptr;
+    };
     for (int64_t t = 0; t < ktiles; ++t) {
       // The next tile's 32 rows of A, this chunk's width of each: they are far apart (a row
       // of A apart), so the hardware prefetcher does not see them coming.
@@ -290,19 +307,14 @@ inline void pack_a_rows(const GemmBf16Call& g, int64_t i, int64_t rows, int64_t 
       }
       for (int64_t q = 0; q < groups; ++q) {
         const int64_t r = min64(16, rows - 16 * q), col = i + 16 * q;
-        __m512 lo[16], hi[16];
-        for (int64_t k = 0; k < 16; ++k) {
-          const int64_t k0 = t * kTileK + k, k1 = k0 + 16;
-          lo[k] = k0 < kc ? load16(byte_ptr(g.A, type, (p0 + k0) * g.lda + col), type, r)
-                          : _mm512_setzero_ps();
-          hi[k] = k1 < kc ? load16(byte_ptr(g.A, type, (p0 + k1) * g.lda + col), type, r)
-                          : _mm512_setzero_ps();
+        __m512i w[16];
+        for (int64_t kp = 0; kp < 16; ++kp) {
+          const int64_t k = t * kTileK + 2 * kp;
+          w[kp] = pair16(row_of(k, col), row_of(k + 1, col), type, r);
         }
-        gemm_impl::transpose16(lo);
-        gemm_impl::transpose16(hi);
+        transpose16i(w);
         uint16_t* out = dst + q * group + t * kTileElems;
-        for (int64_t rr = 0; rr < 16; ++rr)
-          _mm512_store_si512(out + rr * kTileK, cvt32(lo[rr], hi[rr]));
+        for (int64_t rr = 0; rr < 16; ++rr) _mm512_store_si512(out + rr * kTileK, w[rr]);
       }
     }
     return;
@@ -358,17 +370,12 @@ inline void pack_b_cols(const GemmBf16Call& g, int64_t j, int64_t cols, int64_t 
 #ifdef CLUSTR_BF16_VECTOR
   if (!g.trans_b) {
     const Operand type = g.b_type;
-    alignas(64) static const uint16_t kInterleave[32] = {0,  16, 1,  17, 2,  18, 3,  19,
-                                                         4,  20, 5,  21, 6,  22, 7,  23,
-                                                         8,  24, 9,  25, 10, 26, 11, 27,
-                                                         12, 28, 13, 29, 14, 30, 15, 31};
-    const __m512i order = _mm512_load_si512(kInterleave);
+    const int64_t elem = type == Operand::f32 ? 4 : 2;
     for (int64_t t = 0; t < ktiles; ++t)
       for (int64_t kp = 0; kp < 16; ++kp) {
         const int64_t k0 = t * kTileK + 2 * kp, k1 = k0 + 1;
         const char* x_row = k0 < kc ? byte_ptr(g.B, type, (p0 + k0) * g.ldb + j) : nullptr;
         const char* y_row = k1 < kc ? byte_ptr(g.B, type, (p0 + k1) * g.ldb + j) : nullptr;
-        const int64_t elem = type == Operand::f32 ? 4 : 2;
         // The pair of rows 8 pairs ahead, a line per colgroup: the rows of a deep B (the
         // activations of a weight gradient) come from memory, and this loop does little else.
         const int64_t ahead = k0 + 16;
@@ -376,15 +383,14 @@ inline void pack_b_cols(const GemmBf16Call& g, int64_t j, int64_t cols, int64_t 
         const char* y_next =
             ahead + 1 < kc ? byte_ptr(g.B, type, (p0 + ahead + 1) * g.ldb + j) : nullptr;
         for (int64_t q = 0; q < groups; ++q) {
-          if ((16 * q * elem) % 64 == 0) {  // a new line of both rows
-            if (x_next) _mm_prefetch(x_next + 16 * q * elem, _MM_HINT_T0);
-            if (y_next) _mm_prefetch(y_next + 16 * q * elem, _MM_HINT_T0);
+          const int64_t off = 16 * q * elem;
+          if (off % 64 == 0) {  // a new line of both rows
+            if (x_next) _mm_prefetch(x_next + off, _MM_HINT_T0);
+            if (y_next) _mm_prefetch(y_next + off, _MM_HINT_T0);
           }
-          const int64_t c = min64(16, cols - 16 * q);
-          const __m512 x = x_row ? load16(x_row + 16 * q * elem, type, c) : _mm512_setzero_ps();
-          const __m512 y = y_row ? load16(y_row + 16 * q * elem, type, c) : _mm512_setzero_ps();
           _mm512_store_si512(dst + q * group + t * kTileElems + kp * kTileK,
-                             _mm512_permutexvar_epi16(order, cvt32(x, y)));
+                             pair16(x_row ? x_row + off : nullptr, y_row ? y_row + off : nullptr,
+                                    type, min64(16, cols - 16 * q)));
         }
       }
     return;
