@@ -31,6 +31,7 @@
 
 #include "apps/common/device.h"
 #include "apps/common/flags.h"
+#include "apps/common/metrics_file.h"
 #include "apps/common/plot.h"
 #include "apps/common/train_command.h"
 #include "apps/common/training.h"
@@ -418,6 +419,7 @@ struct ImportFlags {
   std::string lexicon = "/usr/share/festival/dicts/cmu/cmudict-0.4.out";  // Debian's festlex-cmu
   std::string piece_model;  // default: pieces.model beside the manifest
   int vocab_size = 0;       // > 0: learn that many word pieces from this import's transcripts
+  bool overwrite = false;   // replace an existing --out
 };
 
 // The word pieces of an import: learnt from its transcripts (--vocab-size) and saved, never over
@@ -455,6 +457,7 @@ int cmd_import(const ImportFlags& f) {
   CLUSTR_CHECK(f.units == "pieces" || (f.vocab_size == 0 && f.piece_model.empty()),
                "--vocab-size and --piece-model are for --units pieces");
   CLUSTR_CHECK(f.vocab_size >= 0, "--vocab-size must be positive, got ", f.vocab_size);
+  check_output_file("--out", f.out, f.overwrite, /*folder_must_exist=*/false);  // it is made
   std::vector<CorpusUtterance> utts;
   if (f.format == "librispeech")
     utts = import_librispeech(f.in);
@@ -485,10 +488,13 @@ int cmd_import(const ImportFlags& f) {
               "it (%s)\n",
               f.out.c_str(), static_cast<long long>(r.written), seconds, seconds / 3600,
               f.units.c_str());
-  if (!r.problems.empty()) {
-    const std::string skipped = f.out + ".skipped.txt";
-    std::ofstream out(skipped, std::ios::trunc);
-    for (const std::string& p : r.problems) out << p << '\n';
+  // The list of what was left out belongs to the manifest: rewritten with it, and an earlier
+  // one removed when nothing was left out this time.
+  const std::string skipped = f.out + ".skipped.txt";
+  if (r.problems.empty()) {
+    std::filesystem::remove(skipped);
+  } else {
+    write_lines_atomically(skipped, r.problems);
     std::printf("%zu utterances left out, all listed in %s; the first:\n  %s\n",
                 r.problems.size(), skipped.c_str(), r.problems.front().c_str());
   }
@@ -553,6 +559,8 @@ int main(int argc, char** argv) try {
   matrix->add_option("--attention-map", map_path,
                      "also write a PNG of the first checkpoint's attention weights for one "
                      "utterance under the three types side by side (the paper's Figure 8)");
+  bool outputs_overwrite = false;
+  matrix->add_flag("--overwrite", outputs_overwrite, "replace --attention-map if it exists");
   matrix->add_option("--map-layer", map_layer, "layer of the attention map")->capture_default_str();
   matrix->add_option("--map-head", map_head, "head of the attention map")->capture_default_str();
   matrix->add_option("--map-utterance", map_utt, "index of the utterance in the manifest's kept "
@@ -577,6 +585,7 @@ int main(int argc, char** argv) try {
   tradeoff->add_option("--png", tradeoff_png,
                        "draw them, a line per attention type (lsh: per number of rounds), in this "
                        "PNG");
+  tradeoff->add_flag("--overwrite", outputs_overwrite, "replace --csv and --png if they exist");
 
   ImportFlags imp;
   CLI::App* import = app.add_subcommand(
@@ -587,6 +596,7 @@ int main(int argc, char** argv) try {
       ->required();
   import->add_option("--out", imp.out, "the manifest to write (e.g. data/libri/train.tsv)")
       ->required();
+  import->add_flag("--overwrite", imp.overwrite, "replace --out if it exists");
   import->add_option("--units", imp.units, "phones (through --lexicon) | chars (letters, "
                      "digits, ' and | between words) | pieces (word pieces, SentencePiece's "
                      "unigram model)")->capture_default_str();
@@ -612,12 +622,18 @@ int main(int argc, char** argv) try {
 
   if (*evaluate) return cmd_evaluate(f, checkpoint, *evaluate);
   if (*decode) return cmd_decode(f, checkpoint, *decode);
-  if (*tradeoff)
+  // The files these write, checked before the evaluations that lead to them.
+  if (*tradeoff) {
+    if (!tradeoff_csv.empty()) check_output_file("--csv", tradeoff_csv, outputs_overwrite, true);
+    if (!tradeoff_png.empty()) check_output_file("--png", tradeoff_png, outputs_overwrite, true);
     return cmd_tradeoff(f, tradeoff_checkpoints, tradeoff_counts, tradeoff_reps, tradeoff_csv,
                         tradeoff_png, *tradeoff);
-  if (*matrix)
+  }
+  if (*matrix) {
+    if (!map_path.empty()) check_output_file("--attention-map", map_path, outputs_overwrite, true);
     return cmd_matrix(f, checkpoints, cluster_counts, map_path, map_layer, map_head, map_utt,
                       *matrix);
+  }
   if (*import) return cmd_import(imp);
   if (*lm) {
     build_language_model(lmf, stdout);

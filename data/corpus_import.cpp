@@ -244,7 +244,22 @@ ImportReport write_manifest(const std::vector<CorpusUtterance>& utterances, Labe
     rows.push_back(row);
   }
   const fs::path dir = fs::path(manifest).parent_path();
+  // tokens.txt is shared by every manifest of its folder: an import of other units (or other
+  // word pieces) must not replace the table the others were written with.
+  const std::string tokens_path = (dir / "tokens.txt").string();
   std::error_code ec;
+  const bool have_tokens = fs::exists(tokens_path, ec);
+  if (have_tokens) {
+    const std::vector<std::string> old = read_tokens(tokens_path).tokens;
+    size_t i = 0;
+    while (i < old.size() && i < tokens.size() && old[i] == tokens[i]) ++i;
+    CLUSTR_CHECK(i == old.size() && i == tokens.size(), "import: ", tokens_path,
+                 " holds another token table (", old.size(), " tokens against this import's ",
+                 tokens.size(), "; line ", i + 1, ": '", i < old.size() ? old[i] : "(none)",
+                 "' where this import has '", i < tokens.size() ? tokens[i] : "(none)",
+                 "'): the manifests beside it use it; write this import to another folder, or "
+                 "delete that tokens.txt if no manifest there needs it");
+  }
   if (!dir.empty()) fs::create_directories(dir, ec);
   auto write = [](const std::string& path, const std::vector<std::string>& lines) {
     const std::string tmp = path + ".tmp";
@@ -258,7 +273,7 @@ ImportReport write_manifest(const std::vector<CorpusUtterance>& utterances, Labe
     fs::rename(tmp, path);
   };
   write(manifest, rows);
-  write((dir / "tokens.txt").string(), tokens);
+  if (!have_tokens) write(tokens_path, tokens);
   report.written = int64_t(rows.size());
   return report;
 }

@@ -48,7 +48,9 @@ struct ImportReport {
 // Writes `manifest` (the app's TSV, audio paths absolute) and, beside it, tokens.txt (the blank,
 // then the units: the 39 phones, the characters, or the word pieces), leaving out the utterances
 // with a word the lexicon lacks, with characters no word piece covers (listed in the report) or
-// with no labels. `lexicon` is needed for phones, `pieces` for word pieces.
+// with no labels. `lexicon` is needed for phones, `pieces` for word pieces. tokens.txt is shared
+// by the manifests of its folder: one that is there already is kept, and must hold the same
+// table (else this throws before writing anything).
 ImportReport write_manifest(const std::vector<CorpusUtterance>& utterances, LabelUnits units,
                             const Lexicon* lexicon, const std::string& manifest,
                             const WordPieces* pieces = nullptr);

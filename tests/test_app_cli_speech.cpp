@@ -91,14 +91,22 @@ TEST_CASE("speech_app_decode") {
   CHECK_STATUS(r, 0);
 }
 
+// The matrix and its attention map, which a second run refuses to write over before it
+// evaluates anything.
 TEST_CASE("speech_app_matrix") {
-  const AppRun r = speech({"matrix", "--checkpoints", speech_out + "/full", "--manifest",
-                           corpus + "/dev.tsv", "--attention-map",
-                           speech_out + "/attention.png"});
+  const std::string png = speech_out + "/attention.png";
+  std::filesystem::remove(png);
+  const Args matrix = {"matrix", "--checkpoints", speech_out + "/full", "--manifest",
+                       corpus + "/dev.tsv", "--attention-map", png};
+  const AppRun r = speech(matrix);
   CHECK_OUTPUT_MATCHES(r, "attention maps of dev0.*train \\\\ evaluate +full +shared-full +"
                  "lsh-1 +lsh-4 +clustered +improved-clustered +oracle-top\n"
                  "full +[0-9.]+ +- +- +- +[0-9.]+ +[0-9.]+ +[0-9.]+\n");
   CHECK_STATUS(r, 0);
+  const AppRun again = speech(matrix);
+  CHECK_OUTPUT_HAS(again, png + " exists: pass --overwrite to replace it");
+  CHECK_MESSAGE(again.output.find("evaluate") == std::string::npos, again.output);
+  CHECK_STATUS(again, 1);
 }
 
 // The clustered types at two cluster counts: a column for each type and count; a count below
@@ -132,6 +140,7 @@ TEST_CASE("speech_app_lsh") {
                           "lsh-2 +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+\n");
   CHECK_STATUS(m, 0);
   // Its attention map has a fourth panel: the dense weights of its own lsh-2.
+  std::filesystem::remove(speech_out + "/lsh_attention.png");
   const AppRun map = speech({"matrix", "--checkpoints", speech_out + "/lsh", "--manifest",
                              corpus + "/dev.tsv", "--attention-map",
                              speech_out + "/lsh_attention.png"});
@@ -149,6 +158,7 @@ TEST_CASE("speech_app_lsh") {
 TEST_CASE("speech_app_tradeoff") {
   const std::string csv = speech_out + "/tradeoff.csv", png = speech_out + "/tradeoff.png";
   std::filesystem::remove(csv);
+  std::filesystem::remove(png);
   const AppRun r = speech({"tradeoff", "--checkpoints", speech_out + "/full", speech_out + "/lsh",
                            "--manifest", corpus + "/dev.tsv", "--reps", "2", "--csv", csv,
                            "--png", png});
@@ -166,6 +176,9 @@ TEST_CASE("speech_app_tradeoff") {
   CHECK_MESSAGE(lsh.find(",lsh-2,\"lsh (rounds=2, buckets=4, chunk=8)\",1,") != std::string::npos,
                 lsh);
   CHECK(std::filesystem::file_size(png) > 1000);
+  CHECK_FAILS_WITH(speech({"tradeoff", "--checkpoints", speech_out + "/full", "--manifest",
+                           corpus + "/dev.tsv", "--png", png}),
+                   png + " exists: pass --overwrite to replace it");
   CHECK_FAILS(speech({"tradeoff", "--checkpoints", speech_out + "/full", "--manifest",
                       corpus + "/dev.tsv", "--reps", "0"}),
               "--reps must be in [1, 100], got 0");
@@ -331,7 +344,7 @@ TEST_CASE("speech_app_import_pieces") {
                                "[^\n]*data/pieces.model.*wrote [^\n]*train.tsv \\(30 "
                                "utterances");
   CHECK_STATUS(learnt, 0);
-  const AppRun again = speech(cat({train, {"--vocab-size", "12"}}));
+  const AppRun again = speech(cat({train, {"--vocab-size", "12", "--overwrite"}}));
   CHECK_OUTPUT_MATCHES(again, "pieces.model exists already; to encode with it leave out "
                               "--vocab-size");
   CHECK_STATUS(again, 1);
@@ -354,6 +367,49 @@ TEST_CASE("speech_app_import_pieces") {
               "--vocab-size and --piece-model are for --units pieces");
 }
 
+// What an import writes is never put over what is there: an existing manifest needs
+// --overwrite, a folder's tokens.txt is kept and must hold the same table, and the list of the
+// utterances left out goes with its manifest (removed when nothing is left out).
+TEST_CASE("speech_app_import_overwrite") {
+  const std::string dir = speech_out + "/import_overwrite";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  auto nemo = [&](const std::string& name, const std::string& second_text) {
+    std::ofstream out(dir + "/" + name);
+    out << "{\"audio_filepath\": \"" << corpus << "/wav/train0.wav\", \"text\": \"a bed\"}\n"
+        << "{\"audio_filepath\": \"" << corpus << "/wav/train1.wav\", \"text\": \""
+        << second_text << "\"}\n";
+  };
+  nemo("bad.json", "caf\u00e9");  // a character the letters do not cover
+  nemo("good.json", "a cab");
+  const std::string manifest = dir + "/data/train.tsv";
+  auto import = [&](const std::string& json, const Args& more) {
+    return speech(cat({{"import", "--format", "nemo", "--in", dir + "/" + json, "--out",
+                        manifest, "--units", "chars"},
+                       more}));
+  };
+  const AppRun first = import("bad.json", {});
+  CHECK_OUTPUT_MATCHES(first, "1 utterances left out, all listed in [^\n]*train.tsv.skipped.txt");
+  CHECK_STATUS(first, 0);
+  CHECK(std::filesystem::exists(manifest + ".skipped.txt"));
+  CHECK_FAILS_WITH(import("good.json", {}), manifest + " exists: pass --overwrite to replace it");
+  CHECK(std::filesystem::exists(manifest + ".skipped.txt"));
+  CHECK_STATUS(import("good.json", {"--overwrite"}), 0);
+  CHECK(!std::filesystem::exists(manifest + ".skipped.txt"));
+  std::filesystem::create_directories(dir + "/other");
+  std::ofstream(dir + "/other/tokens.txt") << "<blank>\nA\nB\n";
+  CHECK_FAILS_WITH(speech({"import", "--format", "nemo", "--in", dir + "/good.json", "--out",
+                           dir + "/other/train.tsv", "--units", "chars"}),
+                   "import: " + dir + "/other/tokens.txt holds another token table (3 tokens "
+                   "against this import's 39; line 2: 'A' where this import has 'a'): the "
+                   "manifests beside it use it; write this import to another folder, or "
+                   "delete that tokens.txt if no manifest there needs it");
+  CHECK(!std::filesystem::exists(dir + "/other/train.tsv"));
+  CHECK_FAILS_WITH(speech({"import", "--format", "nemo", "--in", dir + "/good.json", "--out",
+                           dir + "/data"}),
+                   "--out " + dir + "/data: is a folder; expected the file to write");
+}
+
 // A label language model counted from the training manifest, fused into the beam search.
 TEST_CASE("speech_app_lm") {
   const std::string lm = speech_out + "/lm.json";
@@ -371,8 +427,8 @@ TEST_CASE("speech_app_lm") {
   // The message names the file asked for, not only the temporary one written first.
   CHECK_FAILS(speech({"lm", "--manifest", corpus + "/train.tsv", "--out",
                       speech_out + "/no_folder/lm.json"}),
-              "cannot write " + speech_out + "/no_folder/lm.json (through " + speech_out +
-                  "/no_folder/lm.json.tmp.");
+              "--out " + speech_out + "/no_folder/lm.json: the folder " + speech_out +
+                  "/no_folder does not exist");
 
   const Args eval = {"evaluate", "--checkpoint", speech_out + "/full", "--manifest",
                      corpus + "/dev.tsv", "--beam", "4", "--lm", lm};

@@ -2,7 +2,6 @@
 #include "apps/speech/lm.h"
 
 #include <cmath>
-#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -47,8 +46,7 @@ void build_language_model(const LmFlags& f, std::FILE* log) {
   CLUSTR_CHECK(!f.out.empty(), "--out: expected the file to write the language model to");
   CLUSTR_CHECK(f.order >= 1 && f.order <= NgramLm::kMaxOrder, "--order must be in [1, ",
                NgramLm::kMaxOrder, "], got ", f.order);
-  CLUSTR_CHECK(f.overwrite || !std::filesystem::exists(f.out), f.out,
-               " exists: pass --overwrite to replace it");
+  check_output_file("--out", f.out, f.overwrite, /*folder_must_exist=*/true);
   const TokenTable tokens = read_tokens(f.tokens.empty() ? default_tokens(f.manifest) : f.tokens);
   const std::vector<LabelSequence> text = manifest_labels(f.manifest, tokens, log);
   CLUSTR_CHECK(!text.empty(), f.manifest, ": no utterances to count");
