@@ -27,10 +27,10 @@ template <int CG>
 void strip(int64_t ktiles, const uint16_t* a, int64_t ld, int64_t ts, const uint16_t* b,
            int64_t group, int64_t r0, const BlockC& c) {
   __m512 acc[8][CG];
-  // The lines of C that the strip stores at its end, fetched for writing now: on Zen 4 the
-  // products of depth 192 whose C goes to memory (the encoder layer's forward products) ran
-  // 5-13% faster with this (docs/PERFORMANCE.md); deeper products, whose stores are a smaller
-  // part of a strip, neither gain nor lose.
+  // The lines of C that the strip stores at its end, fetched for writing now, so that those
+  // stores need not wait on write misses. On Zen 4 a loop of one product of depth 192 with a
+  // C of 9 MB ran 5-13% faster; bench_gemm's products gained 2% (median, -5% to +10% between
+  // runs; docs/PERFORMANCE.md).
   for (int64_t r = r0; r < r0 + 8 && r < c.rows; ++r) {
     if (c.c) {
       _mm_prefetch(reinterpret_cast<const char*>(c.c + r * c.ldc), _MM_HINT_ET0);
