@@ -33,6 +33,7 @@
 #include "apps/common/flags.h"
 #include "apps/common/metrics_file.h"
 #include "apps/common/plot.h"
+#include "apps/common/run_folder.h"
 #include "apps/common/train_command.h"
 #include "apps/common/training.h"
 #include "apps/speech/attention_map.h"

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "apps/common/flag_table.h"
+#include "apps/common/metrics_file.h"
 #include "apps/common/plot.h"
 #include "apps/common/run_folder.h"
 #include "apps/common/stop_signal.h"
@@ -367,6 +368,27 @@ TEST_CASE("run folder: temporaries of a killed run are removed; free default fol
   CHECK(first_free_folder(out) == out + "-2");
   std::ofstream(out + "-2/x") << "x";
   CHECK(first_free_folder(out) == out + "-3");
+}
+
+// A write that fails names the file asked for and the temporary written first; an output file
+// is checked before the work that leads to it.
+TEST_CASE("run folder: a failed atomic write, and the checks of an output file") {
+  TempDir dir;
+  const std::string missing = dir.file("no_folder/lm.json"), sub = dir.file("sub");
+  const std::string saved = dir.file("lm.json");
+  const std::string through = "cannot write " + missing + " (through " + missing + ".tmp.";
+  CHECK_ERROR(write_lines_atomically(missing, {"x"}), through.c_str());
+  const std::string no_folder =
+      "--out " + missing + ": the folder " + dir.file("no_folder") + " does not exist";
+  CHECK_ERROR(check_output_file("--out", missing, false, true), no_folder.c_str());
+  std::filesystem::create_directories(sub);
+  const std::string folder = "--png " + sub + ": is a folder; expected the file to write";
+  CHECK_ERROR(check_output_file("--png", sub, true, true), folder.c_str());
+  std::ofstream(saved) << "saved";
+  const std::string exists = saved + " exists: pass --overwrite to replace it";
+  CHECK_ERROR(check_output_file("--out", saved, false, true), exists.c_str());
+  CHECK_NOTHROW(check_output_file("--out", saved, true, true));
+  CHECK_NOTHROW(check_output_file("--out", dir.file("new/lm.json"), false, false));  // made later
 }
 
 TEST_CASE("copy task: a new run refuses the folder of an earlier one") {

@@ -5,7 +5,6 @@
 
 #include <cerrno>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -62,19 +61,6 @@ void write_lines_atomically(const std::string& path, const std::vector<std::stri
     std::remove(tmp.c_str());
     throw Error(detail::cat("cannot rename ", tmp, " to ", path, ": ", std::strerror(err)));
   }
-}
-
-void check_output_file(const std::string& flag, const std::string& path, bool overwrite,
-                       bool folder_must_exist) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  CLUSTR_CHECK(!fs::is_directory(path, ec), flag, " ", path,
-               ": is a folder; expected the file to write");
-  CLUSTR_CHECK(overwrite || !fs::exists(path, ec), path,
-               " exists: pass --overwrite to replace it");
-  const fs::path folder = fs::path(path).parent_path();
-  CLUSTR_CHECK(!folder_must_exist || folder.empty() || fs::is_directory(folder, ec), flag, " ",
-               path, ": the folder ", folder.string(), " does not exist");
 }
 
 void write_metrics_file(const std::string& path, const std::string& header,

@@ -32,11 +32,6 @@ void write_metrics_file(const std::string& path, const std::string& header,
 void write_lines_atomically(const std::string& path, const std::vector<std::string>& lines);
 // Appends one row (and its newline) to `path`.
 void append_metrics_row(const std::string& path, const std::string& row);
-// Checks, before the work that leads to it, that the file `path` (given as `flag`) may be
-// written: it is not a folder, it does not exist unless `overwrite`, and, with
-// `folder_must_exist`, the folder it goes in exists. Throws naming the flag and the path.
-void check_output_file(const std::string& flag, const std::string& path, bool overwrite,
-                       bool folder_must_exist);
 
 // The points (row.step, row.*field) of the rows whose value is finite, as a plot series.
 template <class Row>

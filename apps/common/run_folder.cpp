@@ -65,6 +65,18 @@ std::vector<std::string> folder_entries(const std::string& folder) {
   return names;
 }
 
+void check_output_file(const std::string& flag, const std::string& path, bool overwrite,
+                       bool folder_must_exist) {
+  std::error_code ec;
+  CLUSTR_CHECK(!fs::is_directory(path, ec), flag, " ", path,
+               ": is a folder; expected the file to write");
+  CLUSTR_CHECK(overwrite || !fs::exists(path, ec), path,
+               " exists: pass --overwrite to replace it");
+  const fs::path folder = fs::path(path).parent_path();
+  CLUSTR_CHECK(!folder_must_exist || folder.empty() || fs::is_directory(folder, ec), flag, " ",
+               path, ": the folder ", folder.string(), " does not exist");
+}
+
 std::string first_free_folder(const std::string& base) {
   for (int i = 1;; ++i) {
     const std::string p = i == 1 ? base : detail::cat(base, "-", i);

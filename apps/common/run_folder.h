@@ -48,6 +48,13 @@ class RunFolder {
   int lock_fd_ = -1;
 };
 
+// The same rule for one output file (a language model, a CSV, a PNG): checks, before the work
+// that leads to it, that `path` (given as `flag`) may be written: it is not a folder, it does not
+// exist unless `overwrite`, and, with `folder_must_exist`, the folder it goes in exists. Throws
+// clustr::Error naming the flag and the path.
+void check_output_file(const std::string& flag, const std::string& path, bool overwrite,
+                       bool folder_must_exist);
+
 // `base` when it does not exist or is an empty folder, else the first of base-2, base-3, ...
 // that is.
 std::string first_free_folder(const std::string& base);

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "apps/common/metrics_file.h"
+#include "apps/common/run_folder.h"
 #include "apps/speech/train.h"
 #include "core/error.h"
 #include "data/file_reason.h"
