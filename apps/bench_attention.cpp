@@ -160,8 +160,9 @@ int main(int argc, char** argv) try {
   app.add_option("--device", device_name, "cpu | cuda")->capture_default_str();
   std::string precision_name = "fp32";
   app.add_option("--precision", precision_name,
-                 "fp32 | bf16 (full attention's products with bf16 operands; the clustered "
-                 "types' kernels stay f32)")
+                 "fp32 | bf16 (the products with bf16 operands: full attention's, the "
+                 "clustered types' C x S ones; the hashing and the per-cluster top-k products "
+                 "stay f32)")
       ->capture_default_str();
   bool tf32 = false;
   app.add_flag("--tf32", tf32, "with --device cuda: TF32 tensor cores for the f32 products");

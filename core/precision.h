@@ -2,10 +2,11 @@
 //
 //   fp32  every product reads its operands as float32 (the default).
 //   bf16  the products of the policy (linear layers, the fused Q/K/V projection, the
-//         feed-forward block, full attention's Q K^T and P V, and their gradients) read their
-//         float32 operands rounded to bfloat16 (core/bf16.h) and accumulate in float32; their
-//         results are float32. Everything else (softmax, layer norm, residual sums, losses,
-//         reductions, the optimizer and its state, the master weights) stays float32.
+//         feed-forward block, full attention's Q K^T and P V, the clustered types' C x S
+//         products, and their gradients) read their float32 operands rounded to bfloat16
+//         (core/bf16.h) and accumulate in float32; their results are float32. Everything else
+//         (softmax, layer norm, residual sums, losses, reductions, the optimizer and its
+//         state, the master weights, the queries' hashing) stays float32.
 //
 // Like PyTorch's autocast, the policy is a per-thread setting that the ops read when they run
 // (PrecisionScope sets it for a block); autograd records it with each node, so that a backward

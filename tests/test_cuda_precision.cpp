@@ -1,6 +1,6 @@
 // The bf16 precision policy (core/precision.h) on the CUDA device against the CPU: matmul,
 // the linear layer's forward and backward, the feed-forward block's backward, full attention
-// forward and backward, and one encoder layer's training step. Part of the test_cuda program
+// forward and backward, the clustered types, and one encoder layer's training step. Part of the test_cuda program
 // (tests/test_cuda.cpp has its main).
 //
 // Tolerances:
@@ -11,11 +11,15 @@
 // - full attention: the CPU rounds the weights P to bf16 before normalising them (its online
 //   softmax), the device after; each rounding moves a weight by at most u = 2^-8 of itself, so
 //   the outputs agree within 2u of their scale, row by row (check_rows);
+// - the clustered types: the CPU and the device round the same centroids, keys and weights Ac
+//   (f32 values that agree to f32 noise, so a weight may round to the other neighbour, u of
+//   itself), as full attention: outputs within 2u of their scale, gradients within 4u;
 // - the encoder layer: every gradient within 4u of its scale, row by row.
 #include <doctest/doctest.h>
 
 #include <vector>
 
+#include "attention_cases.h"
 #include "autograd/ops.h"
 #include "check.h"
 #include "core/cuda/cuda.h"
@@ -23,7 +27,9 @@
 #include "core/precision.h"
 #include "core/random.h"
 #include "cuda_check.h"
+#include "layers/attention/clustered.h"
 #include "layers/attention/full.h"
+#include "layers/attention/improved_clustered.h"
 #include "layers/encoder.h"
 
 using namespace clustr;
@@ -149,6 +155,44 @@ TEST_CASE("cuda bf16 policy: full attention forward and backward match the CPU")
     const std::vector<float> a = g.out.to_vector(),
                              r = full_attention_forward(dev(Q), dev(K), dev(V), dev(lengths), f32)
                                      .out.to_vector();
+    double diff = 0;
+    for (size_t i = 0; i < a.size(); ++i) diff = std::max(diff, double(std::fabs(a[i] - r[i])));
+    CHECK(diff > 1e-4);
+  }
+}
+
+TEST_CASE("cuda bf16 policy: clustered and improved-clustered attention match the CPU") {
+  const test::AttentionCase c{2, 3, 45, 45, 16, 16, 6, 8, {45, 30}};
+  const test::AttentionInputs in = test::make_attention_inputs(c, 40);
+  for (bool improved : {false, true}) {
+    INFO(std::string(improved ? "improved-clustered" : "clustered"));
+    // out, dQ, dK, dV and (improved) the top-k sets, in the given precision on device d.
+    auto run = [&](Device d, Precision p) {
+      const Tensor Q = in.Q.to(d), K = in.K.to(d), V = in.V.to(d), L = in.lengths.to(d),
+                   A = in.assignment.to(d), dO = in.dO.to(d);
+      if (improved) {
+        const ImprovedClusteredAttentionOutput f = improved_clustered_attention_forward(
+            Q, K, V, L, A, c.C, c.k, 0.0f, {}, p);
+        const ImprovedClusteredAttentionGrads g =
+            improved_clustered_attention_backward(dO, Q, K, V, L, A, f);
+        return std::make_pair(std::vector<Tensor>{f.out, g.dQ, g.dK, g.dV},
+                              f.topk.to_int_vector());
+      }
+      const ClusteredAttentionOutput f =
+          clustered_attention_forward(Q, K, V, L, A, c.C, 0.0f, {}, p);
+      const ClusteredAttentionGrads g = clustered_attention_backward(dO, K, V, L, A, f);
+      return std::make_pair(std::vector<Tensor>{f.out, g.dQ, g.dK, g.dV},
+                            std::vector<int32_t>{});
+    };
+    const auto cpu = run(Device::cpu, Precision::bf16), gpu = run(Device::cuda, Precision::bf16);
+    CHECK(gpu.second == cpu.second);
+    const char* names[] = {"out", "dQ", "dK", "dV"};
+    for (int i = 0; i < 4; ++i)
+      check_rows(names[i], gpu.first[i].to_vector(), cpu.first[i].to_vector(), c.E,
+                 (i == 0 ? 2 : 4) * kU, ZeroRows::exact);
+    // The device's bf16 output is not its f32 one.
+    const std::vector<float> a = gpu.first[0].to_vector(),
+                             r = run(Device::cuda, Precision::fp32).first[0].to_vector();
     double diff = 0;
     for (size_t i = 0; i < a.size(); ++i) diff = std::max(diff, double(std::fabs(a[i] - r[i])));
     CHECK(diff > 1e-4);

@@ -1,6 +1,6 @@
 // The bf16 precision policy (core/precision.h) on the CPU: the setting and its scopes, each op
 // of the policy against its f32 result, the products' precision recorded by autograd nodes,
-// full attention and an encoder layer's gradients in bf16 against f32.
+// full attention, the clustered types and an encoder layer's gradients in bf16 against f32.
 //
 // Tolerances come from bf16's 8-bit significand: rounding to nearest changes a value by at most
 // u = 2^-8 of itself, so a product of two rounded operands is within 2u + u^2 of the exact
@@ -12,13 +12,16 @@
 #include <thread>
 #include <vector>
 
+#include "attention_cases.h"
 #include "autograd/ops.h"
 #include "check.h"
 #include "core/bf16.h"
 #include "core/ops.h"
 #include "core/precision.h"
 #include "core/random.h"
+#include "layers/attention/clustered.h"
 #include "layers/attention/full.h"
+#include "layers/attention/improved_clustered.h"
 #include "layers/encoder.h"
 
 using namespace clustr;
@@ -91,6 +94,12 @@ double norm_rel(const Tensor& a, const Tensor& b) {
     n += double(y[i]) * y[i];
   }
   return std::sqrt(d / std::max(n, 1e-300));
+}
+
+// ||a - b|| / ||b||, for vectors.
+double norm_rel(const std::vector<float>& x, const std::vector<float>& y) {
+  return norm_rel(Tensor::from_vector(x, {int64_t(x.size())}),
+                  Tensor::from_vector(y, {int64_t(y.size())}));
 }
 
 }  // namespace
@@ -339,4 +348,127 @@ TEST_CASE("precision: an encoder layer's gradients in bf16 against f32") {
     if (name != "norm2.bias") CHECK(e > 1e-6);
   }
   MESSAGE("encoder layer, worst normwise relative gradient difference bf16 vs f32: " << worst);
+}
+
+TEST_CASE("precision: clustered attention in bf16: Ac and out within the bounds of their rounded "
+          "products") {
+  // Ac = softmax(t Qc K^T) from the centroids and keys rounded to bf16: against the same in
+  // double, each score is off by the f32 sums of its E products only, (E + 2) 2^-24 t sum_e
+  // |qc_e k_e|, which moves a weight by at most about twice that relative to itself. Unrounded
+  // operands would put the scores off by up to 2u of that sum, far outside. out = Ac V, with Ac
+  // and V rounded: within u sum_l Ac_l |V_l| (Ac's rounding) plus the same f32 terms.
+  const test::AttentionCase c{2, 2, 37, 37, 16, 16, 5, 1, {37, 30}};
+  const test::AttentionInputs in = test::make_attention_inputs(c, 60);
+  const ClusteredAttentionOutput got = clustered_attention_forward(
+      in.Q, in.K, in.V, in.lengths, in.assignment, c.C, 0.0f, {}, Precision::bf16);
+  CHECK(got.precision == Precision::bf16);
+  const std::vector<float> qc = rounded(got.centroids).to_vector(), k = rounded(in.K).to_vector(),
+                           v = rounded(in.V).to_vector(), ac = got.weights.to_vector();
+  const std::vector<int32_t> count = got.counts.to_int_vector(),
+                             a = in.assignment.to_int_vector();
+  std::vector<float> want_ac(ac.size(), 0.0f), tol_ac(ac.size(), 0.0f);
+  std::vector<float> out = got.out.to_vector(), want(out.size(), 0.0f), tol(out.size(), 0.0f);
+  const int64_t E = c.E, S = c.S, C = c.C, N = c.N, M = c.M;
+  const double t = 1.0 / std::sqrt(double(E)), f32 = std::ldexp(1.0, -24);
+  for (int64_t bh = 0; bh < c.B * c.H; ++bh) {
+    const int64_t L = c.lengths[bh / c.H];
+    for (int64_t j = 0; j < C; ++j) {
+      if (count[bh * C + j] == 0) continue;
+      std::vector<double> p(L);
+      double mx = -INFINITY, sum = 0, score_err = 0;
+      for (int64_t l = 0; l < L; ++l) {
+        double s = 0, mag = 0;
+        for (int64_t e = 0; e < E; ++e) {
+          const double x = double(qc[(bh * C + j) * E + e]) * k[(bh * S + l) * E + e];
+          s += x;
+          mag += std::fabs(x);
+        }
+        p[l] = t * s;
+        mx = std::max(mx, p[l]);
+        score_err = std::max(score_err, (E + 2) * f32 * t * mag);
+      }
+      for (double& x : p) sum += (x = std::exp(x - mx));
+      // A weight's relative error: the scores', the exponential's and the normalising sum's.
+      const double rel = 2.2 * score_err + (L + 8) * 2 * f32;
+      for (int64_t l = 0; l < L; ++l) {
+        want_ac[(bh * C + j) * S + l] = float(p[l] / sum);
+        tol_ac[(bh * C + j) * S + l] = float(rel * p[l] / sum * 1.01 + 1e-12);
+      }
+      for (int64_t i = 0; i < N; ++i) {
+        if (a[bh * N + i] != j) continue;
+        for (int64_t m = 0; m < M; ++m) {
+          double o = 0, mag = 0;
+          for (int64_t l = 0; l < L; ++l) {
+            o += p[l] / sum * v[(bh * S + l) * M + m];
+            mag += p[l] / sum * std::fabs(v[(bh * S + l) * M + m]);
+          }
+          want[(bh * N + i) * M + m] = float(o);
+          tol[(bh * N + i) * M + m] = float((kU + rel + 2.0 * L * f32) * mag * 1.01 + 1e-7);
+        }
+      }
+    }
+  }
+  check_within(ac, want_ac, tol_ac, "clustered Ac");
+  check_within(out, want, tol, "clustered output");
+  CHECK(max_rel(got.out, clustered_attention_forward(in.Q, in.K, in.V, in.lengths,
+                                                     in.assignment, c.C)
+                             .out) > 1e-4);
+}
+
+TEST_CASE("precision: the clustered types in bf16: gradients against f32, the precision kept "
+          "for backward, the same bits at 1 and 2 threads") {
+  // The C x S products are bf16 (clustered.h); the gradients pass through two or three of them,
+  // each adding at most 2u relative error per term: normwise within 4u of f32, as the encoder
+  // layer's below.
+  const test::AttentionCase c{2, 3, 40, 40, 16, 16, 6, 8, {40, 25}};
+  const test::AttentionInputs in = test::make_attention_inputs(c, 70);
+  for (bool improved : {false, true}) {
+    INFO(std::string(improved ? "improved-clustered" : "clustered"));
+    auto run = [&](Precision forward, Precision backward) {
+      Variable Q(in.Q, true), K(in.K, true), V(in.V, true), out;
+      {
+        PrecisionScope s(forward);
+        out = improved ? improved_clustered_attention(Q, K, V, in.lengths, in.assignment, c.C,
+                                                      c.k)
+                       : clustered_attention(Q, K, V, in.lengths, in.assignment, c.C);
+      }
+      PrecisionScope s(backward);
+      out.backward(in.dO);
+      return test::AttentionResult{out.data().to_vector(), Q.grad().to_vector(),
+                                   K.grad().to_vector(), V.grad().to_vector()};
+    };
+    const test::AttentionResult bf16 = run(Precision::bf16, Precision::bf16),
+                                f32 = run(Precision::fp32, Precision::fp32);
+    // The node keeps the forward's precision for backward: the tensor-level pair in bf16 gives
+    // the same bits, whatever this thread's setting is when backward runs.
+    test::AttentionResult direct;
+    if (improved) {
+      const ImprovedClusteredAttentionOutput f = improved_clustered_attention_forward(
+          in.Q, in.K, in.V, in.lengths, in.assignment, c.C, c.k, 0.0f, {}, Precision::bf16);
+      const ImprovedClusteredAttentionGrads g = improved_clustered_attention_backward(
+          in.dO, in.Q, in.K, in.V, in.lengths, in.assignment, f);
+      direct = {f.out.to_vector(), g.dQ.to_vector(), g.dK.to_vector(), g.dV.to_vector()};
+    } else {
+      const ClusteredAttentionOutput f = clustered_attention_forward(
+          in.Q, in.K, in.V, in.lengths, in.assignment, c.C, 0.0f, {}, Precision::bf16);
+      const ClusteredAttentionGrads g =
+          clustered_attention_backward(in.dO, in.K, in.V, in.lengths, in.assignment, f);
+      direct = {f.out.to_vector(), g.dQ.to_vector(), g.dK.to_vector(), g.dV.to_vector()};
+    }
+    for (const test::AttentionResult& r : {bf16, run(Precision::bf16, Precision::fp32)}) {
+      CHECK(r.out == direct.out);
+      CHECK(r.dQ == direct.dQ);
+      CHECK(r.dK == direct.dK);
+      CHECK(r.dV == direct.dV);
+    }
+    const std::vector<float>* pairs[][2] = {
+        {&bf16.out, &f32.out}, {&bf16.dQ, &f32.dQ}, {&bf16.dK, &f32.dK}, {&bf16.dV, &f32.dV}};
+    for (const auto& pr : pairs) {
+      const double e = norm_rel(*pr[0], *pr[1]);
+      INFO("||bf16 - f32|| / ||f32|| = ", e);
+      CHECK(e < 4 * kU);
+      CHECK(e > 1e-6);
+    }
+    test::check_thread_independent([&] { return run(Precision::bf16, Precision::bf16); });
+  }
 }

@@ -144,7 +144,8 @@ Tensor attention_matrix(AttentionType type, const Tensor& Q, const Tensor& K,
   const ImprovedClusteredAttentionOutput f = improved_clustered_attention_forward(
       Q, K, V, lengths, a, full ? 1 : clusters, full ? S + 1 : topk, temperature);
   const int64_t E = Q.size(3), C = f.counts.size(2), kw = f.topk.size(3);
-  const Params p = params_of(Dims{B, H, N, S, E, 1, C}, lengths, a, temperature);
+  const Params p =
+      params_of(Dims{B, H, N, S, E, 1, C}, lengths, a, temperature, Precision::fp32);
   Tensor A = Tensor::zeros({B, H, N, S}, DType::f32, Q.device());
   const float *q = Q.f32(), *k = K.f32(), *ac = f.weights.f32(), *mass = f.mass.f32();
   const int32_t *ai = a.i32(), *tk = f.topk.i32();

@@ -102,7 +102,7 @@ void forward_pair(const Dims& d, const Params& p, const Dropout& drop, int64_t b
                   s.ad + j * d.S);
     w = s.ad;
   }
-  product(false, false, d.C, d.M, L, 1.0f, w, d.S, v, d.M, s.vc, d.M);
+  cluster_product(p, false, false, d.C, d.M, L, 1.0f, w, d.S, v, d.M, s.vc, d.M);
 #pragma omp parallel for schedule(static) if (inner)
   for (int64_t i = 0; i < d.N; ++i) {
     float* o = out + (bh * d.N + i) * d.M;
@@ -139,7 +139,7 @@ void backward_pair(const Dims& d, const Params& p, const Dropout& drop, int64_t 
   Members& m = s.members;
   group(d, a, m);
   sum_members(d, m, dout + bh * d.N * d.M, d.M, s.dvc, inner);
-  product(false, true, d.C, L, d.M, 1.0f, s.dvc, d.M, v, d.M, s.ds, d.S);
+  cluster_product(p, false, true, d.C, L, d.M, 1.0f, s.dvc, d.M, v, d.M, s.ds, d.S);
   const float* w = ac;
   if (drop.on()) {
     // One draw of each row's mask serves both Ac D r (for dV) and dAc D r.
@@ -156,10 +156,10 @@ void backward_pair(const Dims& d, const Params& p, const Dropout& drop, int64_t 
     }
     w = s.ad;
   }
-  product(true, false, L, d.M, d.C, 1.0f, w, d.S, s.dvc, d.M, dv, d.M);
+  cluster_product(p, true, false, L, d.M, d.C, 1.0f, w, d.S, s.dvc, d.M, dv, d.M);
   softmax_backward_rows(d, L, ac, s.ds, inner);  // empty cluster: Ac = 0
-  product(false, false, d.C, d.E, L, p.temperature, s.ds, d.S, k, d.E, s.dqc, d.E);
-  product(true, false, L, d.E, d.C, p.temperature, s.ds, d.S, qc, d.E, dk, d.E);
+  cluster_product(p, false, false, d.C, d.E, L, p.temperature, s.ds, d.S, k, d.E, s.dqc, d.E);
+  cluster_product(p, true, false, L, d.E, d.C, p.temperature, s.ds, d.S, qc, d.E, dk, d.E);
 #pragma omp parallel for schedule(static) if (inner)
   for (int64_t i = 0; i < d.N; ++i) {
     float* g = dq + i * d.E;
@@ -212,7 +212,8 @@ ClusteredAttentionOutput clustered_attention_forward(const Tensor& Q, const Tens
                                                      const Tensor& V, const Tensor& lengths,
                                                      const Tensor& assignment, int64_t clusters,
                                                      float temperature,
-                                                     const ClusteredDropout& dropout) {
+                                                     const ClusteredDropout& dropout,
+                                                     Precision precision) {
   const char* op = "clustered_attention";
   check_f32(op, "Q", Q);
   detail::check_same_device(op, Q, K);
@@ -224,9 +225,10 @@ ClusteredAttentionOutput clustered_attention_forward(const Tensor& Q, const Tens
   r.weights = Tensor::empty({d.B, d.H, d.C, d.S}, DType::f32, Q.device());
   r.centroids = Tensor::empty({d.B, d.H, d.C, d.E}, DType::f32, Q.device());
   r.dropout = dropout;
+  r.precision = precision;
   if (Q.device() == Device::cuda) {
     DeviceParams dp;
-    device_params(d, lengths, assignment, temperature, dropout, dp);
+    device_params(d, lengths, assignment, temperature, dropout, precision, dp);
     const cuda::ClusteredDims cd{d.B, d.H, d.N, d.S, d.E, d.M, d.C};
     const Tensor ws = device_workspace(cuda::clustered_attention_forward_workspace(cd, dp.p));
     cuda::clustered_attention_forward(cd, dp.p, Q.f32(), K.f32(), V.f32(), r.out.f32(),
@@ -234,7 +236,7 @@ ClusteredAttentionOutput clustered_attention_forward(const Tensor& Q, const Tens
     r.counts = dp.count;
     return r;
   }
-  const Params p = params_of(d, lengths, assignment, temperature);
+  const Params p = params_of(d, lengths, assignment, temperature, precision);
   const Dropout drop = dropout_of(dropout.p, dropout.seed, dropout.offset);
   r.counts = Tensor::empty({d.B, d.H, d.C}, DType::i32, Q.device());
   const float *q = Q.f32(), *k = K.f32(), *v = V.f32();
@@ -275,7 +277,7 @@ ClusteredAttentionGrads clustered_attention_backward(const Tensor& dout, const T
   g.dV = Tensor::empty(V.shape(), DType::f32, K.device());
   if (K.device() == Device::cuda) {
     DeviceParams dp;
-    device_params(d, lengths, assignment, temperature, forward.dropout, dp);
+    device_params(d, lengths, assignment, temperature, forward.dropout, forward.precision, dp);
     const cuda::ClusteredDims cd{d.B, d.H, d.N, d.S, d.E, d.M, d.C};
     const Tensor ws = device_workspace(cuda::clustered_attention_backward_workspace(cd, dp.p));
     cuda::clustered_attention_backward(cd, dp.p, K.f32(), V.f32(), forward.weights.f32(),
@@ -283,7 +285,7 @@ ClusteredAttentionGrads clustered_attention_backward(const Tensor& dout, const T
                                        g.dK.f32(), g.dV.f32(), ws.f32());
     return g;
   }
-  const Params p = params_of(d, lengths, assignment, temperature);
+  const Params p = params_of(d, lengths, assignment, temperature, forward.precision);
   const Dropout drop = dropout_of(forward.dropout.p, forward.dropout.seed, forward.dropout.offset);
   const float *k = K.f32(), *v = V.f32(), *ac = forward.weights.f32(),
               *qc = forward.centroids.f32(), *go = dout.f32();
@@ -298,8 +300,9 @@ ClusteredAttentionGrads clustered_attention_backward(const Tensor& dout, const T
 Variable clustered_attention(const Variable& Q, const Variable& K, const Variable& V,
                              const Tensor& lengths, const Tensor& assignment, int64_t clusters,
                              float temperature, const ClusteredDropout& dropout) {
-  ClusteredAttentionOutput r = clustered_attention_forward(
-      Q.data(), K.data(), V.data(), lengths, assignment, clusters, temperature, dropout);
+  ClusteredAttentionOutput r =
+      clustered_attention_forward(Q.data(), K.data(), V.data(), lengths, assignment, clusters,
+                                  temperature, dropout, current_precision());
   if (!record_needed({&Q, &K, &V})) return Variable(std::move(r.out));
   auto node = std::make_shared<ClusteredAttentionNode>();
   node->K_ = K.data();
@@ -310,6 +313,7 @@ Variable clustered_attention(const Variable& Q, const Variable& K, const Variabl
   node->saved_.centroids = std::move(r.centroids);
   node->saved_.counts = std::move(r.counts);
   node->saved_.dropout = r.dropout;
+  node->saved_.precision = r.precision;
   node->temperature_ = temperature;
   return attach(std::move(r.out), std::move(node), {&Q, &K, &V});
 }

@@ -22,6 +22,10 @@
 // members, Vc = (Ac * D / (1 - p)) V; element (b, h, j, l) of D is element ((b H + h) C + j) S + l
 // of the mask stream (seed, offset), clustered_attention_dropout_blocks the counter blocks one
 // call uses; backward draws it again.
+// Precision (core/precision.h): under bf16 the C x S products (Qc K^T, Ac V and their
+// gradients) read their operands rounded to bf16 and sum in f32; the rest stays f32. The
+// tensor-level forward takes it as an argument and saves it for backward; the differentiable
+// op uses this thread's setting.
 // Deterministic at any thread count (ARCHITECTURE, "Threads and determinism"; the parallel
 // plan: clustered_common.h). On the CUDA device (all tensors there) the same op runs as kernels
 // (clustered_cuda.h). Details: ARCHITECTURE, "Clustered attention".
@@ -30,6 +34,7 @@
 #include <cstdint>
 
 #include "autograd/variable.h"
+#include "core/precision.h"
 #include "core/tensor.h"
 
 namespace clustr {
@@ -47,12 +52,14 @@ struct ClusteredAttentionOutput {
   Tensor centroids;  // Qc (B, H, C, E): 0 for empty clusters
   Tensor counts;     // i32 (B, H, C): members of each cluster
   ClusteredDropout dropout;  // the forward's, so that backward draws the same mask
+  Precision precision = Precision::fp32;  // the forward's products', which backward's follow
 };
 ClusteredAttentionOutput clustered_attention_forward(const Tensor& Q, const Tensor& K,
                                                      const Tensor& V, const Tensor& lengths,
                                                      const Tensor& assignment, int64_t clusters,
                                                      float temperature = 0.0f,
-                                                     const ClusteredDropout& dropout = {});
+                                                     const ClusteredDropout& dropout = {},
+                                                     Precision precision = Precision::fp32);
 
 struct ClusteredAttentionGrads {
   Tensor dQ, dK, dV;  // the shapes of Q, K, V (overwritten, never accumulated)
@@ -66,7 +73,8 @@ ClusteredAttentionGrads clustered_attention_backward(const Tensor& dout, const T
                                                      const ClusteredAttentionOutput& forward,
                                                      float temperature = 0.0f);
 
-// The differentiable op (gradients for Q, K and V; the assignment is a constant).
+// The differentiable op (gradients for Q, K and V; the assignment is a constant), its
+// products in this thread's precision.
 Variable clustered_attention(const Variable& Q, const Variable& K, const Variable& V,
                              const Tensor& lengths, const Tensor& assignment, int64_t clusters,
                              float temperature = 0.0f, const ClusteredDropout& dropout = {});

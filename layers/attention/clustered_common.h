@@ -20,11 +20,13 @@
 #include <vector>
 
 #include "core/cpu/gemm.h"
+#include "core/cpu/gemm_bf16.h"
 #include "core/error.h"
 #include "core/math.h"
 #include "core/ops_check.h"
 #include "core/parallel.h"
 #include "core/philox.h"
+#include "core/precision.h"
 #include "core/tensor.h"
 #include "layers/attention/clustered.h"
 #include "layers/attention/clustered_cuda.h"
@@ -44,6 +46,7 @@ struct Params {
   const int32_t* lengths = nullptr;  // (B) or null
   const int32_t* assignment = nullptr;  // (B, H, N), values in [-1, C)
   float temperature = 1.0f;          // > 0
+  bool bf16 = false;                 // the C x S products with bf16 operands (cluster_product)
 };
 
 // Attention dropout (clustered.h, improved_clustered.h): element idx of the mask keeps when
@@ -141,6 +144,23 @@ inline void product(bool ta, bool tb, int64_t rows, int64_t cols, int64_t inner,
   cpu::gemm(ta, tb, rows, cols, inner, alpha, A, lda, Bm, ldb, beta, Cm, ldc);
 }
 
+// A product of the clustered types' C x S work (the centroids against the keys and what
+// follows from Ac: eq. 3, Ac V, the remainder R and their gradients): product(), or under the
+// bf16 policy (p.bf16) the bf16 GEMM on the same f32 operands, rounded as it packs them, with
+// f32 sums. These are the products that are GEMMs of some size (C x S x E per pair); the
+// per-cluster products of improved clustered attention (a cluster's members against its top-k
+// keys: a few rows by k) and the hashing stay f32 (docs/ARCHITECTURE.md, "Mixed precision").
+inline void cluster_product(const Params& p, bool ta, bool tb, int64_t rows, int64_t cols,
+                            int64_t inner, float alpha, const float* A, int64_t lda,
+                            const float* Bm, int64_t ldb, float* Cm, int64_t ldc,
+                            float beta = 0.0f) {
+  if (!p.bf16 || rows == 0 || cols == 0 || inner == 0)
+    return product(ta, tb, rows, cols, inner, alpha, A, lda, Bm, ldb, Cm, ldc, beta);
+  cpu::gemm_bf16_call({ta, tb, rows, cols, inner, alpha, A, cpu::Operand::f32, lda, Bm,
+                       cpu::Operand::f32, ldb, beta, Cm, ldc, cpu::GemmEpilogue{}, nullptr,
+                       nullptr});
+}
+
 // Row softmax over the first n of x[0..S) (n >= 1), the rest set to 0; numerically stable (the
 // max is subtracted, so every exp is <= 1 and the sum is >= 1).
 inline void softmax_row(float* x, int64_t n, int64_t S) {
@@ -217,7 +237,7 @@ inline void centroids(const Dims& d, const Members& m, const float* q, float* qc
 // masked columns and the rows of empty clusters (or all rows when L = 0) are 0.
 inline void centroid_weights(const Dims& d, const Params& p, int64_t L, const float* qc,
                              const int32_t* count, const float* k, float* ac, [[maybe_unused]] bool inner) {
-  product(false, true, d.C, L, d.E, p.temperature, qc, d.E, k, d.E, ac, d.S);
+  cluster_product(p, false, true, d.C, L, d.E, p.temperature, qc, d.E, k, d.E, ac, d.S);
 #pragma omp parallel for schedule(static) if (inner)
   for (int64_t j = 0; j < d.C; ++j) {
     float* row = ac + j * d.S;
@@ -300,11 +320,12 @@ inline float effective_temperature(float temperature, int64_t E) {
 }
 
 inline Params params_of(const Dims& d, const Tensor& lengths, const Tensor& assignment,
-                 float temperature) {
+                        float temperature, Precision precision) {
   Params p;
   p.lengths = lengths.defined() ? lengths.i32() : nullptr;
   p.assignment = assignment.i32();
   p.temperature = effective_temperature(temperature, d.E);
+  p.bf16 = precision == Precision::bf16;
   return p;
 }
 
@@ -325,7 +346,8 @@ struct DeviceParams {
   cuda::ClusteredParams p;
 };
 inline void device_params(const Dims& d, const Tensor& lengths, const Tensor& assignment,
-                          float temperature, const ClusteredDropout& dropout, DeviceParams& r) {
+                          float temperature, const ClusteredDropout& dropout,
+                          Precision precision, DeviceParams& r) {
   const int64_t BH = d.B * d.H;
   r.count = Tensor::empty({d.B, d.H, d.C}, DType::i32, Device::cuda);
   r.start = Tensor::empty({BH * (d.C + 1)}, DType::i32, Device::cuda);
@@ -345,6 +367,7 @@ inline void device_params(const Dims& d, const Tensor& lengths, const Tensor& as
   r.p.dropout = dropout.p;
   r.p.seed = dropout.seed;
   r.p.offset = dropout.offset;
+  r.p.bf16 = precision == Precision::bf16;
 }
 
 inline Tensor device_workspace(int64_t floats) {

@@ -54,8 +54,8 @@ void clustered_attention_forward(const ClusteredDims& d, const ClusteredParams& 
   // Vc = Ac V (Ac D / (1 - p) with dropout)
   const float* w = drop.on() ? ad : weights;
   for_each_sequence(d, p, [&](int64_t b0, int64_t nb, int64_t L) {
-    product(false, false, C, M, L, 1.0f, w + b0 * H * C * S, S, C * S, V + b0 * H * S * M, M,
-            S * M, vc + b0 * H * C * M, M, C * M, nb * H);
+    product(p.bf16, false, false, C, M, L, 1.0f, w + b0 * H * C * S, S, C * S,
+            V + b0 * H * S * M, M, S * M, vc + b0 * H * C * M, M, C * M, nb * H);
   });
   // eq. 6: out_i = Vc_{j(i)}
   const int64_t total = BH * N * M;
@@ -94,11 +94,11 @@ void clustered_attention_backward(const ClusteredDims& d, const ClusteredParams&
   for_each_sequence(d, p, [&](int64_t b0, int64_t nb, int64_t L) {
     const int64_t bc = b0 * H * C, batch = nb * H;
     // dV = (Ac D r)^T dVc, dQc = t dS K, dK = t dS^T Qc
-    product(true, false, L, M, C, 1.0f, w + bc * S, S, C * S, dvc + bc * M, M, C * M,
+    product(p.bf16, true, false, L, M, C, 1.0f, w + bc * S, S, C * S, dvc + bc * M, M, C * M,
             dV + b0 * H * S * M, M, S * M, batch);
-    product(false, false, C, E, L, t, ds + bc * S, S, C * S, K + b0 * H * S * E, E, S * E,
+    product(p.bf16, false, false, C, E, L, t, ds + bc * S, S, C * S, K + b0 * H * S * E, E, S * E,
             dqc + bc * E, E, C * E, batch);
-    product(true, false, L, E, C, t, ds + bc * S, S, C * S, centroids + bc * E, E, C * E,
+    product(p.bf16, true, false, L, E, C, t, ds + bc * S, S, C * S, centroids + bc * E, E, C * E,
             dK + b0 * H * S * E, E, S * E, batch);
   });
   // dQ_i = dQc_{j(i)} / |j(i)| (through the mean of eq. 4-5)

@@ -30,6 +30,7 @@ struct ClusteredParams {
   float temperature = 1.0f;               // > 0
   float dropout = 0.0f;                   // p in [0, 1); 0: off
   uint64_t seed = 0, offset = 0;          // the mask's Philox stream
+  bool bf16 = false;                      // the C x S products with bf16 operands
 };
 
 // Floats of device scratch each call needs.

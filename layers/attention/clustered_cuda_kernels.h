@@ -13,6 +13,7 @@
 
 #include "core/cuda/cuda.h"
 #include "core/cuda/kernel.h"
+#include "core/cuda/scratch.h"
 #include "core/math.h"
 #include "core/philox.h"
 #include "layers/attention/clustered_cuda.h"
@@ -173,16 +174,36 @@ inline void for_each_sequence(const ClusteredDims& d, const ClusteredParams& p, 
   }
 }
 
-// A batch of GEMMs over `batch` pairs, C_i(rows, cols) = alpha op(A_i) op(B_i) with an inner
-// size that may be 0 (then C_i = 0; every such C here is a contiguous block), and nothing to do
-// for an empty C.
-inline void product(bool ta, bool tb, int64_t rows, int64_t cols, int64_t inner, float alpha,
-             const float* A, int64_t lda, int64_t sa, const float* Bm, int64_t ldb, int64_t sb,
-             float* Cm, int64_t ldc, int64_t sc, int64_t batch) {
+// The elements a batch of `batch` matrices of rows x cols spans (row stride ld, matrix i at
+// i * stride).
+inline int64_t batch_span(int64_t rows, int64_t cols, int64_t ld, int64_t stride, int64_t batch) {
+  return (batch - 1) * stride + (rows - 1) * ld + cols;
+}
+
+// A batch of GEMMs over `batch` pairs, C_i(rows, cols) = alpha op(A_i) op(B_i) + beta C_i with
+// an inner size that may be 0 (then C_i = 0 when beta is 0; every such C here is a contiguous
+// block), and nothing to do for an empty C. With bf16 (the precision policy: the C x S
+// products, as cluster_product on the CPU) the operands are converted to bf16 once, the spans
+// the batch reads, and the bf16 GEMM sums in f32.
+inline void product(bool bf16, bool ta, bool tb, int64_t rows, int64_t cols, int64_t inner,
+                    float alpha, const float* A, int64_t lda, int64_t sa, const float* Bm,
+                    int64_t ldb, int64_t sb, float* Cm, int64_t ldc, int64_t sc, int64_t batch,
+                    float beta = 0.0f) {
   if (rows == 0 || cols == 0 || batch == 0) return;
-  if (inner == 0) return fill_f32(Cm, 0.0f, batch * sc);
-  gemm_strided_batched(ta, tb, rows, cols, inner, alpha, A, lda, sa, Bm, ldb, sb, 0.0f, Cm, ldc,
-                       sc, batch);
+  if (inner == 0) {
+    if (beta == 0.0f) fill_f32(Cm, 0.0f, batch * sc);
+    return;
+  }
+  if (!bf16)
+    return gemm_strided_batched(ta, tb, rows, cols, inner, alpha, A, lda, sa, Bm, ldb, sb, beta,
+                                Cm, ldc, sc, batch);
+  const int64_t na = batch_span(ta ? inner : rows, ta ? rows : inner, lda, sa, batch);
+  const int64_t nb = batch_span(tb ? cols : inner, tb ? inner : cols, ldb, sb, batch);
+  Scratch<uint16_t> a(na), b(nb);
+  f32_to_bf16(A, a.get(), na);
+  f32_to_bf16(Bm, b.get(), nb);
+  gemm_bf16_strided_batched(ta, tb, rows, cols, inner, alpha, a.get(), lda, sa, b.get(), ldb, sb,
+                            beta, Cm, ldc, sc, batch);
 }
 
 inline unsigned grid_of(int64_t n) { return static_cast<unsigned>(n); }
@@ -196,7 +217,7 @@ inline void centroid_logits(const char* what, const ClusteredDims& d, const Clus
   launch(what, {grid_of(d.B * H * C)}, {row_threads(E)}, 0,
          MemberSumKernel{Q, centroids, p.count, p.start, p.order, N, C, E, true});
   for_each_sequence(d, p, [&](int64_t b0, int64_t nb, int64_t L) {
-    product(false, true, C, L, E, p.temperature, centroids + b0 * H * C * E, E, C * E,
+    product(p.bf16, false, true, C, L, E, p.temperature, centroids + b0 * H * C * E, E, C * E,
             K + b0 * H * S * E, E, S * E, weights + b0 * H * C * S, S, C * S, nb * H);
   });
 }
@@ -210,8 +231,8 @@ inline void cluster_value_grads(const char* what, const ClusteredDims& d,
   launch(what, {grid_of(d.B * H * C)}, {row_threads(M)}, 0,
          MemberSumKernel{dout, dvc, p.count, p.start, p.order, N, C, M, false});
   for_each_sequence(d, p, [&](int64_t b0, int64_t nb, int64_t L) {
-    product(false, true, C, L, M, 1.0f, dvc + b0 * H * C * M, M, C * M, V + b0 * H * S * M, M,
-            S * M, ds + b0 * H * C * S, S, C * S, nb * H);
+    product(p.bf16, false, true, C, L, M, 1.0f, dvc + b0 * H * C * M, M, C * M,
+            V + b0 * H * S * M, M, S * M, ds + b0 * H * C * S, S, C * S, nb * H);
   });
 }
 

@@ -63,7 +63,7 @@ uint64_t improved_clustered_attention_dropout_blocks(const Tensor& Q, const Tens
 ImprovedClusteredAttentionOutput improved_clustered_attention_forward(
     const Tensor& Q, const Tensor& K, const Tensor& V, const Tensor& lengths,
     const Tensor& assignment, int64_t clusters, int64_t topk, float temperature,
-    const ClusteredDropout& dropout) {
+    const ClusteredDropout& dropout, Precision precision) {
   const char* op = "improved_clustered_attention";
   check_f32(op, "Q", Q);
   detail::check_same_device(op, Q, K);
@@ -80,9 +80,10 @@ ImprovedClusteredAttentionOutput improved_clustered_attention_forward(
   r.topk = Tensor::empty({d.B, d.H, d.C, kw}, DType::i32, Q.device());
   r.mass = Tensor::empty({d.B, d.H, d.C}, DType::f32, Q.device());
   r.dropout = dropout;
+  r.precision = precision;
   if (Q.device() == Device::cuda) {
     DeviceParams dp;
-    device_params(d, lengths, assignment, temperature, dropout, dp);
+    device_params(d, lengths, assignment, temperature, dropout, precision, dp);
     const cuda::ClusteredDims cd{d.B, d.H, d.N, d.S, d.E, d.M, d.C};
     const Tensor ws =
         device_workspace(cuda::improved_clustered_attention_forward_workspace(cd, kw, dp.p));
@@ -93,7 +94,7 @@ ImprovedClusteredAttentionOutput improved_clustered_attention_forward(
     return r;
   }
   cpu::improved_clustered_attention_forward(
-      d, params_of(d, lengths, assignment, temperature),
+      d, params_of(d, lengths, assignment, temperature, precision),
       dropout_of(dropout.p, dropout.seed, dropout.offset), topk, kw, Q.f32(), K.f32(), V.f32(),
       r.out.f32(), r.weights.f32(), r.centroids.f32(), r.counts.i32(), r.topk.i32(),
       r.mass.f32());
@@ -127,7 +128,7 @@ ImprovedClusteredAttentionGrads improved_clustered_attention_backward(
   g.dV = Tensor::empty(V.shape(), DType::f32, K.device());
   if (K.device() == Device::cuda) {
     DeviceParams dp;
-    device_params(d, lengths, assignment, temperature, forward.dropout, dp);
+    device_params(d, lengths, assignment, temperature, forward.dropout, forward.precision, dp);
     const cuda::ClusteredDims cd{d.B, d.H, d.N, d.S, d.E, d.M, d.C};
     const Tensor ws =
         device_workspace(cuda::improved_clustered_attention_backward_workspace(cd, kw, dp.p));
@@ -138,7 +139,7 @@ ImprovedClusteredAttentionGrads improved_clustered_attention_backward(
     return g;
   }
   cpu::improved_clustered_attention_backward(
-      d, params_of(d, lengths, assignment, temperature),
+      d, params_of(d, lengths, assignment, temperature, forward.precision),
       dropout_of(forward.dropout.p, forward.dropout.seed, forward.dropout.offset), kw, Q.f32(),
       K.f32(), V.f32(), forward.weights.f32(), forward.centroids.f32(), forward.topk.i32(),
       forward.mass.f32(), dout.f32(), g.dQ.f32(), g.dK.f32(), g.dV.f32());
@@ -150,7 +151,8 @@ Variable improved_clustered_attention(const Variable& Q, const Variable& K, cons
                                       int64_t clusters, int64_t topk, float temperature,
                                       const ClusteredDropout& dropout) {
   ImprovedClusteredAttentionOutput r = improved_clustered_attention_forward(
-      Q.data(), K.data(), V.data(), lengths, assignment, clusters, topk, temperature, dropout);
+      Q.data(), K.data(), V.data(), lengths, assignment, clusters, topk, temperature, dropout,
+      current_precision());
   if (!record_needed({&Q, &K, &V})) return Variable(std::move(r.out));
   auto node = std::make_shared<ImprovedClusteredAttentionNode>();
   node->Q_ = Q.data();

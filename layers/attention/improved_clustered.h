@@ -51,11 +51,14 @@ struct ImprovedClusteredAttentionOutput {
   Tensor topk;       // i32 (B, H, C, min(k, S)): T_j in ascending key order, -1 padded
   Tensor mass;       // m_j (B, H, C): 0 for empty clusters
   ClusteredDropout dropout;  // the forward's, so that backward draws the same masks
+  Precision precision = Precision::fp32;  // the forward's products', which backward's follow
 };
+// precision: as clustered attention's (clustered.h); the per-cluster products of the members
+// with their top-k keys stay f32.
 ImprovedClusteredAttentionOutput improved_clustered_attention_forward(
     const Tensor& Q, const Tensor& K, const Tensor& V, const Tensor& lengths,
     const Tensor& assignment, int64_t clusters, int64_t topk, float temperature = 0.0f,
-    const ClusteredDropout& dropout = {});
+    const ClusteredDropout& dropout = {}, Precision precision = Precision::fp32);
 
 struct ImprovedClusteredAttentionGrads {
   Tensor dQ, dK, dV;  // the shapes of Q, K, V (overwritten, never accumulated)
@@ -67,7 +70,8 @@ ImprovedClusteredAttentionGrads improved_clustered_attention_backward(
     const Tensor& assignment, const ImprovedClusteredAttentionOutput& forward,
     float temperature = 0.0f);
 
-// The differentiable op (gradients for Q, K and V; the assignment is a constant).
+// The differentiable op (gradients for Q, K and V; the assignment is a constant), its
+// products in this thread's precision.
 Variable improved_clustered_attention(const Variable& Q, const Variable& K, const Variable& V,
                                       const Tensor& lengths, const Tensor& assignment,
                                       int64_t clusters, int64_t topk, float temperature = 0.0f,

@@ -274,7 +274,7 @@ void forward_pair(const Dims& d, const Params& p, const Dropout& drop, int64_t k
   if (L == 0) return;
   // eq. 11, second term once per cluster: R = (Ac with the T_j columns zeroed) V.
   remainder_weights(d, drop, L, kw, bh, ac, tk, s.acr, nullptr, inner);
-  product(false, false, d.C, d.M, L, 1.0f, s.acr, d.S, v, d.M, s.cm, d.M);
+  cluster_product(p, false, false, d.C, d.M, L, 1.0f, s.acr, d.S, v, d.M, s.cm, d.M);
   // eq. 11, first term: m_j softmax_Tj(t q_i K_T^T) V_T for the members of each cluster.
 #pragma omp parallel for schedule(dynamic) num_threads(team) if (inner)
   for (int64_t j = 0; j < d.C; ++j) {
@@ -354,9 +354,9 @@ void backward_pair(const Dims& d, const Params& p, const Dropout& drop, int64_t 
   // below); dV = (Ac with T_j zeroed)^T dVc (eq. 11, second term). Dropout masks both.
   float* dvc = s.cm;
   sum_members(d, m, go, d.M, dvc, inner);
-  product(false, true, d.C, L, d.M, 1.0f, dvc, d.M, v, d.M, s.ds, d.S);
+  cluster_product(p, false, true, d.C, L, d.M, 1.0f, dvc, d.M, v, d.M, s.ds, d.S);
   remainder_weights(d, drop, L, kw, bh, ac, tk, s.acr, s.ds, inner);
-  product(true, false, L, d.M, d.C, 1.0f, s.acr, d.S, dvc, d.M, dv, d.M);
+  cluster_product(p, true, false, L, d.M, d.C, 1.0f, s.acr, d.S, dvc, d.M, dv, d.M);
 
   // The exact top-k part of eq. 11, cluster by cluster.
   const int team = inner ? num_threads() : 1;
@@ -423,8 +423,8 @@ void backward_pair(const Dims& d, const Params& p, const Dropout& drop, int64_t 
 
   // Through Ac (eq. 3) and the centroids (eq. 4-5).
   softmax_backward_rows(d, L, ac, s.ds, inner);  // empty cluster: Ac = 0
-  product(false, false, d.C, d.E, L, t, s.ds, d.S, kb, d.E, s.dqc, d.E);
-  product(true, false, L, d.E, d.C, t, s.ds, d.S, qc, d.E, dk, d.E, 1.0f);
+  cluster_product(p, false, false, d.C, d.E, L, t, s.ds, d.S, kb, d.E, s.dqc, d.E);
+  cluster_product(p, true, false, L, d.E, d.C, t, s.ds, d.S, qc, d.E, dk, d.E, 1.0f);
 #pragma omp parallel for schedule(static) if (inner)
   for (int64_t i = 0; i < d.N; ++i) {
     if (a[i] < 0) continue;

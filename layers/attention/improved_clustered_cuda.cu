@@ -445,8 +445,8 @@ void improved_clustered_attention_forward(const ClusteredDims& d, const Clustere
            {threads}, 0,
            RemainderKernel{weights, tk, p.lengths, acr, nullptr, H, C, S, kw, drop});
   for_each_sequence(d, p, [&](int64_t b0, int64_t nb, int64_t L) {
-    product(false, false, C, M, L, 1.0f, acr + b0 * H * C * S, S, C * S, V + b0 * H * S * M, M,
-            S * M, rc + b0 * H * C * M, M, C * M, nb * H);
+    product(p.bf16, false, false, C, M, L, 1.0f, acr + b0 * H * C * S, S, C * S,
+            V + b0 * H * S * M, M, S * M, rc + b0 * H * C * M, M, C * M, nb * H);
   });
   // eq. 11, first term, and the sum of the two
   const int64_t rows = BH * N;
@@ -488,7 +488,7 @@ void improved_clustered_attention_backward(const ClusteredDims& d, const Cluster
            {threads}, 0, RemainderKernel{weights, tk, p.lengths, acr, ds, H, C, S, kw, drop});
   for_each_sequence(d, p, [&](int64_t b0, int64_t nb, int64_t L) {
     const int64_t bc = b0 * H * C;
-    product(true, false, L, M, C, 1.0f, acr + bc * S, S, C * S, dvc + bc * M, M, C * M,
+    product(p.bf16, true, false, L, M, C, 1.0f, acr + bc * S, S, C * S, dvc + bc * M, M, C * M,
             dV + b0 * H * S * M, M, S * M, nb * H);
   });
   // The exact top-k part: dZ_i, rowdot_i and dQ_i = t dZ_i K_T per query
@@ -514,10 +514,9 @@ void improved_clustered_attention_backward(const ClusteredDims& d, const Cluster
   // Through the centroids (eq. 4-5): dK += t dzc^T Qc, dQc = t dzc K, dQ_i += dQc_j / |j|
   for_each_sequence(d, p, [&](int64_t b0, int64_t nb, int64_t L) {
     const int64_t bc = b0 * H * C, batch = nb * H;
-    if (L > 0)
-      gemm_strided_batched(true, false, L, E, C, t, ds + bc * S, S, C * S, centroids + bc * E,
-                           E, C * E, 1.0f, dK + b0 * H * S * E, E, S * E, batch);
-    product(false, false, C, E, L, t, ds + bc * S, S, C * S, K + b0 * H * S * E, E, S * E,
+    product(p.bf16, true, false, L, E, C, t, ds + bc * S, S, C * S, centroids + bc * E, E,
+            C * E, dK + b0 * H * S * E, E, S * E, batch, 1.0f);
+    product(p.bf16, false, false, C, E, L, t, ds + bc * S, S, C * S, K + b0 * H * S * E, E, S * E,
             dqc + bc * E, E, C * E, batch);
   });
   const int64_t total = BH * N * E;
