@@ -182,9 +182,11 @@ TEST_CASE("gemm_bf16 alpha and beta, and a beta of 0 never reads C") {
 }
 
 TEST_CASE("gemm_bf16 crosses every blocking boundary (K > 256, N past a B block, M edges)") {
-  // K = 700: three depth blocks of 256, 256, 188 (a last tile of 28 values); N = 1100 columns
-  // of a 256-deep B block exceed 512 KiB, so the columns come in two blocks; M = 101 ends in a
-  // block of 5 rows. The reference (the slow part) runs once per layout.
+  // K = 700: with A transposed three depth blocks of 256, 256, 188 (a last tile of 28 values),
+  // else one of 704; N = 1100 columns of a deep B block exceed 512 KiB, so the columns come in
+  // two or four blocks; M = 101 ends in a block of 5 rows. On one thread the rectangle's 101
+  // rows are two chunks of op(A), packed as the first B block meets them and kept for the
+  // others. The reference (the slow part) runs once per layout.
   const int64_t M = 101, N = 1100, K = 700;
   for (bool ta : {false, true})
     for (bool tb : {false, true}) {
@@ -197,11 +199,14 @@ TEST_CASE("gemm_bf16 crosses every blocking boundary (K > 256, N past a B block,
                              ldb, 0.5f, R.data(), ldc, {}, nullptr, nullptr};
       cpu::gemm_bf16_reference(call);
       for_each_kernel([&](const char*) {
-        std::vector<float> C = C0;
-        call.C = C.data();
-        cpu::gemm_bf16_call(call);
-        INFO("ta=", ta, " tb=", tb);
-        CHECK_CLOSE(C, R, 2 * atol_for(K), 1e-6);
+        for (int threads : {1, 2}) {
+          ThreadCount t(threads);
+          std::vector<float> C = C0;
+          call.C = C.data();
+          cpu::gemm_bf16_call(call);
+          INFO("ta=", ta, " tb=", tb, " threads=", threads);
+          CHECK_CLOSE(C, R, 2 * atol_for(K), 1e-6);
+        }
       });
     }
 }
