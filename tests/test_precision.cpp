@@ -10,6 +10,7 @@
 // terms remain.
 #include <cmath>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "attention_cases.h"
@@ -94,6 +95,18 @@ double norm_rel(const Tensor& a, const Tensor& b) {
     n += double(y[i]) * y[i];
   }
   return std::sqrt(d / std::max(n, 1e-300));
+}
+
+// sum_j w_j x_j and sum_j w_j |x_j| over j < n, with w_j = p[j] / total and x_j = x[j ld]:
+// a weighted column of V and its magnitude.
+std::pair<double, double> weighted_column(const std::vector<double>& p, double total,
+                                          const float* x, int64_t ld, int64_t n) {
+  double sum = 0, mag = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    sum += p[j] / total * x[j * ld];
+    mag += p[j] / total * std::fabs(x[j * ld]);
+  }
+  return {sum, mag};
 }
 
 // ||a - b|| / ||b||, for vectors.
@@ -285,11 +298,7 @@ TEST_CASE("precision: full attention's output in bf16 within the bound of its ro
       }
       for (double& x : p) sum += (x = std::exp(x - mx));
       for (int64_t c = 0; c < E; ++c) {
-        double o_ic = 0, mag = 0;
-        for (int64_t j = 0; j < S; ++j) {
-          o_ic += p[j] / sum * v[(bh * S + j) * E + c];
-          mag += p[j] / sum * std::fabs(v[(bh * S + j) * E + c]);
-        }
+        const auto [o_ic, mag] = weighted_column(p, sum, v.data() + bh * S * E + c, E, S);
         want[(bh * N + i) * E + c] = float(o_ic);
         // P's rounding, the scores' f32 sums (E terms of t |q| |k| <= 4 t each, through exp:
         // a relative change of P up to E 2^-23 4 t), and the f32 sums of P V.
@@ -397,11 +406,7 @@ TEST_CASE("precision: clustered attention in bf16: Ac and out within the bounds 
       for (int64_t i = 0; i < N; ++i) {
         if (a[bh * N + i] != j) continue;
         for (int64_t m = 0; m < M; ++m) {
-          double o = 0, mag = 0;
-          for (int64_t l = 0; l < L; ++l) {
-            o += p[l] / sum * v[(bh * S + l) * M + m];
-            mag += p[l] / sum * std::fabs(v[(bh * S + l) * M + m]);
-          }
+          const auto [o, mag] = weighted_column(p, sum, v.data() + bh * S * M + m, M, L);
           want[(bh * N + i) * M + m] = float(o);
           tol[(bh * N + i) * M + m] = float((kU + rel + 2.0 * L * f32) * mag * 1.01 + 1e-7);
         }
