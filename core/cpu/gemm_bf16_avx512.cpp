@@ -27,16 +27,17 @@ template <int CG>
 void strip(int64_t ktiles, const uint16_t* a, int64_t ld, int64_t ts, const uint16_t* b,
            int64_t group, int64_t r0, const BlockC& c) {
   __m512 acc[8][CG];
-  // The lines of C that the strip stores at its end, fetched for writing now, so that those
-  // stores need not wait on write misses. On Zen 4 a loop of one product of depth 192 with a
-  // C of 9 MB ran 5-13% faster; bench_gemm's products gained 2% (median, -5% to +10% between
-  // runs; docs/PERFORMANCE.md). Only for a C that is in memory (BlockC::fetch_c).
+  // The lines of C that the strip stores at its end, fetched into L1 now, so that those stores
+  // need not wait on misses. On Zen 4 a loop of one product of depth 192 with a C of 9 MB ran
+  // 5-13% faster; bench_gemm's products gained 2% (median, -5% to +10% between runs;
+  // docs/PERFORMANCE.md). Only for a C that is in memory (BlockC::fetch_c). A fetch for
+  // writing (prefetchw, built with -mprfchw) measured the same.
   for (int64_t r = r0; c.fetch_c && r < r0 + 8 && r < c.rows; ++r) {
     if (c.c) {
-      _mm_prefetch(reinterpret_cast<const char*>(c.c + r * c.ldc), _MM_HINT_ET0);
-      if (CG == 2) _mm_prefetch(reinterpret_cast<const char*>(c.c + r * c.ldc + 16), _MM_HINT_ET0);
+      _mm_prefetch(reinterpret_cast<const char*>(c.c + r * c.ldc), _MM_HINT_T0);
+      if (CG == 2) _mm_prefetch(reinterpret_cast<const char*>(c.c + r * c.ldc + 16), _MM_HINT_T0);
     } else {
-      _mm_prefetch(reinterpret_cast<const char*>(c.cb + r * c.ldc), _MM_HINT_ET0);
+      _mm_prefetch(reinterpret_cast<const char*>(c.cb + r * c.ldc), _MM_HINT_T0);
     }
   }
   for (int r = 0; r < 8; ++r)
