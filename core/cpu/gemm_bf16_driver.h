@@ -60,8 +60,8 @@ constexpr int64_t kKcMax = gemm_impl::kBf16KcMaxTrans;
 constexpr int64_t kKcMaxRows = gemm_impl::kBf16KcMaxRows;
 constexpr int64_t kMc = 64;          // rows of op(A) packed at a time (32 KiB at kc = 256)
 constexpr int64_t kBBlockBytes = 512 * 1024;  // a packed B block: half of a Zen 4 L2
-// A C of at least this many bytes has its lines fetched for writing ahead of the stores (a
-// kernel may do so): such a C is in memory, not in the caches. A smaller one (full attention's
+// A C of at least this many bytes has its lines fetched ahead of the stores (a kernel may do
+// so): such a C is in memory, not in the caches. A smaller one (full attention's
 // tiles of scores, 16-64 KiB) is mostly in L1 or L2, where fetching it again only costs issue
 // slots (a 128 x 128 x 32 product 10% slower on Zen 4).
 constexpr int64_t kFetchCBytes = 1024 * 1024;
