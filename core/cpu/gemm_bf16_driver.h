@@ -65,6 +65,9 @@ constexpr int64_t kBBlockBytes = 512 * 1024;  // a packed B block: half of a Zen
 // tiles of scores, 16-64 KiB) is mostly in L1 or L2, where fetching it again only costs issue
 // slots (a 128 x 128 x 32 product 10% slower on Zen 4).
 constexpr int64_t kFetchCBytes = 1024 * 1024;
+// Operands of at least this many bytes (A and B together) have the lines of their next
+// packing fetched ahead, while the kernel works (FetchAhead).
+constexpr int64_t kFetchOperandBytes = 1024 * 1024;
 // When N takes several B blocks, a thread's packed op(A) for one depth block is kept for all
 // of them (packed once, not once per B block) if it fills at most this many bytes.
 constexpr int64_t kKeepABytes = 8 * 1024 * 1024;
@@ -471,6 +474,55 @@ struct Bf16Buffer {
   }
 };
 
+// A part of an operand that a later packing reads: `rows` runs of `bytes` bytes, `stride` apart.
+struct Region {
+  const char* base;
+  int64_t rows, bytes, stride;
+};
+
+// The source lines of the next packing (the next chunk of op(A), or the next block of op(B)
+// and its first chunk of op(A)), fetched into L2 (prefetcht2) a few lines after each kernel
+// block of the current chunk, so that the packing finds them there rather than in L3 or
+// memory. A weight gradient reads two activations of 1.5-9 MB once each, and its packing
+// waits on those loads: on Zen 4 these products ran 4-15% faster on one thread, the others
+// within +-3% (docs/PERFORMANCE.md).
+struct FetchAhead {
+  Region regions[2];
+  int count = 0, cur = 0;
+  int64_t row = 0;         // the next run of regions[cur] to fetch from
+  int64_t per_block = 0;   // lines fetched after each kernel block
+
+  static int64_t lines(const Region& r, int64_t row) {
+    const uintptr_t p = reinterpret_cast<uintptr_t>(r.base + row * r.stride);
+    return static_cast<int64_t>(((p + r.bytes - 1) >> 6) - (p >> 6) + 1);
+  }
+  // Fetches the regions (count <= 2, empty ones skipped) over `blocks` kernel blocks.
+  void start(const Region* rs, int n, int64_t blocks) {
+    count = cur = 0;
+    row = 0;
+    int64_t total = 0;
+    for (int q = 0; q < n; ++q)
+      if (rs[q].rows > 0 && rs[q].bytes > 0) {
+        regions[count++] = rs[q];
+        total += rs[q].rows * lines(rs[q], 0);  // about: runs may straddle one more line
+      }
+    per_block = blocks > 0 ? ceil_div(total, blocks) : 0;
+  }
+  // Fetches the next whole runs of about per_block lines.
+  void step() {
+    for (int64_t budget = per_block; budget > 0 && cur < count;) {
+      const Region& r = regions[cur];
+      const uintptr_t p = reinterpret_cast<uintptr_t>(r.base + row * r.stride);
+      for (uintptr_t l = p & ~uintptr_t{63}; l < p + r.bytes; l += 64, --budget)
+        __builtin_prefetch(reinterpret_cast<const void*>(l), 0, 1);
+      if (++row == r.rows) {
+        ++cur;
+        row = 0;
+      }
+    }
+  }
+};
+
 template <typename Kernel>
 void run_block(int rg, int cg, int64_t ktiles, const ATiles& a, const uint16_t* b,
                const BlockC& c) {
@@ -505,6 +557,27 @@ void gemm_rect(const GemmBf16Call& g, int64_t kc_max, int64_t i0, int64_t i1, in
   }
   const GemmEpilogue& e = g.epilogue;
   const bool fetch_c = g.M * g.N * (g.C_bf16 ? 2 : 4) >= kFetchCBytes;
+  // The operands' lines fetched ahead of their packing: only when they are large enough to be
+  // outside L2 (small ones, such as full attention's tiles, are in cache, where fetching
+  // them again only costs issue slots).
+  const int64_t a_elem = g.a_type == Operand::f32 ? 4 : 2;
+  const int64_t b_elem = g.b_type == Operand::f32 ? 4 : 2;
+  const bool fetch_ahead = g.M * g.K * a_elem + g.K * g.N * b_elem >= kFetchOperandBytes;
+  FetchAhead ahead;
+  // The source of chunk [ic, ic + mc) of op(A) at depths [p0, p0 + kc), and of the block
+  // [jc, jc + nc) of op(B).
+  auto a_region = [&](int64_t p0, int64_t kc, int64_t ic, int64_t mc) {
+    return g.trans_a ? Region{byte_ptr(g.A, g.a_type, p0 * g.lda + ic), kc, mc * a_elem,
+                              g.lda * a_elem}
+                     : Region{byte_ptr(g.A, g.a_type, ic * g.lda + p0), mc, kc * a_elem,
+                              g.lda * a_elem};
+  };
+  auto b_region = [&](int64_t p0, int64_t kc, int64_t jc, int64_t nc) {
+    return g.trans_b ? Region{byte_ptr(g.B, g.b_type, jc * g.ldb + p0), nc, kc * b_elem,
+                              g.ldb * b_elem}
+                     : Region{byte_ptr(g.B, g.b_type, p0 * g.ldb + jc), kc, nc * b_elem,
+                              g.ldb * b_elem};
+  };
   // A's tiles read in place (see the top of the file): bf16 rows of A, every depth block whole
   // tiles (kc_max is a multiple of 32, and so is the last block when K is), and rows that do
   // not pile up in a few L1 sets: a row stride that is a multiple of 512 bytes (K = 256, 512,
@@ -530,6 +603,23 @@ void gemm_rect(const GemmBf16Call& g, int64_t kc_max, int64_t i0, int64_t i1, in
         if (in_place < mc && (!keep_a || jc == j0))
           pack_a_rows(g, ic + in_place, mc - in_place, p0, kc, ktiles, a_chunk, group);
         if (sums && jc == j0) add_row_sums(g, ic, mc, p0, kc, sums + (ic - i0));
+        if (fetch_ahead) {  // what the next packing reads (op(A) kept: only the first B block's)
+          Region next[2] = {};
+          int n = 0;
+          if (ic + kMc < i1) {
+            if (!keep_a || jc == j0)
+              next[n++] = a_region(p0, kc, ic + kMc, min64(kMc, i1 - ic - kMc));
+          } else {
+            int64_t p1 = p0, j = jc + nc_max;
+            if (j >= j1) p1 += kc_max, j = j0;
+            if (p1 < g.K) {
+              const int64_t kc1 = min64(kc_max, g.K - p1);
+              next[n++] = b_region(p1, kc1, j, min64(nc_max, j1 - j));
+              if (!keep_a || j == j0) next[n++] = a_region(p1, kc1, i0, min64(kMc, i1 - i0));
+            }
+          }
+          ahead.start(next, n, ceil_div(mc, kBlock) * ceil_div(nc, kBlock));
+        }
         for (int64_t ib = ic; ib < ic + mc; ib += kBlock) {
           const int64_t rows = min64(kBlock, ic + mc - ib);
           const bool direct = ib + rows <= ic + in_place;
@@ -556,6 +646,7 @@ void gemm_rect(const GemmBf16Call& g, int64_t kc_max, int64_t i0, int64_t i1, in
                      fetch_c};
             run_block<Kernel>(rows > 16 ? 2 : 1, cols > 16 ? 2 : 1, ktiles, a,
                               b_pack + (jb / 16) * group, c);
+            if (fetch_ahead) ahead.step();
           }
         }
       }
