@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "apps/common/device.h"
+#include "apps/common/run_folder.h"
 #include "autograd/variable.h"
 #include "core/cuda/cuda.h"
 #include "core/error.h"
@@ -170,7 +171,13 @@ int main(int argc, char** argv) try {
   app.add_option("--png", png_path, "also plot time per element against N (log-log) here");
   app.add_option("--png-memory", png_memory_path,
                  "also plot peak memory per element against N (log-log) here");
+  bool overwrite = false;
+  app.add_flag("--overwrite", overwrite, "replace --csv, --png and --png-memory if they exist");
   CLI11_PARSE(app, argc, argv);
+  clustr::check_output_file("--csv", csv_path, overwrite, /*folder_must_exist=*/true);
+  if (!png_path.empty()) clustr::check_output_file("--png", png_path, overwrite, true);
+  if (!png_memory_path.empty())
+    clustr::check_output_file("--png-memory", png_memory_path, overwrite, true);
   for (int64_t N : lengths)
     CLUSTR_CHECK(N >= 1, "bench_attention: --n values must be >= 1, got ", N);
   const clustr::Device device = clustr::resolve_device(device_name);
@@ -180,6 +187,19 @@ int main(int argc, char** argv) try {
   for (int& t : thread_counts)
     if (t == 0) t = default_threads;
 
+  // Each type's configuration (lsh-X: X rounds), all checked before anything is written.
+  const int rounds = config.rounds;
+  auto config_of = [&](const std::string& type) {
+    clustr::AttentionConfig c = config;
+    const clustr::NamedAttention named = clustr::parse_attention_name(type);
+    c.type = named.type;
+    c.rounds = named.rounds > 0 ? named.rounds : rounds;
+    c.causal = causal;
+    c.validate();
+    return c;
+  };
+  for (const std::string& type : types) config_of(type);
+
   std::ofstream csv(csv_path);
   CLUSTR_CHECK(csv.good(), "bench_attention: cannot write ", csv_path);
   csv << "attention,N,B,H,E,threads,causal,seconds_median,seconds_min,us_per_element,"
@@ -188,13 +208,8 @@ int main(int argc, char** argv) try {
   const bool several = thread_counts.size() > 1;
 
   clustr::Generator gen(1);
-  const int rounds = config.rounds;
   for (const std::string& type : types) {
-    const clustr::NamedAttention named = clustr::parse_attention_name(type);  // lsh-X: X rounds
-    config.type = named.type;
-    config.rounds = named.rounds > 0 ? named.rounds : rounds;
-    config.causal = causal;
-    config.validate();
+    config = config_of(type);
     std::string counts;
     for (int t : thread_counts) counts += (counts.empty() ? "" : ", ") + std::to_string(t);
     std::printf("%s attention, forward + backward on %s, %s products%s: B=%ld, H=%ld, "

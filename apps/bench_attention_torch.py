@@ -31,7 +31,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_torch_common import child_env, run_worker  # noqa: E402
+from bench_torch_common import (  # noqa: E402
+    add_output_args, check_output, child_env, run_worker)
 
 
 def proc_status_bytes(field):
@@ -125,11 +126,12 @@ def main():
     p.add_argument("--heads", type=int, default=6)
     p.add_argument("--dim", type=int, default=64)
     p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--csv", default="bench_attention_torch.csv")
+    add_output_args(p, "bench_attention_torch.csv")
     p.add_argument("--worker", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         return torch_worker(args)
+    check_output(args)
 
     print(f"full attention forward + backward, B={args.batch}, H={args.heads}, "
           f"E=M={args.dim}, {args.threads} threads, median of {args.reps} runs, "

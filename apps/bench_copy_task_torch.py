@@ -42,7 +42,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_torch_common import child_env, run_worker  # noqa: E402
+from bench_torch_common import (  # noqa: E402
+    add_output_args, check_output, child_env, run_worker)
 
 MODEL = {"layers": 4, "heads": 6, "head_dim": 32, "feedforward": 768}
 TASK = {"symbols": 10, "mask_ratio": 0.2}
@@ -177,11 +178,12 @@ def main():
                    help="cuda: both sides on the GPU")
     p.add_argument("--tf32", action="store_true",
                    help="with --device cuda: TF32 tensor cores for float32 products, both sides")
-    p.add_argument("--csv", default="bench_copy_task_torch.csv")
+    add_output_args(p, "bench_copy_task_torch.csv")
     p.add_argument("--worker", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         return torch_worker(args)
+    check_output(args)
     if args.tf32 and args.device != "cuda":
         p.error("--tf32 needs --device cuda")
 

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/common/run_folder.h"
 #include "core/error.h"
 #include "core/parallel.h"
 #include "core/random.h"
@@ -50,7 +51,10 @@ int main(int argc, char** argv) try {
       ->check(CLI::Range(1, 10000));
   app.add_option("--threads", threads, "OpenMP threads (0: the default)")->capture_default_str();
   app.add_option("--csv", csv_path, "CSV output file")->capture_default_str();
+  bool overwrite = false;
+  app.add_flag("--overwrite", overwrite, "replace --csv if it exists");
   CLI11_PARSE(app, argc, argv);
+  clustr::check_output_file("--csv", csv_path, overwrite, /*folder_must_exist=*/true);
   if (threads > 0) clustr::set_num_threads(threads);
   CLUSTR_CHECK(classes >= 2 && min_labels >= 0 && max_labels >= min_labels,
                "bench_ctc: need --classes >= 2 and 0 <= --min-labels <= --max-labels");

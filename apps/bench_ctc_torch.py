@@ -26,7 +26,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_torch_common import child_env, run_worker  # noqa: E402
+from bench_torch_common import (  # noqa: E402
+    add_output_args, check_output, child_env, run_worker)
 
 
 def target_lengths(batch, min_labels, max_labels):
@@ -100,12 +101,13 @@ def main():
     p.add_argument("--max-labels", type=int, default=110)
     p.add_argument("--reps", type=int, default=20, help="timed steps per process (median)")
     p.add_argument("--rounds", type=int, default=3, help="alternations ours/PyTorch per count")
-    p.add_argument("--csv", default="bench_ctc_torch.csv")
+    add_output_args(p, "bench_ctc_torch.csv")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         args.threads = args.threads[0]
         return torch_worker(args)
+    check_output(args)
 
     print(f"CTC loss forward + backward, T={args.frames} B={args.batch} V={args.classes}, "
           f"{args.min_labels}..{args.max_labels} labels, reduction mean; both sides include "

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "apps/common/device.h"
+#include "apps/common/run_folder.h"
 #include "core/cpu/gemm.h"
 #include "core/cuda/cuda.h"
 #include "core/cpu/gemm_bf16.h"
@@ -72,6 +73,8 @@ int main(int argc, char** argv) try {
       ->capture_default_str()->check(CLI::Range(1, 1000));
   app.add_option("--threads", threads, "OpenMP threads (0: the default)")->capture_default_str();
   app.add_option("--csv", csv_path, "CSV output file")->capture_default_str();
+  bool overwrite = false;
+  app.add_flag("--overwrite", overwrite, "replace --csv if it exists");
   std::string precision_name = "fp32";
   app.add_option("--precision", precision_name, "fp32 | bf16 (the products' precision)")
       ->capture_default_str();
@@ -80,6 +83,7 @@ int main(int argc, char** argv) try {
   bool tf32 = false;
   app.add_flag("--tf32", tf32, "with --device cuda: TF32 tensor cores for the f32 products");
   CLI11_PARSE(app, argc, argv);
+  clustr::check_output_file("--csv", csv_path, overwrite, /*folder_must_exist=*/true);
   if (threads > 0) clustr::set_num_threads(threads);
   const clustr::Precision precision = clustr::parse_precision(precision_name);
   const clustr::Device device = clustr::resolve_device(device_name);

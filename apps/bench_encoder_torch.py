@@ -27,7 +27,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_torch_common import child_env, run_worker  # noqa: E402
+from bench_torch_common import (  # noqa: E402
+    add_output_args, check_output, child_env, run_worker)
 
 SHAPES = ["32x64", "32x128", "32x256", "32x512", "4x1024", "4x2048", "4x4096"]
 
@@ -97,11 +98,12 @@ def main():
     p.add_argument("--hidden", type=int, default=768)
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
                    help="bf16: ours with bf16 products, PyTorch under autocast (bfloat16)")
-    p.add_argument("--csv", default="bench_encoder_torch.csv")
+    add_output_args(p, "bench_encoder_torch.csv")
     p.add_argument("--worker", default="", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         return torch_worker(args)
+    check_output(args)
 
     print(f"encoder layer forward + backward, D={args.dim} H={args.heads} F={args.hidden}, "
           f"{args.threads} threads, {args.precision}, median of {args.reps} steps, "

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "apps/common/device.h"
+#include "apps/common/run_folder.h"
 #include "core/cpu/gemm.h"
 #include "core/cpu/gemm_bf16.h"
 #include "core/cuda/cuda.h"
@@ -221,6 +222,8 @@ int main(int argc, char** argv) try {
                  "pause between samples, so idle threads of the other library stop spinning")
       ->capture_default_str();
   app.add_option("--csv", csv_path, "CSV output file")->capture_default_str();
+  bool overwrite = false;
+  app.add_flag("--overwrite", overwrite, "replace --csv if it exists");
   app.add_flag("--no-peer", no_peer, "do not run OpenBLAS");
   app.add_option("--device", device, "cpu (ours and OpenBLAS) or cuda (cuBLAS)")
       ->capture_default_str();
@@ -235,6 +238,8 @@ int main(int argc, char** argv) try {
   bool tf32 = false;
   app.add_flag("--tf32", tf32, "with --device cuda: TF32 tensor cores for the f32 GEMM");
   CLI11_PARSE(app, argc, argv);
+  const std::vector<Case> cases = make_cases(shapes);  // checked before anything is written
+  clustr::check_output_file("--csv", csv_path, overwrite, /*folder_must_exist=*/true);
   const bool bf16 = precision == "bf16";
   if (bf16) {
     if (!kernel.empty()) clustr::cpu::set_gemm_bf16_kernel(kernel.c_str());
@@ -243,7 +248,7 @@ int main(int argc, char** argv) try {
   const clustr::Device on = clustr::resolve_device(device);
   clustr::apply_tf32(tf32, on);
   if (on == clustr::Device::cuda)
-    return run_cuda(make_cases(shapes), reps, sample_ms, pause_ms, csv_path, bf16);
+    return run_cuda(cases, reps, sample_ms, pause_ms, csv_path, bf16);
 
   OpenBlas blas;
   bool peer = !no_peer && blas.load();
@@ -271,7 +276,7 @@ int main(int argc, char** argv) try {
               "ours GFLOP/s min/med/max", "OpenBLAS min/med/max", "ratio");
 
   clustr::Generator gen(1);
-  for (const Case& c : make_cases(shapes)) {
+  for (const Case& c : cases) {
     // Stored shapes: A is M x K (K x M when transposed), B is K x N (N x K when transposed).
     Tensor A = Tensor::empty({c.M * c.K}), B = Tensor::empty({c.K * c.N});
     Tensor C = Tensor::zeros({c.M * c.N}), Cp = Tensor::zeros({c.M * c.N});

@@ -23,7 +23,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_torch_common import child_env, run_worker  # noqa: E402
+from bench_torch_common import (  # noqa: E402
+    add_output_args, check_output, child_env, run_worker)
 
 
 def cases(which):
@@ -96,11 +97,12 @@ def main():
     p.add_argument("--operands", default="bf16", choices=["bf16", "f32"],
                    help="our operands: bf16, or float32 rounded as packed")
     p.add_argument("--kernel", default="", help="our bf16 kernel (default: the best)")
-    p.add_argument("--csv", default="bench_gemm_torch.csv")
+    add_output_args(p, "bench_gemm_torch.csv")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         return torch_worker(args)
+    check_output(args)
 
     rows = []
     for t in args.threads:

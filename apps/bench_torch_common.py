@@ -21,3 +21,22 @@ def run_worker(script, worker_args):
     cmd = [sys.executable, os.path.abspath(script)] + [str(a) for a in worker_args]
     out = subprocess.run(cmd, check=True, env=child_env(), capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def add_output_args(parser, default_csv):
+    """--csv, the results file, and --overwrite: an existing file is replaced only when asked."""
+    parser.add_argument("--csv", default=default_csv, help="CSV output file")
+    parser.add_argument("--overwrite", action="store_true", help="replace --csv if it exists")
+
+
+def check_output(args):
+    """Before any work, that --csv may be written (the C++ programs' check_output_file): not a
+    folder, not an existing file unless --overwrite, in a folder that exists."""
+    path = args.csv
+    if os.path.isdir(path):
+        sys.exit(f"--csv {path}: is a folder; expected the file to write")
+    if os.path.exists(path) and not args.overwrite:
+        sys.exit(f"{path} exists: pass --overwrite to replace it")
+    folder = os.path.dirname(path)
+    if folder and not os.path.isdir(folder):
+        sys.exit(f"--csv {path}: the folder {folder} does not exist")

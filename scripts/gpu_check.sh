@@ -205,36 +205,36 @@ fi
 # ---- 6. benchmarks -----------------------------------------------------------------------------
 if [ "$emulate" = 1 ]; then
   step bench_gemm 300 "$build/apps/bench_gemm" --device cuda --shapes transformer --reps 1 \
-    --csv "$out/bench_gemm_fp32.csv"
+    --overwrite --csv "$out/bench_gemm_fp32.csv"
   step bench_encoder 300 "$build/apps/bench_encoder" --device cuda --shapes 2x8 --reps 1 \
-    --csv "$out/bench_encoder.csv"
+    --overwrite --csv "$out/bench_encoder.csv"
   step bench_attention 600 "$build/apps/bench_attention" --device cuda --n 64 128 --reps 1 \
     --heads 1 --dim 8 --clusters 4 --bits 15 --iterations 2 --topk 8 \
-    --attention full clustered improved-clustered --csv "$out/bench_attention.csv" \
+    --attention full clustered improved-clustered --overwrite --csv "$out/bench_attention.csv" \
     --png "$out/attention_time.png" --png-memory "$out/attention_memory.png"
   step bench_attention_lsh 300 "$build/apps/bench_attention" --device cuda --n 64 128 --reps 1 \
     --heads 1 --dim 8 --buckets 4 --chunk 8 --attention lsh-1 lsh-4 \
-    --csv "$out/bench_attention_lsh.csv"
+    --overwrite --csv "$out/bench_attention_lsh.csv"
 else
   step bench_gemm 120 "$build/apps/bench_gemm" --device cuda --shapes all \
-    --csv "$out/bench_gemm_fp32.csv"
+    --overwrite --csv "$out/bench_gemm_fp32.csv"
   step bench_gemm_tf32 120 "$build/apps/bench_gemm" --device cuda --shapes all --tf32 \
-    --csv "$out/bench_gemm_tf32.csv"
+    --overwrite --csv "$out/bench_gemm_tf32.csv"
   step bench_gemm_bf16 120 "$build/apps/bench_gemm" --device cuda --shapes all --precision bf16 \
-    --csv "$out/bench_gemm_bf16.csv"
+    --overwrite --csv "$out/bench_gemm_bf16.csv"
   step bench_attention 300 "$build/apps/bench_attention" --device cuda \
     --attention full clustered improved-clustered \
     --n 512 1024 2048 4096 8192 16384 32768 65536 131072 --max-full-n 65536 --reps 3 \
-    --csv "$out/bench_attention.csv" --png "$out/attention_time.png" \
+    --overwrite --csv "$out/bench_attention.csv" --png "$out/attention_time.png" \
     --png-memory "$out/attention_memory.png"
   # The Reformer baseline's first device kernels (reformer_cuda.cu), against the clustered
   # types above.
   step bench_attention_lsh 240 "$build/apps/bench_attention" --device cuda \
     --attention lsh-1 lsh-4 --n 512 2048 8192 32768 65536 --reps 3 \
-    --csv "$out/bench_attention_lsh.csv"
+    --overwrite --csv "$out/bench_attention_lsh.csv"
   for precision in fp32 bf16; do
     step "bench_encoder_$precision" 120 "$build/apps/bench_encoder" --device cuda \
-      --precision "$precision" --csv "$out/bench_encoder_$precision.csv"
+      --precision "$precision" --overwrite --csv "$out/bench_encoder_$precision.csv"
   done
   for precision in fp32 bf16; do
     step "copy_task_step_$precision" 120 "$build/apps/copy_task" --device cuda \
@@ -255,7 +255,7 @@ else
   for precision in fp32 bf16; do
     step "pytorch_peer_$precision" 240 python3 apps/bench_copy_task_torch.py --device cuda \
       --binary "$build/apps/copy_task" --precision "$precision" --steps 20 --warmup 5 \
-      --rounds 2 --csv "$out/bench_copy_task_torch_$precision.csv"
+      --rounds 2 --overwrite --csv "$out/bench_copy_task_torch_$precision.csv"
   done
 fi
 
@@ -268,7 +268,7 @@ elif ! command -v ncu > /dev/null; then
 else
   step profile_attention 180 ncu --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel \
     "$build/apps/bench_attention" --device cuda --attention clustered improved-clustered \
-    --n 16384 --reps 1 --csv "$out/profile_attention.csv"
+    --n 16384 --reps 1 --overwrite --csv "$out/profile_attention.csv"
   # The copy-task step: its kernels' GPU time against the step's wall time (the rest is the
   # host's: launches, autograd, copies).
   step profile_copy_step 150 ncu --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel \

@@ -6,6 +6,8 @@
 // Ctrl-C and the folder lock by tests/app_signal_test.sh.
 #include "app_cli.h"
 
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -174,15 +176,48 @@ TEST_CASE("bench_gemm_encoder_products") {
   const AppRun r = clustr::test::run_app(
       {CLUSTR_APP_BENCH_GEMM, "--precision", "bf16", "--shapes", "encoder", "--threads", "1",
        "--reps", "1", "--sample-ms", "1", "--pause-ms", "0", "--csv",
-       copy_out + "/bench_gemm_encoder.csv"});
+       copy_out + "/bench_gemm_encoder.csv", "--overwrite"});
   for (const char* row : {"fwd qkv      4096x192x576      NT", "dW ff1       768x4096x192      TN",
                           "dW qkv       576x4096x192      TN"})
     CHECK_OUTPUT_HAS(r, std::string(row));
   CHECK_STATUS(r, 0);
-  const AppRun bad = clustr::test::run_app({CLUSTR_APP_BENCH_GEMM, "--shapes", "encoders"});
+  const AppRun bad = clustr::test::run_app(
+      {CLUSTR_APP_BENCH_GEMM, "--shapes", "encoders", "--csv", copy_out + "/bench_gemm_bad.csv"});
   CHECK_OUTPUT_HAS(bad, std::string("--shapes must be all, square, transformer or encoder, got "
                                     "'encoders'"));
   CHECK_STATUS(bad, 1);
+}
+
+// The benchmarks keep an existing output file unless --overwrite: each refuses it by name
+// before it measures anything, and leaves it as it was.
+TEST_CASE("bench_outputs_kept") {
+  const std::string kept = copy_out + "/bench_kept.csv";
+  auto write = [&](const std::string& text) { std::ofstream(kept) << text; };
+  auto read = [&] {
+    std::ifstream in(kept);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  write("the user's results\n");
+  const std::vector<Args> runs = {
+      {CLUSTR_APP_BENCH_ENCODER, "--shapes", "2x8", "--reps", "1", "--dim", "8", "--heads", "2",
+       "--hidden", "16", "--csv", kept},
+      {CLUSTR_APP_BENCH_GEMM, "--shapes", "square", "--threads", "1", "--reps", "1", "--no-peer",
+       "--csv", kept},
+      {CLUSTR_APP_BENCH_ATTENTION, "--n", "16", "--heads", "1", "--dim", "8", "--reps", "1",
+       "--csv", kept},
+      {CLUSTR_APP_BENCH_ATTENTION, "--n", "16", "--heads", "1", "--dim", "8", "--reps", "1",
+       "--csv", copy_out + "/bench_kept_new.csv", "--png", kept},
+      {CLUSTR_APP_BENCH_CTC, "--frames", "20", "--batch", "1", "--classes", "5", "--min-labels",
+       "2", "--max-labels", "3", "--reps", "1", "--csv", kept}};
+  for (const Args& args : runs) {
+    const AppRun r = clustr::test::run_app(args);
+    CHECK_OUTPUT_HAS(r, kept + " exists: pass --overwrite to replace it");
+    CHECK_STATUS(r, 1);
+    CHECK_RUN(r, read() == "the user's results\n");
+  }
+  const AppRun r = clustr::test::run_app(cat({runs[0], {"--overwrite"}}));
+  CHECK_STATUS(r, 0);
+  CHECK_RUN(r, read().rfind("batch,length,precision,", 0) == 0);  // replaced, as asked
 }
 
 #ifdef CLUSTR_APP_CLI_MEMORY_LIMIT
