@@ -4,6 +4,7 @@
 #include <limits>
 #include <vector>
 
+#include "core/cpu/row_clones.h"
 #include "core/cuda/cuda.h"
 #include "core/error.h"
 #include "core/ops_check.h"
@@ -25,9 +26,24 @@ std::vector<const Tensor*> gradients(const std::vector<Variable>& params, const 
   return grads;
 }
 
+// The sum of the squares of x[0, n), in double: eight running sums (element i goes to sum
+// i % 8), added pairwise at the end. The order depends on n alone, and the loop vectorises:
+// one running sum waits on each addition in turn, and took 1.5% of a copy-task step.
+CLUSTR_ROW_CLONES
+double sum_squares(const float* x, int64_t n) {
+  double acc[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int k = 0; k < 8; ++k) acc[k] += double(x[i + k]) * double(x[i + k]);
+  for (; i < n; ++i) acc[i % 8] += double(x[i]) * double(x[i]);
+  for (int w = 4; w > 0; w /= 2)
+    for (int k = 0; k < w; ++k) acc[k] += acc[k + w];
+  return acc[0];
+}
+
 // Device gradients are summed on the device, all before a single copy back; then one double
-// sum in the order of params (each device gradient adds its own sum): the norm is the same
-// whatever the thread count, and for cpu gradients alone it is one sequential sum.
+// sum in the order of params (each gradient adds its own sum: sum_squares on the cpu): the norm
+// is the same whatever the thread count.
 double norm_of(const std::vector<const Tensor*>& grads) {
   std::vector<const float*> device_x;
   std::vector<int64_t> device_n;
@@ -45,8 +61,7 @@ double norm_of(const std::vector<const Tensor*>& grads) {
       sum_sq += device_sums[next_device++];
       continue;
     }
-    const float* x = g->f32();
-    for (int64_t i = 0; i < g->numel(); ++i) sum_sq += double(x[i]) * double(x[i]);
+    sum_sq += sum_squares(g->f32(), g->numel());
   }
   return std::sqrt(sum_sq);
 }
