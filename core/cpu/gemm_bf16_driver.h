@@ -542,10 +542,19 @@ void gemm_rect(const GemmBf16Call& g, int64_t kc_max, int64_t i0, int64_t i1, in
   const int64_t nblocks = ceil_div(j1 - j0, nc_cap);
   const int64_t nc_max = round_up(ceil_div(j1 - j0, nblocks), kBlock);
   const int64_t kt_max = ceil_div(kc_max, kTileK);
+  // A's tiles read in place (see the top of the file): bf16 rows of A, every depth block whole
+  // tiles (kc_max is a multiple of 32, and so is the last block when K is), and rows that do
+  // not pile up in a few L1 sets: a row stride that is a multiple of 512 bytes (K = 256, 512,
+  // 768 unpadded) puts a tile's 16 rows in 4 sets or fewer, and measured 5-25% slower than
+  // packing (K = 192, 384 bytes: 10% faster).
+  const bool a_in_place = !g.trans_a && g.a_type == Operand::bf16 && g.K % kTileK == 0 &&
+                          (g.lda * 2) % 512 != 0;
   // Several B blocks: the rectangle's rows of op(A), packed as the first B block meets them, are
   // kept for the others (2048^3 repacked A eight times per depth block: 7% of its time on Zen 4).
+  // (Read in place, A packs only a last partial block's rows, each time: nothing to keep.)
   const int64_t a_groups = round_up(i1 - i0, kMc) / 16;
-  const bool keep_a = nblocks > 1 && a_groups * kt_max * kTileElems * 2 <= kKeepABytes;
+  const bool keep_a =
+      !a_in_place && nblocks > 1 && a_groups * kt_max * kTileElems * 2 <= kKeepABytes;
   thread_local Bf16Buffer a_buffer, b_buffer;
   uint16_t* a_pack = a_buffer.reserve((keep_a ? a_groups : kMc / 16) * kt_max * kTileElems);
   uint16_t* b_pack = b_buffer.reserve(nc_max / 16 * kt_max * kTileElems);
@@ -578,13 +587,6 @@ void gemm_rect(const GemmBf16Call& g, int64_t kc_max, int64_t i0, int64_t i1, in
                      : Region{byte_ptr(g.B, g.b_type, p0 * g.ldb + jc), kc, nc * b_elem,
                               g.ldb * b_elem};
   };
-  // A's tiles read in place (see the top of the file): bf16 rows of A, every depth block whole
-  // tiles (kc_max is a multiple of 32, and so is the last block when K is), and rows that do
-  // not pile up in a few L1 sets: a row stride that is a multiple of 512 bytes (K = 256, 512,
-  // 768 unpadded) puts a tile's 16 rows in 4 sets or fewer, and measured 5-25% slower than
-  // packing (K = 192, 384 bytes: 10% faster).
-  const bool a_in_place = !g.trans_a && g.a_type == Operand::bf16 && g.K % kTileK == 0 &&
-                          (g.lda * 2) % 512 != 0;
   Kernel::begin();
   for (int64_t p0 = 0; p0 < g.K; p0 += kc_max) {
     const int64_t kc = min64(kc_max, g.K - p0), ktiles = ceil_div(kc, kTileK);
