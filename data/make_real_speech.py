@@ -73,7 +73,15 @@ def main():
     parser.add_argument("--out", required=True, help="output folder")
     parser.add_argument("--tuxpaint", default=TUXPAINT_STAMPS, help="Tux Paint's stamps folder")
     parser.add_argument("--alsa", default=ALSA_SOUNDS, help="ALSA's speaker-test sounds folder")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace real.json and sources.txt if --out holds them")
     args = parser.parse_args()
+    for name in ("real.json", "sources.txt"):  # checked before anything is read or written
+        path = os.path.join(args.out, name)
+        if os.path.exists(path) and not args.overwrite:
+            print("make_real_speech: error: %s exists: pass --overwrite to replace it" % path,
+                  file=sys.stderr)
+            return 1
     sources = [("tuxpaint-stamps-default", args.tuxpaint, tuxpaint),
                ("alsa-utils", args.alsa, alsa)]
     rows, report = [], []
