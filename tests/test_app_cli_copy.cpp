@@ -116,6 +116,19 @@ TEST_CASE("copy_task_bad_precision") {
                    "unknown precision 'fp16' (expected fp32 or bf16)");
 }
 
+// The configuration table names the kernels that run; the bf16 GEMM's portable one says that
+// bf16 gains nothing with it.
+TEST_CASE("copy_task_generic_kernels") {
+  const AppRun r = copy_task(
+      cat({copy_tiny, {"--steps", "1", "--precision", "bf16", "--out", copy_out + "/generic",
+                       "--overwrite"}}),
+      {{{"CLUSTR_GEMM_KERNEL", "generic"}}});
+  CHECK_OUTPUT_MATCHES(r, "GEMM micro-kernel +generic\n  bf16 GEMM kernel +generic \\(portable "
+                          "C\\+\\+: without AMX or AVX512-BF16, --precision bf16 gains "
+                          "nothing\\)\n");
+  CHECK_STATUS(r, 0);
+}
+
 TEST_CASE("copy_task_tf32_cpu") {
   CHECK_FAILS_WITH(copy_task({"--tf32"}), "--tf32 applies to the GPU's f32 products");
 }

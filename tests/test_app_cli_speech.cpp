@@ -41,11 +41,14 @@ const RunOptions no_gpu = {{{"CLUSTR_CUDA_EMULATION_DEVICES", "0"}, {"CUDA_VISIB
 
 }  // namespace
 
-// 60 steps of a tiny model; the bad lines the corpus holds are counted.
+// 60 steps of a tiny model; the bad lines the corpus holds are counted; the configuration
+// table ends with the build and the kernels that run.
 TEST_CASE("speech_app_train") {
   const AppRun r = speech(cat({{"train", "--corpus", corpus}, speech_tiny,
                                {"--epochs", "100", "--max-steps", "60", "--out",
                                 speech_out + "/full", "--overwrite"}}));
+  CHECK_OUTPUT_MATCHES(r, "speech configuration\n.*\nbuild\n  compiler .*GEMM micro-kernel +"
+                          "[a-z0-9]+\n  bf16 GEMM kernel +[a-z0-9]+.*\n  threads +2\n");
   CHECK_OUTPUT_MATCHES(r, "skipped 3 \\(1 bad manifest lines, 1 unreadable audio, 1 too short.*"
                  "3 utterances left out [^\n]*all listed in [^\n]*full/skipped.txt.*"
                  "trained 60 steps");

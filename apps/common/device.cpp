@@ -4,9 +4,15 @@
 #include <cmath>
 
 #include "apps/common/settings.h"
+#include "core/cpu/gemm.h"
+#include "core/cpu/gemm_bf16.h"
 #include "core/cuda/cuda.h"
 #include "core/parallel.h"
 #include "core/error.h"
+
+#ifndef CLUSTR_BUILD_TYPE
+#define CLUSTR_BUILD_TYPE "unknown"
+#endif
 
 namespace clustr {
 
@@ -69,6 +75,38 @@ std::string LaunchMeter::report(int64_t steps, double& kernels_per_step, double&
   }
   kernels_ = blas_ = 0;
   return line;
+}
+
+std::vector<std::pair<std::string, std::string>> build_info(const std::string& device) {
+#if defined(__clang__)
+  const std::string compiler = std::string("clang ") + __clang_version__;
+#elif defined(__GNUC__)
+  const std::string compiler = std::string("g++ ") + __VERSION__;
+#else
+  const std::string compiler = "unknown";
+#endif
+#ifdef _OPENMP
+  const std::string openmp = "on (" + std::to_string(_OPENMP) + ")";
+#else
+  const std::string openmp = "off";
+#endif
+  std::string cuda_state = cuda::compiled() ? "compiled" : "off";
+  if (cuda::compiled() && device != "cuda")
+    cuda_state += ", not used (--device " + device + ")";
+  else if (cuda::compiled())
+    cuda_state += !cuda::available() ? ", no GPU: " + cuda::unavailable_reason()
+                  : cuda::emulated()  ? std::string(", emulated device")
+                                      : std::string(", GPU present");
+  std::string bf16_kernel = cpu::gemm_bf16_kernel_name();
+  if (bf16_kernel == "generic")
+    bf16_kernel += " (portable C++: without AMX or AVX512-BF16, --precision bf16 gains nothing)";
+  return {{"compiler", compiler},
+          {"build type", CLUSTR_BUILD_TYPE},
+          {"OpenMP", openmp},
+          {"CUDA", cuda_state},
+          {"GEMM micro-kernel", cpu::gemm_kernel_name()},
+          {"bf16 GEMM kernel", bf16_kernel},
+          {"threads", std::to_string(num_threads())}};
 }
 
 }  // namespace clustr

@@ -4,6 +4,8 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/tensor.h"
 #include "layers/module.h"
@@ -23,6 +25,12 @@ void apply_tf32(bool tf32, Device device);
 // (apply_tf32), the OpenMP threads set when given. Returns the device.
 struct MachineOptions;
 Device prepare_machine(const MachineOptions& m);
+
+// Build information for an app's configuration table: compiler, build type, OpenMP, CUDA, the
+// GEMM kernels, threads. The GPU is probed only for a run on it (`device` "cuda"): a CPU run
+// never loads the driver. The bf16 GEMM's portable kernel says that --precision bf16 gains
+// nothing with it (no AMX or AVX512-BF16 in use: its products are no faster than f32 ones).
+std::vector<std::pair<std::string, std::string>> build_info(const std::string& device);
 
 // t on `device`: t itself when it is there already, else a copy.
 Tensor on_device(const Tensor& t, Device device);

@@ -10,18 +10,12 @@
 #include "apps/common/device.h"
 #include "apps/common/stop_signal.h"
 #include "autograd/ops.h"
-#include "core/cpu/gemm.h"
-#include "core/cpu/gemm_bf16.h"
 #include "core/cuda/cuda.h"
 #include "core/error.h"
 #include "core/ops.h"
 #include "core/parallel.h"
 #include "core/safetensors.h"
 #include "layers/checkpoint.h"
-
-#ifndef CLUSTR_BUILD_TYPE
-#define CLUSTR_BUILD_TYPE "unknown"
-#endif
 
 namespace clustr::copy {
 
@@ -53,35 +47,6 @@ CopyTaskBatch to_device(const CopyTaskBatch& b, Device device) {
 
 std::string resolve_checkpoint(const std::string& path, const char* flag) {
   return clustr::resolve_checkpoint(path, flag, {kCheckpointFile});
-}
-
-std::vector<std::pair<std::string, std::string>> build_info(const std::string& device) {
-#if defined(__clang__)
-  const std::string compiler = std::string("clang ") + __clang_version__;
-#elif defined(__GNUC__)
-  const std::string compiler = std::string("g++ ") + __VERSION__;
-#else
-  const std::string compiler = "unknown";
-#endif
-#ifdef _OPENMP
-  const std::string openmp = "on (" + std::to_string(_OPENMP) + ")";
-#else
-  const std::string openmp = "off";
-#endif
-  std::string cuda_state = cuda::compiled() ? "compiled" : "off";
-  if (cuda::compiled() && device != "cuda")
-    cuda_state += ", not used (--device " + device + ")";
-  else if (cuda::compiled())
-    cuda_state += !cuda::available() ? ", no GPU: " + cuda::unavailable_reason()
-                  : cuda::emulated()  ? std::string(", emulated device")
-                                      : std::string(", GPU present");
-  return {{"compiler", compiler},
-          {"build type", CLUSTR_BUILD_TYPE},
-          {"OpenMP", openmp},
-          {"CUDA", cuda_state},
-          {"GEMM micro-kernel", cpu::gemm_kernel_name()},
-          {"bf16 GEMM kernel", cpu::gemm_bf16_kernel_name()},
-          {"threads", std::to_string(num_threads())}};
 }
 
 Trainer::Trainer(const RunOptions& options, std::FILE* log)

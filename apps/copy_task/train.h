@@ -122,8 +122,4 @@ class Trainer : public TrainerBase {
   double run_seconds_ = 0;  // training seconds of run() so far
 };
 
-// Build information for the config table: compiler, build type, OpenMP, CUDA, GEMM kernel. The
-// GPU is probed only for a run on it (`device` "cuda"): a CPU run never loads the driver.
-std::vector<std::pair<std::string, std::string>> build_info(const std::string& device);
-
 }  // namespace clustr::copy

@@ -382,7 +382,9 @@ void Trainer::print_config(std::FILE* out) const {
                static_cast<long long>(model_->classes()));
   std::fprintf(out, "  %-26s %zu per epoch, %zu training utterances\n", "batches",
                buckets_.size(), train_.examples.size());
-  std::fprintf(out, "  %-26s %d\n", "threads", num_threads());
+  std::fprintf(out, "build\n");
+  for (const auto& [key, value] : build_info(options_.device))
+    std::fprintf(out, "  %-26s %s\n", key.c_str(), value.c_str());
   std::fflush(out);
 }
 
