@@ -47,6 +47,11 @@ inline Tensor random_tensor(const Shape& s, uint32_t seed, float lo = -2.0f, flo
   return Tensor::from_vector(random_values(numel(s), seed, lo, hi), s);
 }
 
+// A cpu i32 vector tensor of the values v.
+inline Tensor ints(const std::vector<int32_t>& v) {
+  return Tensor::from_int_vector(v, {static_cast<int64_t>(v.size())});
+}
+
 // The what() of the clustr::Error that f throws; "" when it throws none.
 template <class F>
 std::string error_of(F f) {

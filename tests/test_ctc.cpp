@@ -36,10 +36,6 @@ using namespace clustr::test;
 
 namespace {
 
-Tensor ints(const std::vector<int32_t>& v) {
-  return Tensor::from_int_vector(v, {static_cast<int64_t>(v.size())});
-}
-
 // The (B, T, V) log-softmax of logits, in double.
 std::vector<double> log_softmax_ref(const std::vector<float>& x, int64_t rows, int64_t V) {
   std::vector<double> lp(x.size());

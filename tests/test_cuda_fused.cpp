@@ -48,6 +48,7 @@ using clustr::test::check_ints;
 using clustr::test::check_ulps;
 using clustr::test::compare_devices;
 using clustr::test::Inputs;
+using clustr::test::ints;
 using clustr::test::random_tensor;
 using clustr::test::random_values;
 using clustr::test::Tolerance;
@@ -344,14 +345,6 @@ TEST_CASE("cuda argmax: hand cases of the tie and NaN rule") {
 }
 
 // ---- CTC loss ----------------------------------------------------------------------------------
-
-namespace {
-
-Tensor ints(const std::vector<int32_t>& v) {
-  return Tensor::from_int_vector(v, {static_cast<int64_t>(v.size())});
-}
-
-}  // namespace
 
 TEST_CASE("cuda ctc: loss and gradient on the device equal the cpu's, bit for bit") {
   // B = 5, T = 17, C = 6: varied input lengths (one 0 with an empty target), repeated labels

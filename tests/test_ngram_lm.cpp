@@ -12,6 +12,7 @@
 #include "layers/ngram_lm.h"
 
 using namespace clustr;
+using clustr::test::ints;
 
 namespace {
 
@@ -19,10 +20,6 @@ std::vector<float> all_log_probs(const NgramLm& lm, const std::vector<int32_t>& 
   std::vector<float> out(size_t(lm.classes()) + 1);
   lm.log_probs(context.data(), out.data());
   return out;
-}
-
-Tensor ints(const std::vector<int32_t>& v) {
-  return Tensor::from_int_vector(v, {int64_t(v.size())});
 }
 
 // Logits (1, T, V) whose softmax is the given per-frame probabilities.
