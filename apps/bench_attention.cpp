@@ -188,12 +188,11 @@ int main(int argc, char** argv) try {
     if (t == 0) t = default_threads;
 
   // Each type's configuration (lsh-X: X rounds), all checked before anything is written.
-  const int rounds = config.rounds;
   auto config_of = [&](const std::string& type) {
     clustr::AttentionConfig c = config;
     const clustr::NamedAttention named = clustr::parse_attention_name(type);
     c.type = named.type;
-    c.rounds = named.rounds > 0 ? named.rounds : rounds;
+    if (named.rounds > 0) c.rounds = named.rounds;
     c.causal = causal;
     c.validate();
     return c;
@@ -209,12 +208,12 @@ int main(int argc, char** argv) try {
 
   clustr::Generator gen(1);
   for (const std::string& type : types) {
-    config = config_of(type);
+    const clustr::AttentionConfig run = config_of(type);
     std::string counts;
     for (int t : thread_counts) counts += (counts.empty() ? "" : ", ") + std::to_string(t);
     std::printf("%s attention, forward + backward on %s, %s products%s: B=%ld, H=%ld, "
                 "E=M=%ld, %s threads, median of %d runs\n",
-                config.describe().c_str(), device_name.c_str(), clustr::to_string(precision),
+                run.describe().c_str(), device_name.c_str(), clustr::to_string(precision),
                 tf32 ? " (f32 ones in TF32)" : "", long(batch), long(heads), long(dim),
                 counts.c_str(), reps);
     std::printf("%7s %7s | %10s %10s %7s | %12s %10s %10s | %12s\n", "N", "threads", "ms",
@@ -225,8 +224,8 @@ int main(int argc, char** argv) try {
       series[t].label =
           several ? type + ", " + std::to_string(thread_counts[t]) + " threads" : type;
     for (int64_t N : lengths) {
-      if ((config.type == clustr::AttentionType::full ||
-           config.type == clustr::AttentionType::shared_full) &&
+      if ((run.type == clustr::AttentionType::full ||
+           run.type == clustr::AttentionType::shared_full) &&
           N > max_full_n)
         continue;
       Tensor q = Tensor::empty({batch, heads, N, dim}), k = Tensor::empty({batch, heads, N, dim});
@@ -240,7 +239,7 @@ int main(int argc, char** argv) try {
       for (int r = -1; r < reps; ++r)  // r = -1: the untimed run of each thread count
         for (size_t t = 0; t < thread_counts.size(); ++t) {
           clustr::set_num_threads(thread_counts[t]);
-          const Sample sample = run_once(q, k, v, dout, config, precision, gen);
+          const Sample sample = run_once(q, k, v, dout, run, precision, gen);
           if (r < 0)
             first.push_back(sample);
           else

@@ -208,8 +208,11 @@ inline uint16_t operand_bf16(const void* base, Operand type, int64_t idx) {
   return to_bf16(static_cast<const float*>(base)[idx]);
 }
 
+// Bytes per element of an operand.
+inline int64_t elem_bytes(Operand type) { return type == Operand::f32 ? 4 : 2; }
+
 inline const char* byte_ptr(const void* base, Operand type, int64_t idx) {
-  return static_cast<const char*>(base) + idx * (type == Operand::f32 ? 4 : 2);
+  return static_cast<const char*>(base) + idx * elem_bytes(type);
 }
 
 // ---- packing ------------------------------------------------------------------------------
@@ -306,7 +309,7 @@ inline void pack_a_rows(const GemmBf16Call& g, int64_t i, int64_t rows, int64_t 
 #ifdef CLUSTR_BF16_VECTOR
   if (g.trans_a) {
     const Operand type = g.a_type;
-    const int64_t elem = type == Operand::f32 ? 4 : 2;
+    const int64_t elem = elem_bytes(type);
     auto row_of = [&](int64_t k, int64_t col) {  // row p0 + k of A from column col, or null
       return k < kc ? byte_ptr(g.A, type, (p0 + k) * g.lda + col) : nullptr;
     };
@@ -382,7 +385,7 @@ inline void pack_b_cols(const GemmBf16Call& g, int64_t j, int64_t cols, int64_t 
 #ifdef CLUSTR_BF16_VECTOR
   if (!g.trans_b) {
     const Operand type = g.b_type;
-    const int64_t elem = type == Operand::f32 ? 4 : 2;
+    const int64_t elem = elem_bytes(type);
     for (int64_t t = 0; t < ktiles; ++t)
       for (int64_t kp = 0; kp < 16; ++kp) {
         const int64_t k0 = t * kTileK + 2 * kp, k1 = k0 + 1;
@@ -492,8 +495,9 @@ struct FetchAhead {
   int64_t row = 0;         // the next run of regions[cur] to fetch from
   int64_t per_block = 0;   // lines fetched after each kernel block
 
-  static int64_t lines(const Region& r, int64_t row) {
-    const uintptr_t p = reinterpret_cast<uintptr_t>(r.base + row * r.stride);
+  // The lines of a region's first run (the others may straddle one more).
+  static int64_t lines(const Region& r) {
+    const uintptr_t p = reinterpret_cast<uintptr_t>(r.base);
     return static_cast<int64_t>(((p + r.bytes - 1) >> 6) - (p >> 6) + 1);
   }
   // Fetches the regions (count <= 2, empty ones skipped) over `blocks` kernel blocks.
@@ -504,7 +508,7 @@ struct FetchAhead {
     for (int q = 0; q < n; ++q)
       if (rs[q].rows > 0 && rs[q].bytes > 0) {
         regions[count++] = rs[q];
-        total += rs[q].rows * lines(rs[q], 0);  // about: runs may straddle one more line
+        total += rs[q].rows * lines(rs[q]);  // about: see lines()
       }
     per_block = blocks > 0 ? ceil_div(total, blocks) : 0;
   }
@@ -569,8 +573,7 @@ void gemm_rect(const GemmBf16Call& g, int64_t kc_max, int64_t i0, int64_t i1, in
   // The operands' lines fetched ahead of their packing: only when they are large enough to be
   // outside L2 (small ones, such as full attention's tiles, are in cache, where fetching
   // them again only costs issue slots).
-  const int64_t a_elem = g.a_type == Operand::f32 ? 4 : 2;
-  const int64_t b_elem = g.b_type == Operand::f32 ? 4 : 2;
+  const int64_t a_elem = elem_bytes(g.a_type), b_elem = elem_bytes(g.b_type);
   const bool fetch_ahead = g.M * g.K * a_elem + g.K * g.N * b_elem >= kFetchOperandBytes;
   FetchAhead ahead;
   // The source of chunk [ic, ic + mc) of op(A) at depths [p0, p0 + kc), and of the block

@@ -96,10 +96,11 @@ void clustered_attention_backward(const ClusteredDims& d, const ClusteredParams&
     // dV = (Ac D r)^T dVc, dQc = t dS K, dK = t dS^T Qc
     product(p.bf16, true, false, L, M, C, 1.0f, w + bc * S, S, C * S, dvc + bc * M, M, C * M,
             dV + b0 * H * S * M, M, S * M, batch);
+    const auto ds16 = bf16_operand(p.bf16, ds + bc * S, C, L, S, C * S, batch);  // read twice
     product(p.bf16, false, false, C, E, L, t, ds + bc * S, S, C * S, K + b0 * H * S * E, E, S * E,
-            dqc + bc * E, E, C * E, batch);
+            dqc + bc * E, E, C * E, batch, 0.0f, ds16.get());
     product(p.bf16, true, false, L, E, C, t, ds + bc * S, S, C * S, centroids + bc * E, E, C * E,
-            dK + b0 * H * S * E, E, S * E, batch);
+            dK + b0 * H * S * E, E, S * E, batch, 0.0f, ds16.get());
   });
   // dQ_i = dQc_{j(i)} / |j(i)| (through the mean of eq. 4-5)
   const int64_t total = BH * N * E;

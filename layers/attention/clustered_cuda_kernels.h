@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <memory>
 
 #include "core/cuda/cuda.h"
 #include "core/cuda/kernel.h"
@@ -180,15 +181,30 @@ inline int64_t batch_span(int64_t rows, int64_t cols, int64_t ld, int64_t stride
   return (batch - 1) * stride + (rows - 1) * ld + cols;
 }
 
+// Under bf16, the span of a batch of f32 matrices (rows x cols stored, row stride ld, matrix i
+// at i * stride) converted to bf16, for the products that read it: an operand that several
+// products share (dS in backward) is converted once, given to each as product's a_bf16. Null
+// without bf16 or for an empty batch.
+inline std::unique_ptr<Scratch<uint16_t>> bf16_operand(bool bf16, const float* x, int64_t rows,
+                                                       int64_t cols, int64_t ld, int64_t stride,
+                                                       int64_t batch) {
+  if (!bf16 || rows == 0 || cols == 0 || batch == 0) return nullptr;
+  const int64_t n = batch_span(rows, cols, ld, stride, batch);
+  auto h = std::make_unique<Scratch<uint16_t>>(n);
+  f32_to_bf16(x, h->get(), n);
+  return h;
+}
+
 // A batch of GEMMs over `batch` pairs, C_i(rows, cols) = alpha op(A_i) op(B_i) + beta C_i with
 // an inner size that may be 0 (then C_i = 0 when beta is 0; every such C here is a contiguous
 // block), and nothing to do for an empty C. With bf16 (the precision policy: the C x S
 // products, as cluster_product on the CPU) the operands are converted to bf16 once, the spans
-// the batch reads, and the bf16 GEMM sums in f32.
+// the batch reads (A's already, when a_bf16 holds it: bf16_operand of A's stored shape), and
+// the bf16 GEMM sums in f32.
 inline void product(bool bf16, bool ta, bool tb, int64_t rows, int64_t cols, int64_t inner,
                     float alpha, const float* A, int64_t lda, int64_t sa, const float* Bm,
                     int64_t ldb, int64_t sb, float* Cm, int64_t ldc, int64_t sc, int64_t batch,
-                    float beta = 0.0f) {
+                    float beta = 0.0f, const Scratch<uint16_t>* a_bf16 = nullptr) {
   if (rows == 0 || cols == 0 || batch == 0) return;
   if (inner == 0) {
     if (beta == 0.0f) fill_f32(Cm, 0.0f, batch * sc);
@@ -197,13 +213,14 @@ inline void product(bool bf16, bool ta, bool tb, int64_t rows, int64_t cols, int
   if (!bf16)
     return gemm_strided_batched(ta, tb, rows, cols, inner, alpha, A, lda, sa, Bm, ldb, sb, beta,
                                 Cm, ldc, sc, batch);
-  const int64_t na = batch_span(ta ? inner : rows, ta ? rows : inner, lda, sa, batch);
-  const int64_t nb = batch_span(tb ? cols : inner, tb ? inner : cols, ldb, sb, batch);
-  Scratch<uint16_t> a(na), b(nb);
-  f32_to_bf16(A, a.get(), na);
-  f32_to_bf16(Bm, b.get(), nb);
-  gemm_bf16_strided_batched(ta, tb, rows, cols, inner, alpha, a.get(), lda, sa, b.get(), ldb, sb,
-                            beta, Cm, ldc, sc, batch);
+  std::unique_ptr<Scratch<uint16_t>> own_a;
+  if (!a_bf16) {
+    own_a = bf16_operand(true, A, ta ? inner : rows, ta ? rows : inner, lda, sa, batch);
+    a_bf16 = own_a.get();
+  }
+  const auto b = bf16_operand(true, Bm, tb ? cols : inner, tb ? inner : cols, ldb, sb, batch);
+  gemm_bf16_strided_batched(ta, tb, rows, cols, inner, alpha, a_bf16->get(), lda, sa, b->get(),
+                            ldb, sb, beta, Cm, ldc, sc, batch);
 }
 
 inline unsigned grid_of(int64_t n) { return static_cast<unsigned>(n); }

@@ -514,10 +514,11 @@ void improved_clustered_attention_backward(const ClusteredDims& d, const Cluster
   // Through the centroids (eq. 4-5): dK += t dzc^T Qc, dQc = t dzc K, dQ_i += dQc_j / |j|
   for_each_sequence(d, p, [&](int64_t b0, int64_t nb, int64_t L) {
     const int64_t bc = b0 * H * C, batch = nb * H;
+    const auto ds16 = bf16_operand(p.bf16, ds + bc * S, C, L, S, C * S, batch);  // read twice
     product(p.bf16, true, false, L, E, C, t, ds + bc * S, S, C * S, centroids + bc * E, E,
-            C * E, dK + b0 * H * S * E, E, S * E, batch, 1.0f);
+            C * E, dK + b0 * H * S * E, E, S * E, batch, 1.0f, ds16.get());
     product(p.bf16, false, false, C, E, L, t, ds + bc * S, S, C * S, K + b0 * H * S * E, E, S * E,
-            dqc + bc * E, E, C * E, batch);
+            dqc + bc * E, E, C * E, batch, 0.0f, ds16.get());
   });
   const int64_t total = BH * N * E;
   launch("cuda::improved_clustered_attention_backward (centroid gradient)",
