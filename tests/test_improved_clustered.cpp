@@ -1,7 +1,8 @@
 // Improved clustered attention for a fixed clustering (layers/attention/improved_clustered.h,
 // the paper's eq. 9-11): topk >= S is full attention (values and gradients); the plain
 // reference (layers/attention/reference.h) over sizes 1, 3, 17, 129 with N != S, E != M, empty
-// clusters, padded queries and k > valid keys; gradcheck (with the gradient through m_j and the
+// clusters, padded queries and k > valid keys, and over widths and k around the per-cluster
+// loops' 16-lane vectors; gradcheck (with the gradient through m_j and the
 // non-top-k Ac_j) where the top-k sets are stable; Proposition 2 through the analysis matrix;
 // identical results at 1 and 2 threads, also for one sequence and one head with many clusters
 // (the work shared inside the pair); attention dropout (the reference with the documented
@@ -116,7 +117,10 @@ TEST_CASE("improved clustered attention: matches the plain reference (padding, e
        {make_case(1, 1, 1, 1, 1, 1, 1, 1), make_case(2, 3, 3, 17, 5, 3, 4, 2, {17, 1}),
         make_case(1, 2, 17, 3, 4, 7, 3, 5), make_case(2, 1, 129, 129, 8, 16, 10, 32, {129, 0}),
         make_case(1, 1, 3, 129, 17, 1, 5, 3), make_case(2, 2, 129, 17, 3, 5, 129, 4, {17, 6}),
-        make_case(1, 2, 17, 129, 16, 8, 1, 100, {70}), make_case(1, 1, 17, 17, 4, 4, 3, 1)}) {
+        make_case(1, 2, 17, 129, 16, 8, 1, 100, {70}), make_case(1, 1, 17, 17, 4, 4, 3, 1),
+        // the per-cluster products' 32- and 16-column vectors and their edges (E, M, k of
+        // 20, 24, 18 and 32, 40, 40), and the 16 x 16 blocks of the transposed gathers
+        make_case(1, 2, 40, 40, 20, 24, 3, 18), make_case(1, 1, 64, 64, 32, 40, 2, 40)}) {
     INFO(name_of(c));
     const Inputs in = make_attention_inputs(c, seed += 10);
     ImprovedClusteredAttentionOutput f;

@@ -18,3 +18,47 @@
 #define CLUSTR_ROW_CLONES
 #define CLUSTR_ROW_CLONES_NO_CONTRACT
 #endif
+
+#include <cstdint>
+
+#include "core/math.h"
+
+namespace clustr::cpu {
+
+// Independent partial sums in the row loops: element c goes to lane c % kLanes, so that a loop
+// compiled for vectors runs on them (a float sum in one chain would stay scalar); the lanes are
+// then added as a tree (pairs of halves): four dependent additions rather than a chain of
+// sixteen, which short rows would otherwise wait on. The order depends on the length alone.
+constexpr int kLanes = 16;
+
+inline float lanes_sum(float* acc) {
+  for (int w = kLanes / 2; w > 0; w /= 2)
+    for (int k = 0; k < w; ++k) acc[k] += acc[k + w];
+  return acc[0];
+}
+
+// x[0..n) . y[0..n) in lanes.
+inline float dot_lanes(const float* x, const float* y, int64_t n) {
+  float acc[kLanes] = {};
+  int64_t c = 0;
+  for (; c + kLanes <= n; c += kLanes)
+    for (int k = 0; k < kLanes; ++k) acc[k] += x[c + k] * y[c + k];
+  for (; c < n; ++c) acc[0] += x[c] * y[c];
+  return lanes_sum(acc);
+}
+
+// max(x[0..n)), n >= 1, through integer keys that order like the floats (the magnitude bits
+// of negative floats flipped): an integer max reduction vectorises, a float one does not
+// (GCC will not reorder a float max that must honour NaN). A NaN maps beyond +-inf, and either
+// way the exp pass of a softmax turns it into a NaN output.
+inline int32_t order_key(int32_t bits) { return bits ^ ((bits >> 31) & 0x7fffffff); }  // involution
+inline float row_max(const float* x, int64_t n) {
+  int32_t key = order_key(static_cast<int32_t>(math::bits_of(x[0])));
+  for (int64_t c = 1; c < n; ++c) {
+    const int32_t k = order_key(static_cast<int32_t>(math::bits_of(x[c])));
+    key = k > key ? k : key;
+  }
+  return math::float_from_bits(static_cast<uint32_t>(order_key(key)));
+}
+
+}  // namespace clustr::cpu

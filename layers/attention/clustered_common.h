@@ -21,6 +21,7 @@
 
 #include "core/cpu/gemm.h"
 #include "core/cpu/gemm_bf16.h"
+#include "core/cpu/row_clones.h"
 #include "core/error.h"
 #include "core/math.h"
 #include "core/ops_check.h"
@@ -161,20 +162,37 @@ inline void cluster_product(const Params& p, bool ta, bool tb, int64_t rows, int
                        nullptr});
 }
 
+using cpu::kLanes;
+using cpu::lanes_sum;
+
 // Row softmax over the first n of x[0..S) (n >= 1), the rest set to 0; numerically stable (the
-// max is subtracted, so every exp is <= 1 and the sum is >= 1).
+// max is subtracted, so every exp is <= 1 and the sum is >= 1). A NaN in the row makes the row
+// NaN.
 inline void softmax_row(float* x, int64_t n, int64_t S) {
-  float mx = x[0];
-  for (int64_t c = 1; c < n; ++c) mx = math::Maximum{}(mx, x[c]);
-  float sum = 0.0f;
-  for (int64_t c = 0; c < n; ++c) {
+  const float mx = cpu::row_max(x, n);
+  int64_t c = 0;
+  float acc[kLanes] = {};
+  for (; c + kLanes <= n; c += kLanes)
+    for (int k = 0; k < kLanes; ++k) {
+      x[c + k] = math::exp(x[c + k] - mx);
+      acc[k] += x[c + k];
+    }
+  for (; c < n; ++c) {
     x[c] = math::exp(x[c] - mx);
-    sum += x[c];
+    acc[0] += x[c];
   }
-  const float inv = 1.0f / sum;
-  for (int64_t c = 0; c < n; ++c) x[c] *= inv;
+  const float inv = 1.0f / lanes_sum(acc);
+  for (c = 0; c < n; ++c) x[c] *= inv;
   fill(x + n, S - n, 0.0f);
 }
+
+// Row loops for the callers below, compiled for each instruction set (clustered_rows.cpp).
+// softmax_row(x, n, S), as above.
+void softmax_row_vectors(float* x, int64_t n, int64_t S);
+// g[c] = w[c] (g[c] - sum_l w[l] g[l]) for c < n: the softmax backward of one row.
+void softmax_backward_row(const float* w, float* g, int64_t n);
+// y[c] += x[c] for c < n.
+void add_row(const float* x, int64_t n, float* y);
 
 // The keys of a top-k row T (kw entries, -1 padded): its entries before the first -1.
 inline int64_t topk_size(const int32_t* T, int64_t kw) {
@@ -215,10 +233,8 @@ inline void sum_members(const Dims& d, const Members& m, const float* x, int64_t
   for (int64_t j = 0; j < d.C; ++j) {
     float* row = y + j * w;
     fill(row, w, 0.0f);
-    for (int32_t r = m.start[j]; r < m.start[j + 1]; ++r) {
-      const float* src = x + static_cast<int64_t>(m.order[r]) * w;
-      for (int64_t e = 0; e < w; ++e) row[e] += src[e];
-    }
+    for (int32_t r = m.start[j]; r < m.start[j + 1]; ++r)
+      add_row(x + static_cast<int64_t>(m.order[r]) * w, w, row);
   }
 }
 
@@ -244,7 +260,7 @@ inline void centroid_weights(const Dims& d, const Params& p, int64_t L, const fl
     if (count[j] == 0 || L == 0)
       fill(row, d.S, 0.0f);
     else
-      softmax_row(row, L, d.S);
+      softmax_row_vectors(row, L, d.S);
   }
 }
 
@@ -253,13 +269,7 @@ inline void centroid_weights(const Dims& d, const Params& p, int64_t L, const fl
 inline void softmax_backward_rows(const Dims& d, int64_t L, const float* w, float* g,
                                   [[maybe_unused]] bool inner) {
 #pragma omp parallel for schedule(static) if (inner)
-  for (int64_t j = 0; j < d.C; ++j) {
-    const float* wr = w + j * d.S;
-    float* gr = g + j * d.S;
-    float dot = 0.0f;
-    for (int64_t c = 0; c < L; ++c) dot += gr[c] * wr[c];
-    for (int64_t c = 0; c < L; ++c) gr[c] = wr[c] * (gr[c] - dot);
-  }
+  for (int64_t j = 0; j < d.C; ++j) softmax_backward_row(w + j * d.S, g + j * d.S, L);
 }
 
 using detail::check_f32;

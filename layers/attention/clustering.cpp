@@ -101,9 +101,9 @@ void hash_queries(const float* q, int64_t Nv, const Sizes& s, const Draws& r, bo
 #pragma omp parallel for schedule(static) if (inner)
   for (int64_t i = 0; i < Nv; ++i) {
     const float* p = proj + i * bits;
-    uint64_t code = 0;
+    uint64_t code = 0;  // without a branch: each bit is a coin flip that no predictor learns
     for (int k = 0; k < bits; ++k)
-      if (p[k] > threshold[static_cast<size_t>(k)]) code |= uint64_t{1} << k;
+      code |= static_cast<uint64_t>(p[k] > threshold[static_cast<size_t>(k)]) << k;
     codes[i] = code;
   }
 }
@@ -267,14 +267,15 @@ void update(const uint64_t* codes, int64_t Nv, const int32_t* a, const Sizes& s,
     for (size_t x = 0; x < ones.size(); ++x) ones[x] += mine[x];
   }
   for (int c = 0; c < active; ++c) {
-    uint64_t& cent = centroids[static_cast<size_t>(c)];
     const int64_t* row = ones.data() + static_cast<size_t>(c) * kRow;
     const int64_t m = row[64];
+    uint64_t set = 0, clear = 0;  // without a branch, as in hash_queries
     for (int k = 0; k < s.bits; ++k) {
-      const int64_t twice = 2 * row[k];
-      if (twice > m) cent |= uint64_t{1} << k;
-      if (twice < m) cent &= ~(uint64_t{1} << k);
+      set |= static_cast<uint64_t>(2 * row[k] > m) << k;
+      clear |= static_cast<uint64_t>(2 * row[k] < m) << k;
     }
+    uint64_t& cent = centroids[static_cast<size_t>(c)];
+    cent = (cent | set) & ~clear;
   }
 }
 

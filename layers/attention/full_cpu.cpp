@@ -54,7 +54,6 @@ namespace {
 constexpr int64_t kBlockQ = 128;       // Bq
 constexpr int64_t kTileK = 512;        // Bk
 constexpr int64_t kBackwardTasks = 8;  // (b, h, chunk) tasks backward aims for
-constexpr int kLanes = 16;             // independent partial sums in the row loops
 
 int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
@@ -123,15 +122,6 @@ Block block_of(const FullAttentionDims& d, const FullAttentionParams& p, const L
   return k;
 }
 
-// The sum of the kLanes partial sums, as a tree (pairs of halves): four dependent additions
-// rather than a chain of sixteen, which the short rows of short sequences (64 keys: four
-// vectors) would otherwise wait on.
-inline float lanes_sum(float* acc) {
-  for (int w = kLanes / 2; w > 0; w /= 2)
-    for (int k = 0; k < w; ++k) acc[k] += acc[k + w];
-  return acc[0];
-}
-
 // Dropout words of one row: bits[c] for the element idx0 + c, c < n (full_cpu.h).
 void dropout_bits(uint64_t seed, uint64_t offset, uint64_t idx0, int64_t n, uint32_t* bits) {
   uint64_t idx = idx0;
@@ -140,20 +130,6 @@ void dropout_bits(uint64_t seed, uint64_t offset, uint64_t idx0, int64_t n, uint
     const Philox4 r = philox4x32(seed, offset + idx / 4);
     for (uint64_t lane = idx % 4; lane < 4 && c < n; ++lane, ++idx, ++c) bits[c] = r.v[lane];
   }
-}
-
-// max(x[0..n)), n >= 1, through integer keys that order like the floats (the magnitude bits
-// of negative floats flipped): an integer max reduction vectorises, a float one does not
-// (GCC will not reorder a float max that must honour NaN). A NaN maps beyond +-inf, and either
-// way the exp pass turns it into a NaN output.
-inline int32_t order_key(int32_t bits) { return bits ^ ((bits >> 31) & 0x7fffffff); }  // involution
-inline float row_max(const float* x, int64_t n) {
-  int32_t key = order_key(static_cast<int32_t>(math::bits_of(x[0])));
-  for (int64_t c = 1; c < n; ++c) {
-    const int32_t k = order_key(static_cast<int32_t>(math::bits_of(x[c])));
-    key = k > key ? k : key;
-  }
-  return math::float_from_bits(static_cast<uint32_t>(order_key(key)));
 }
 
 // One online-softmax step over a tile (rows x tc, row stride ld) of scores s: with m, l (rows)
@@ -260,16 +236,7 @@ void backward_tile(float* s, float* dp, int64_t ld, int64_t rows, RowLimits lim,
 // D (rows) = the dot products of the rows of a and b (rows, M), rows ld apart.
 CLUSTR_ROW_CLONES
 void row_dots(const float* a, const float* b, int64_t rows, int64_t M, int64_t ld, float* D) {
-  for (int64_t r = 0; r < rows; ++r) {
-    float acc[kLanes] = {};
-    const float* x = a + r * ld;
-    const float* y = b + r * ld;
-    int64_t c = 0;
-    for (; c + kLanes <= M; c += kLanes)
-      for (int k = 0; k < kLanes; ++k) acc[k] += x[c + k] * y[c + k];
-    for (; c < M; ++c) acc[0] += x[c] * y[c];
-    D[r] = lanes_sum(acc);
-  }
+  for (int64_t r = 0; r < rows; ++r) D[r] = dot_lanes(a + r * ld, b + r * ld, M);
 }
 
 void fill_rows(float* x, int64_t n, float value) {

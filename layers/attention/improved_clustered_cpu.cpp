@@ -6,8 +6,9 @@
 // width; n the members of one cluster; t the temperature.
 //
 // A pair's work, as in clustered.cpp: centroids and Ac (shared helpers in clustered_common.h),
-// the top-k sets, then cluster by cluster the members' exact softmax over their T_j, by
-// cpu::gemm. With at least as many (b, h) pairs as threads a task is one pair on one thread;
+// the top-k sets, then cluster by cluster the members' exact softmax over their T_j (the C x S
+// products through cluster_product, the members' small ones through small_product below).
+// With at least as many (b, h) pairs as threads a task is one pair on one thread;
 // with fewer, the pairs run in turn and all threads share each one: the dense C x S products
 // through the GEMM's threads, the top-k selections and the members' work cluster by cluster
 // (each thread with its own scratch). A query belongs to one cluster, so each member row of
@@ -38,9 +39,11 @@
 #include "layers/attention/improved_clustered_cpu.h"
 
 #include <algorithm>
+#include <cstring>
 #include <numeric>
 #include <vector>
 
+#include "core/cpu/row_clones.h"
 #include "core/math.h"
 #include "core/parallel.h"
 
@@ -96,6 +99,7 @@ int64_t select_room(const Dims& d, int64_t kw) {
 // Scratch of one thread working on the clusters of a pair whose largest cluster has n members.
 struct MemberScratch {
   float *qj, *oj, *kt, *vt, *P, *G, *Pd, *tq;  // n x E, n x M, kw x E, kw x M, n x kw (3), n x E
+  float *ktt, *vtt;                            // E x kw, M x kw: kt and vt transposed
   int32_t* sel;                                // select_room(): top-k candidates
   uint32_t* keys;                              // min(S, kShortRow): a short row's order keys
 };
@@ -113,6 +117,8 @@ Tensor make_member_scratch(const Dims& d, int64_t kw, int64_t n, bool dropout,
       m.G = c.f32(n * kw);
       m.Pd = dropout ? c.f32(n * kw) : nullptr;
       m.tq = c.f32(n * d.E);
+      m.ktt = c.f32(d.E * kw);
+      m.vtt = c.f32(d.M * kw);
       m.sel = c.i32(select_room(d, kw));
       m.keys = reinterpret_cast<uint32_t*>(c.i32(std::min(d.S, kShortRow)));
     }
@@ -154,7 +160,9 @@ void for_each_pair(const Dims& d, int64_t kw, bool backward, Pair pair) {
 // A longer row is one pass that keeps candidates in sel (room for at least 4 kk): whenever it
 // fills, nth_element keeps its best kk and their lowest key becomes the bar that later keys
 // must beat strictly (a later key with an equal weight has a higher index, so it ranks lower).
-// Most keys fail the bar at the cost of one comparison.
+// Most keys fail the bar at the cost of one comparison. Compiled per instruction set
+// (CLUSTR_ROW_CLONES): the counts run 16 keys to a vector with AVX-512.
+CLUSTR_ROW_CLONES
 float select_topk(const float* row, int64_t L, int64_t k, int64_t kw, bool empty, uint32_t* keys,
                   int32_t* sel, int64_t room, int32_t* tk) {
   const int64_t kk = empty ? 0 : std::min(k, L);
@@ -176,8 +184,13 @@ float select_topk(const float* row, int64_t L, int64_t k, int64_t kw, bool empty
     int32_t above = 0;
     for (int64_t l = 0; l < L; ++l) above += keys[l] > bar ? 1 : 0;
     int64_t equal = kk - above;  // keys equal to the bar that T takes, lowest index first
-    for (int64_t l = 0; l < L && n < kk; ++l)
-      if (keys[l] > bar || (keys[l] == bar && equal-- > 0)) sel[n++] = static_cast<int32_t>(l);
+    for (int64_t l = 0; l < L && n < kk; ++l) {  // without a branch on the (random) keys
+      const bool at_bar = keys[l] == bar;
+      const bool take = (keys[l] > bar) | (at_bar & (equal > 0));
+      equal -= at_bar;
+      sel[n] = static_cast<int32_t>(l);
+      n += take;
+    }
   } else if (kk > 0) {
     auto better = [row](int32_t x, int32_t y) {
       const uint32_t kx = math::order_key(row[x]), ky = math::order_key(row[y]);
@@ -206,17 +219,113 @@ float select_topk(const float* row, int64_t L, int64_t k, int64_t kw, bool empty
   return m;
 }
 
+// ---- a cluster's members against its top-k keys --------------------------------------------
+// These products are a few rows by kk <= k (32 by default) by a head's width: too small for the
+// GEMM's blocking and packing, which cost several times their arithmetic. They, and the loops
+// around them, are plain loops compiled per instruction set (CLUSTR_ROW_CLONES): each output
+// row is a sum over s in order of A(r, s) times row s of B, 16 columns to a vector, so no sum
+// is reordered and no result depends on the thread count.
+
+// GCC's vector of 16 floats: one AVX-512 register, two AVX2 ones, four SSE ones. (Only used
+// inside the functions below, never passed: -Wpsabi's note is about passing one.)
+typedef float Lanes __attribute__((vector_size(64)));
+
+// The helpers are inlined into the per-cluster functions (member_forward, member_backward),
+// and so compiled for each of their instruction sets.
+#define CLUSTR_MEMBER_HELPER __attribute__((always_inline)) inline
+
+// C (rows, cols) = alpha sum_{s < inner} A(r, s) B(s, .), with A(r, s) at A[r * ars + s * acs],
+// row s of B at B + s * ldb and the rows of C ldc apart; inner >= 1.
+CLUSTR_MEMBER_HELPER void small_product(int64_t rows, int64_t cols, int64_t inner, float alpha,
+                                        const float* A, int64_t ars, int64_t acs, const float* B,
+                                        int64_t ldb, float* C, int64_t ldc) {
+  constexpr int64_t W = 16;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* a = A + r * ars;
+    float* c = C + r * ldc;
+    int64_t j = 0;
+    for (; j + 2 * W <= cols; j += 2 * W) {
+      Lanes acc0 = {}, acc1 = {};
+      for (int64_t s = 0; s < inner; ++s) {
+        Lanes b0, b1;
+        std::memcpy(&b0, B + s * ldb + j, sizeof b0);
+        std::memcpy(&b1, B + s * ldb + j + W, sizeof b1);
+        acc0 += a[s * acs] * b0;
+        acc1 += a[s * acs] * b1;
+      }
+      acc0 *= alpha;
+      acc1 *= alpha;
+      std::memcpy(c + j, &acc0, sizeof acc0);
+      std::memcpy(c + j + W, &acc1, sizeof acc1);
+    }
+    for (; j + W <= cols; j += W) {
+      Lanes acc = {};
+      for (int64_t s = 0; s < inner; ++s) {
+        Lanes b;
+        std::memcpy(&b, B + s * ldb + j, sizeof b);
+        acc += a[s * acs] * b;
+      }
+      acc *= alpha;
+      std::memcpy(c + j, &acc, sizeof acc);
+    }
+    for (; j < cols; ++j) {
+      float acc = 0.0f;
+      for (int64_t s = 0; s < inner; ++s) acc += a[s * acs] * B[s * ldb + j];
+      c[j] = alpha * acc;
+    }
+  }
+}
+
 // Gathers rows idx[0..n) of x (., width) into y (n, width).
-template <class I>
-void gather(const float* x, int64_t width, const I* idx, int64_t n, float* y) {
+CLUSTR_MEMBER_HELPER void gather(const float* x, int64_t width, const int32_t* idx, int64_t n,
+                                 float* y) {
   for (int64_t r = 0; r < n; ++r)
     for (int64_t c = 0; c < width; ++c) y[r * width + c] = x[idx[r] * width + c];
 }
 
-// P (n, kk) = row softmax of t Qj K_T^T: the exact member weights on T (eq. 11), kk >= 1.
-void member_weights(int64_t n, int64_t kk, int64_t E, float t, const float* qj, const float* kt,
-                    float* P) {
-  product(false, true, n, kk, E, t, qj, E, kt, E, P, kk);
+// One step of a 16 x 16 transpose (row i in r[i]): for the rows i and i + h (i without bit h),
+// the h x h blocks off the diagonal swap. Steps h = 8, 4, 2, 1 swap each bit of the row index
+// with that of the column index: the transpose, in 64 two-vector shuffles.
+template <int h>
+CLUSTR_MEMBER_HELPER void transpose_step(Lanes r[16]) {
+  typedef int32_t LaneIndex __attribute__((vector_size(64)));
+  LaneIndex lo, hi;  // lanes 16.. name the second vector's
+  for (int j = 0; j < 16; ++j) {
+    lo[j] = (j & h) ? 16 + j - h : j;
+    hi[j] = (j & h) ? 16 + j : j + h;
+  }
+  for (int i = 0; i < 16; ++i)
+    if (!(i & h)) {
+      const Lanes a = r[i], b = r[i + h];
+      r[i] = __builtin_shuffle(a, b, lo);
+      r[i + h] = __builtin_shuffle(a, b, hi);
+    }
+}
+
+// Gathers rows idx[0..n) of x (., width) into y (width, n) transposed: 16 x 16 blocks through
+// registers, the edges element by element.
+CLUSTR_MEMBER_HELPER void gather_transposed(const float* x, int64_t width, const int32_t* idx,
+                                            int64_t n, float* y) {
+  const int64_t n16 = n / 16 * 16, w16 = width / 16 * 16;
+  for (int64_t r0 = 0; r0 < n16; r0 += 16)
+    for (int64_t c0 = 0; c0 < w16; c0 += 16) {
+      Lanes b[16];
+      for (int i = 0; i < 16; ++i) std::memcpy(&b[i], x + idx[r0 + i] * width + c0, sizeof b[i]);
+      transpose_step<8>(b);
+      transpose_step<4>(b);
+      transpose_step<2>(b);
+      transpose_step<1>(b);
+      for (int i = 0; i < 16; ++i) std::memcpy(y + (c0 + i) * n + r0, &b[i], sizeof b[i]);
+    }
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t c = r < n16 ? w16 : 0; c < width; ++c) y[c * n + r] = x[idx[r] * width + c];
+}
+
+// P (n, kk) = row softmax of t Qj K_T^T (kt_t: K_T transposed, E x kk): the exact member
+// weights on T (eq. 11), kk >= 1.
+CLUSTR_MEMBER_HELPER void member_weights(int64_t n, int64_t kk, int64_t E, float t,
+                                         const float* qj, const float* kt_t, float* P) {
+  small_product(n, kk, E, t, qj, E, 1, kt_t, kk, P, kk);
   for (int64_t r = 0; r < n; ++r) softmax_row(P + r * kk, kk, kk);
 }
 
@@ -224,6 +333,35 @@ void member_weights(int64_t n, int64_t kk, int64_t E, float t, const float* qj, 
 // B H C S elements of the clusters' masks, kw per query.
 uint64_t member_mask(const Dims& d, int64_t kw, int64_t bh, int64_t i) {
   return static_cast<uint64_t>(d.B * d.H * d.C * d.S + (bh * d.N + i) * kw);
+}
+
+// What the members' work of one cluster j reads: the pair's operands and the cluster's set.
+struct ClusterWork {
+  const float *q, *kb, *v;  // the pair's Q (N, E), K (S, E), V (S, M)
+  const int32_t* members;   // the n members, in query order
+  const int32_t* T;         // the kk keys of T_j
+  int64_t n, kk;
+  float mass;               // m_j
+};
+
+// eq. 11's first term for the members of one cluster: o_i = m_j softmax_Tj(t q_i K_T^T) V_T +
+// R_j (cm_j), written to the members' rows of o (N, M).
+CLUSTR_ROW_CLONES
+void member_forward(const Dims& d, const Dropout& drop, int64_t kw, int64_t bh, float t,
+                    const ClusterWork& c, const float* cm_j, float* o, MemberScratch& w) {
+  const int64_t n = c.n, kk = c.kk;
+  gather(c.q, d.E, c.members, n, w.qj);
+  gather_transposed(c.kb, d.E, c.T, kk, w.ktt);
+  gather(c.v, d.M, c.T, kk, w.vt);
+  member_weights(n, kk, d.E, t, w.qj, w.ktt, w.P);
+  if (drop.on())
+    for (int64_t r = 0; r < n; ++r)
+      dropout_row(drop, member_mask(d, kw, bh, c.members[r]), kk, w.P + r * kk, w.P + r * kk);
+  small_product(n, d.M, kk, c.mass, w.P, kk, 1, w.vt, d.M, w.oj, d.M);
+  for (int64_t r = 0; r < n; ++r) {
+    float* out = o + c.members[r] * d.M;
+    for (int64_t e = 0; e < d.M; ++e) out[e] = w.oj[r * d.M + e] + cm_j[e];
+  }
 }
 
 // acr (C, S) = Ac with the T_j columns zeroed, times the clusters' dropout mask; with g (the
@@ -280,29 +418,69 @@ void forward_pair(const Dims& d, const Params& p, const Dropout& drop, int64_t k
   for (int64_t j = 0; j < d.C; ++j) {
     const int64_t n = count[j], kk = topk_size(tk + j * kw, kw);
     if (n == 0) continue;
-    MemberScratch& w = ms[thread_id()];
-    const int32_t* members = m.order + m.start[j];
-    gather(q, d.E, members, n, w.qj);
-    gather(kb, d.E, tk + j * kw, kk, w.kt);
-    gather(v, d.M, tk + j * kw, kk, w.vt);
-    member_weights(n, kk, d.E, p.temperature, w.qj, w.kt, w.P);
-    if (drop.on())
-      for (int64_t r = 0; r < n; ++r)
-        dropout_row(drop, member_mask(d, kw, bh, members[r]), kk, w.P + r * kk, w.P + r * kk);
-    product(false, false, n, d.M, kk, mass[j], w.P, kk, w.vt, d.M, w.oj, d.M);
-    for (int64_t r = 0; r < n; ++r)
-      for (int64_t c = 0; c < d.M; ++c)
-        o[members[r] * d.M + c] = w.oj[r * d.M + c] + s.cm[j * d.M + c];
+    const ClusterWork c{q, kb, v, m.order + m.start[j], tk + j * kw, n, kk, mass[j]};
+    member_forward(d, drop, kw, bh, p.temperature, c, s.cm + j * d.M, o, ms[thread_id()]);
   }
 }
 
 // dst rows T[c] += slot[c] (width w) for c < kk.
-void add_slot(const int32_t* T, int64_t kk, const float* slot, int64_t w, float* dst) {
+CLUSTR_MEMBER_HELPER void add_slot(const int32_t* T, int64_t kk, const float* slot, int64_t w,
+                                   float* dst) {
   for (int64_t c = 0; c < kk; ++c) {
     const float* src = slot + c * w;
     float* out = dst + static_cast<int64_t>(T[c]) * w;
     for (int64_t e = 0; e < w; ++e) out[e] += src[e];
   }
+}
+
+// The top-k part of eq. 11's backward for the members of one cluster (the derivation at the
+// top of this file), from the upstream gradient go (N, M): writes the members' rows of dq
+// (N, E) and the cluster's contributions to dV_T and dK_T into vslot (kk, M) and kslot (kk, E),
+// then adds them into dv and dk when those are given; returns dm_j.
+CLUSTR_ROW_CLONES
+float member_backward(const Dims& d, const Dropout& drop, int64_t kw, int64_t bh, float t,
+                      const ClusterWork& c, const float* go, float* dq, float* vslot,
+                      float* kslot, float* dv, float* dk, MemberScratch& w) {
+  const int64_t n = c.n, kk = c.kk;
+  float *P = w.P, *G = w.G;
+  gather(c.q, d.E, c.members, n, w.qj);
+  gather(go, d.M, c.members, n, w.oj);
+  gather(c.kb, d.E, c.T, kk, w.kt);
+  gather_transposed(c.kb, d.E, c.T, kk, w.ktt);
+  gather_transposed(c.v, d.M, c.T, kk, w.vtt);
+  member_weights(n, kk, d.E, t, w.qj, w.ktt, P);
+  small_product(n, kk, d.M, 1.0f, w.oj, d.M, 1, w.vtt, kk, G, kk);  // G = dO V_T^T
+  const float* Pv = P;  // the weights that multiply V
+  if (drop.on()) {
+    for (int64_t r = 0; r < n; ++r)
+      for_each_mask_word(drop, member_mask(d, kw, bh, c.members[r]), kk,
+                         [&](int64_t l, uint32_t word) {
+                           const int64_t x = r * kk + l;
+                           w.Pd[x] = math::dropout_value(P[x], word, drop.p, drop.scale);
+                           G[x] = math::dropout_value(G[x], word, drop.p, drop.scale);
+                         });
+    Pv = w.Pd;
+  }
+  // dV_T = m P^T dO
+  small_product(kk, d.M, n, c.mass, Pv, 1, kk, w.oj, d.M, vslot, d.M);
+  // dm_j and dZ = m P (G - rowsum(P G)), in place of G.
+  float dm = 0.0f;
+  for (int64_t r = 0; r < n; ++r) {
+    const float dot = cpu::dot_lanes(P + r * kk, G + r * kk, kk);
+    dm += dot;
+    for (int64_t l = 0; l < kk; ++l)
+      G[r * kk + l] = c.mass * P[r * kk + l] * (G[r * kk + l] - dot);
+  }
+  // dq_i = t dZ_i K_T; dK_T = t dZ^T Qj
+  small_product(n, d.E, kk, t, G, kk, 1, w.kt, d.E, w.tq, d.E);
+  for (int64_t r = 0; r < n; ++r) {
+    float* out = dq + c.members[r] * d.E;
+    for (int64_t e = 0; e < d.E; ++e) out[e] = w.tq[r * d.E + e];
+  }
+  small_product(kk, d.E, n, t, G, 1, kk, w.qj, d.E, kslot, d.E);
+  if (dv) add_slot(c.T, kk, vslot, d.M, dv);
+  if (dk) add_slot(c.T, kk, kslot, d.E, dk);
+  return dm;
 }
 
 // dst rows T_j[c] += slot_j[c] (width w) for the clusters in index order, columns split among
@@ -324,6 +502,13 @@ void add_slots(const Dims& d, int64_t kw, const int32_t* tk, const int32_t* coun
       }
     }
   }
+}
+
+// y (w) += x / n: a query's share of its centroid's gradient (eq. 4-5's mean).
+CLUSTR_ROW_CLONES
+void add_scaled_row(const float* x, int32_t n, int64_t w, float* y) {
+  const float f = static_cast<float>(n);
+  for (int64_t e = 0; e < w; ++e) y[e] += x[e] / f;
 }
 
 // One (b, h) pair of the backward (the derivation at the top of this file). Writes dQ (N, E),
@@ -367,51 +552,14 @@ void backward_pair(const Dims& d, const Params& p, const Dropout& drop, int64_t 
     const int64_t n = count[j];
     s.dm[j] = 0.0f;
     if (n == 0) continue;
-    MemberScratch& w = ms[thread_id()];
     const int32_t* T = tk + j * kw;
-    const int64_t kk = topk_size(T, kw);
-    const int32_t* members = m.order + m.start[j];
-    float *P = w.P, *G = w.G;
-    gather(q, d.E, members, n, w.qj);
-    gather(go, d.M, members, n, w.oj);
-    gather(kb, d.E, T, kk, w.kt);
-    gather(v, d.M, T, kk, w.vt);
-    member_weights(n, kk, d.E, t, w.qj, w.kt, P);
-    product(false, true, n, kk, d.M, 1.0f, w.oj, d.M, w.vt, d.M, G, kk);
-    const float* Pv = P;  // the weights that multiply V
-    if (drop.on()) {
-      for (int64_t r = 0; r < n; ++r)
-        for_each_mask_word(drop, member_mask(d, kw, bh, members[r]), kk,
-                           [&](int64_t c, uint32_t word) {
-                             const int64_t x = r * kk + c;
-                             w.Pd[x] = math::dropout_value(P[x], word, drop.p, drop.scale);
-                             G[x] = math::dropout_value(G[x], word, drop.p, drop.scale);
-                           });
-      Pv = w.Pd;
-    }
-    // dV_T += m P^T dO (through this cluster's slot)
+    const ClusterWork c{q, kb, v, m.order + m.start[j], T, n, topk_size(T, kw), mass[j]};
+    // A cluster's dK_T, dV_T contributions go through its slot; one thread visiting the
+    // clusters in order adds them right away.
     float* vslot = s.vslot + (inner ? j : 0) * kw * d.M;
     float* kslot = s.kslot + (inner ? j : 0) * kw * d.E;
-    product(true, false, kk, d.M, n, mass[j], Pv, kk, w.oj, d.M, vslot, d.M);
-    // dm_j and dZ = m P (G - rowsum(P G)), in place of G.
-    float dm = 0.0f;
-    for (int64_t r = 0; r < n; ++r) {
-      float dot = 0.0f;
-      for (int64_t c = 0; c < kk; ++c) dot += P[r * kk + c] * G[r * kk + c];
-      dm += dot;
-      for (int64_t c = 0; c < kk; ++c)
-        G[r * kk + c] = mass[j] * P[r * kk + c] * (G[r * kk + c] - dot);
-    }
-    s.dm[j] = dm;
-    // dq_i = t dZ_i K_T; dK_T += t dZ^T Qj (through this cluster's slot)
-    product(false, false, n, d.E, kk, t, G, kk, w.kt, d.E, w.tq, d.E);
-    for (int64_t r = 0; r < n; ++r)
-      for (int64_t e = 0; e < d.E; ++e) dq[members[r] * d.E + e] = w.tq[r * d.E + e];
-    product(true, false, kk, d.E, n, t, G, kk, w.qj, d.E, kslot, d.E);
-    if (!inner) {  // one thread visits the clusters in order: add now
-      add_slot(T, kk, vslot, d.M, dv);
-      add_slot(T, kk, kslot, d.E, dk);
-    }
+    s.dm[j] = member_backward(d, drop, kw, bh, t, c, go, dq, vslot, kslot, inner ? nullptr : dv,
+                              inner ? nullptr : dk, ms[thread_id()]);
   }
   if (inner) {
     add_slots(d, kw, tk, count, s.vslot, d.M, dv, inner);
@@ -426,11 +574,8 @@ void backward_pair(const Dims& d, const Params& p, const Dropout& drop, int64_t 
   cluster_product(p, false, false, d.C, d.E, L, t, s.ds, d.S, kb, d.E, s.dqc, d.E);
   cluster_product(p, true, false, L, d.E, d.C, t, s.ds, d.S, qc, d.E, dk, d.E, 1.0f);
 #pragma omp parallel for schedule(static) if (inner)
-  for (int64_t i = 0; i < d.N; ++i) {
-    if (a[i] < 0) continue;
-    const float n = static_cast<float>(count[a[i]]);
-    for (int64_t e = 0; e < d.E; ++e) dq[i * d.E + e] += s.dqc[a[i] * d.E + e] / n;
-  }
+  for (int64_t i = 0; i < d.N; ++i)
+    if (a[i] >= 0) add_scaled_row(s.dqc + a[i] * d.E, count[a[i]], d.E, dq + i * d.E);
 }
 
 }  // namespace
