@@ -129,6 +129,14 @@ TEST_CASE("copy_task_generic_kernels") {
   CHECK_STATUS(r, 0);
 }
 
+TEST_CASE("copy_task_bad_hamming_kernel") {
+  CHECK_FAILS_WITH(copy_task(cat({copy_tiny, {"--steps", "1", "--out", copy_out + "/hamming",
+                                              "--overwrite"}}),
+                             {{{"CLUSTR_HAMMING_KERNEL", "sse"}}}),
+                   "cluster_queries: CLUSTR_HAMMING_KERNEL=sse names an unknown kernel (known "
+                   "here: ");
+}
+
 TEST_CASE("copy_task_tf32_cpu") {
   CHECK_FAILS_WITH(copy_task({"--tf32"}), "--tf32 applies to the GPU's f32 products");
 }

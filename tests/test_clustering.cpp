@@ -3,9 +3,12 @@
 // paths; padded queries get -1 and do not matter; edge cases (C = 1, C > N, N = 1, lengths 0,
 // identical queries); counts agree with the assignment; the plain reference
 // (layers/attention/reference.h) gives the same clusters from the same generator; the generator
-// advances by the documented number of blocks; argument errors.
+// advances by the documented number of blocks; the Hamming-distance kernel that
+// CLUSTR_HAMMING_KERNEL names runs (ctest runs the suite with each); argument errors.
 #include <cstdint>
+#include <cstdlib>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "check.h"
@@ -217,6 +220,17 @@ TEST_CASE("the generator advances by the documented number of blocks") {
   cluster_queries(Q, Tensor::from_int_vector({3, 0}, {2}), {7, 13, 2}, gen);
   // ceil(K E / 4) planes + B H K thresholds + B H C seeding draws, whatever the lengths.
   CHECK(gen.offset() == static_cast<uint64_t>((13 * 5 + 3) / 4 + 6 * 13 + 6 * 7));
+}
+
+TEST_CASE("CLUSTR_HAMMING_KERNEL picks the Hamming-distance kernel it names") {
+  // ctest runs this suite again with CLUSTR_HAMMING_KERNEL=popcnt and =generic
+  // (tests/CMakeLists.txt); the suite's other cases then check that kernel's clusters.
+  const char* forced = std::getenv("CLUSTR_HAMMING_KERNEL");
+  const std::string name = hamming_kernel_name();
+  if (forced && *forced)
+    CHECK(name == forced);
+  else
+    CHECK((name == "avx512" || name == "popcnt" || name == "generic"));
 }
 
 TEST_CASE("cluster_queries rejects bad arguments with clear messages") {

@@ -7,7 +7,15 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <utility>
 #include <vector>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
 
 #include "core/error.h"
 #include "core/cpu/gemm.h"
@@ -108,18 +116,6 @@ void hash_queries(const float* q, int64_t Nv, const Sizes& s, const Draws& r, bo
   }
 }
 
-// The Hamming-distance loops below are inlined into two entry points each: one compiled with
-// the POPCNT instruction (every x86-64 CPU since about 2008), one portable, chosen at run time,
-// because without the instruction each popcount is a library call and these loops are the
-// K-means' hot spots.
-#if defined(__x86_64__) && !defined(__POPCNT__)
-#define CLUSTR_POPCNT_DISPATCH 1
-bool has_popcnt() {
-  static const bool yes = __builtin_cpu_supports("popcnt");
-  return yes;
-}
-#endif
-
 // Seeding step for codes [i0, i1): dist[i] = the Hamming distance to the nearest centroid so
 // far (c the newest; `first`: c is the only one); returns the sum of dist^2 (an integer).
 __attribute__((always_inline)) inline uint64_t nearer_range(const uint64_t* codes, int64_t i0,
@@ -135,20 +131,142 @@ __attribute__((always_inline)) inline uint64_t nearer_range(const uint64_t* code
   return total;
 }
 
-#ifdef CLUSTR_POPCNT_DISPATCH
+// Nearest of the `active` centroids for codes [i0, i1), ties to the lowest index; returns how
+// many assignments changed.
+__attribute__((always_inline)) inline int64_t nearest_range(const uint64_t* codes, int64_t i0,
+                                                            int64_t i1, const uint64_t* centroids,
+                                                            int active, int32_t* a) {
+  int64_t changed = 0;
+  for (int64_t i = i0; i < i1; ++i) {
+    int best = 0, best_d = __builtin_popcountll(codes[i] ^ centroids[0]);
+    for (int c = 1; c < active; ++c) {
+      int d = __builtin_popcountll(codes[i] ^ centroids[c]);
+      if (d < best_d) best = c, best_d = d;
+    }
+    if (a[i] != best) ++changed, a[i] = best;
+  }
+  return changed;
+}
+
+// The two Hamming-distance loops above are the K-means' hot spots. They come in versions
+// chosen at run time, as the GEMM kernels are: "avx512", AVX-512 with VPOPCNTQ (Zen 4, Xeons
+// from Ice Lake on), eight distances to a vector; "popcnt", the POPCNT instruction (every x86-64
+// CPU since about 2008); "generic", portable code, where each popcount is a library call.
+// CLUSTR_HAMMING_KERNEL forces one that the CPU has (the tests run each). All give the same
+// integers.
+struct HammingKernel {
+  const char* name;
+  uint64_t (*nearer)(const uint64_t*, int64_t, int64_t, uint64_t, bool, int32_t*);
+  int64_t (*nearest)(const uint64_t*, int64_t, int64_t, const uint64_t*, int, int32_t*);
+};
+
+uint64_t nearer_generic(const uint64_t* codes, int64_t i0, int64_t i1, uint64_t c, bool first,
+                        int32_t* dist) {
+  return nearer_range(codes, i0, i1, c, first, dist);
+}
+int64_t nearest_generic(const uint64_t* codes, int64_t i0, int64_t i1,
+                        const uint64_t* centroids, int active, int32_t* a) {
+  return nearest_range(codes, i0, i1, centroids, active, a);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define CLUSTR_HAMMING_X86 1
 __attribute__((target("popcnt"))) uint64_t nearer_popcnt(const uint64_t* codes, int64_t i0,
                                                          int64_t i1, uint64_t c, bool first,
                                                          int32_t* dist) {
   return nearer_range(codes, i0, i1, c, first, dist);
 }
+__attribute__((target("popcnt"))) int64_t nearest_popcnt(const uint64_t* codes, int64_t i0,
+                                                         int64_t i1, const uint64_t* centroids,
+                                                         int active, int32_t* a) {
+  return nearest_range(codes, i0, i1, centroids, active, a);
+}
+
+// GCC 12 reports the reduction intrinsics' internal undefined vectors as (maybe) uninitialized
+// (a known false positive of its headers; see gemm_driver.h's transpose16).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#define CLUSTR_TARGET_VPOPCNT __attribute__((target("avx512f,avx512vpopcntdq,popcnt")))
+// The compiler vectorises this one (eight codes to a vector).
+CLUSTR_TARGET_VPOPCNT uint64_t nearer_avx512(const uint64_t* codes, int64_t i0, int64_t i1,
+                                             uint64_t c, bool first, int32_t* dist) {
+  return nearer_range(codes, i0, i1, c, first, dist);
+}
+// One code against eight centroids at a time: lane l keeps the nearest of centroids l, l + 8,
+// ... (a strictly smaller distance replaces it, so a tie keeps the lower index); then the least
+// distance over the lanes, and the lowest centroid among the lanes that have it.
+CLUSTR_TARGET_VPOPCNT int64_t nearest_avx512(const uint64_t* codes, int64_t i0, int64_t i1,
+                                             const uint64_t* centroids, int active, int32_t* a) {
+  const __m512i lanes = _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0);
+  const __m512i beyond = _mm512_set1_epi64(65);  // above any distance between 64-bit codes
+  int64_t changed = 0;
+  for (int64_t i = i0; i < i1; ++i) {
+    const __m512i x = _mm512_set1_epi64(static_cast<long long>(codes[i]));
+    __m512i best_d = beyond, best_c = _mm512_setzero_si512();
+    for (int c0 = 0; c0 < active; c0 += 8) {
+      const int n = std::min(8, active - c0);
+      const __mmask8 m = static_cast<__mmask8>((1u << n) - 1);
+      const __m512i d =
+          _mm512_popcnt_epi64(_mm512_xor_si512(x, _mm512_maskz_loadu_epi64(m, centroids + c0)));
+      const __mmask8 nearer = _mm512_mask_cmplt_epu64_mask(m, d, best_d);
+      best_d = _mm512_mask_mov_epi64(best_d, nearer, d);
+      best_c =
+          _mm512_mask_mov_epi64(best_c, nearer, _mm512_add_epi64(lanes, _mm512_set1_epi64(c0)));
+    }
+    const uint64_t least = _mm512_reduce_min_epu64(best_d);
+    const __mmask8 at =
+        _mm512_cmpeq_epu64_mask(best_d, _mm512_set1_epi64(static_cast<long long>(least)));
+    const int best = static_cast<int>(_mm512_mask_reduce_min_epu64(at, best_c));
+    if (a[i] != best) ++changed, a[i] = best;
+  }
+  return changed;
+}
+#undef CLUSTR_TARGET_VPOPCNT
+#pragma GCC diagnostic pop
 #endif
+
+const HammingKernel& hamming_kernel() {
+  static const HammingKernel chosen = [] {
+    std::vector<std::pair<HammingKernel, bool>> kernels;  // the kernel, whether this CPU has it
+#ifdef CLUSTR_HAMMING_X86
+    kernels.push_back({{"avx512", nearer_avx512, nearest_avx512},
+                       __builtin_cpu_supports("avx512f") &&
+                           __builtin_cpu_supports("avx512vpopcntdq")});
+    kernels.push_back({{"popcnt", nearer_popcnt, nearest_popcnt},
+                       __builtin_cpu_supports("popcnt") != 0});
+#endif
+    kernels.push_back({{"generic", nearer_generic, nearest_generic}, true});
+    const char* forced = std::getenv("CLUSTR_HAMMING_KERNEL");
+    if (forced && *forced) {
+      std::string names;
+      for (const auto& [k, has] : kernels) {
+        if (std::strcmp(forced, k.name) != 0) {
+          names += names.empty() ? k.name : std::string(", ") + k.name;
+          continue;
+        }
+        CLUSTR_CHECK(has, "cluster_queries: CLUSTR_HAMMING_KERNEL=", forced,
+                     " asks for a kernel this CPU does not support");
+        return k;
+      }
+      throw Error(detail::cat("cluster_queries: CLUSTR_HAMMING_KERNEL=", forced,
+                              " names an unknown kernel (known here: ", names, ")"));
+    }
+    for (const auto& [k, has] : kernels)
+      if (has) return k;
+    return kernels.back().first;
+  }();
+  return chosen;
+}
 
 uint64_t nearer(const uint64_t* codes, int64_t i0, int64_t i1, uint64_t c, bool first,
                 int32_t* dist) {
-#ifdef CLUSTR_POPCNT_DISPATCH
-  if (has_popcnt()) return nearer_popcnt(codes, i0, i1, c, first, dist);
-#endif
-  return nearer_range(codes, i0, i1, c, first, dist);
+  return hamming_kernel().nearer(codes, i0, i1, c, first, dist);
+}
+
+int64_t nearest(const uint64_t* codes, int64_t i0, int64_t i1, const uint64_t* centroids,
+                int active, int32_t* a) {
+  return hamming_kernel().nearest(codes, i0, i1, centroids, active, a);
 }
 
 // k-means++ seeding in Hamming distance (clustering.h); returns the number of seeded
@@ -184,39 +302,6 @@ int seed_centroids(const uint64_t* codes, int64_t Nv, const Sizes& s, const Draw
     seeded = j + 1;
   }
   return seeded;
-}
-
-// Nearest of the `active` centroids for codes [i0, i1), ties to the lowest index; returns how
-// many assignments changed.
-__attribute__((always_inline)) inline int64_t nearest_range(const uint64_t* codes, int64_t i0,
-                                                            int64_t i1, const uint64_t* centroids,
-                                                            int active, int32_t* a) {
-  int64_t changed = 0;
-  for (int64_t i = i0; i < i1; ++i) {
-    int best = 0, best_d = __builtin_popcountll(codes[i] ^ centroids[0]);
-    for (int c = 1; c < active; ++c) {
-      int d = __builtin_popcountll(codes[i] ^ centroids[c]);
-      if (d < best_d) best = c, best_d = d;
-    }
-    if (a[i] != best) ++changed, a[i] = best;
-  }
-  return changed;
-}
-
-#ifdef CLUSTR_POPCNT_DISPATCH
-__attribute__((target("popcnt"))) int64_t nearest_popcnt(const uint64_t* codes, int64_t i0,
-                                                         int64_t i1, const uint64_t* centroids,
-                                                         int active, int32_t* a) {
-  return nearest_range(codes, i0, i1, centroids, active, a);
-}
-#endif
-
-int64_t nearest(const uint64_t* codes, int64_t i0, int64_t i1, const uint64_t* centroids,
-                int active, int32_t* a) {
-#ifdef CLUSTR_POPCNT_DISPATCH
-  if (has_popcnt()) return nearest_popcnt(codes, i0, i1, centroids, active, a);
-#endif
-  return nearest_range(codes, i0, i1, centroids, active, a);
 }
 
 // Assign step: nearest of the `active` centroids, ties to the lowest index. Returns how many
@@ -341,6 +426,8 @@ Clustering cluster_queries_cuda(const Tensor& Q, const Tensor& lengths, const Si
 
 }  // namespace
 
+const char* hamming_kernel_name() { return hamming_kernel().name; }
+
 Clustering cluster_queries(const Tensor& Q, const Tensor& lengths,
                            const ClusteringOptions& options, Generator& gen) {
   const char* op = "cluster_queries";
@@ -352,6 +439,7 @@ Clustering cluster_queries(const Tensor& Q, const Tensor& lengths,
   Draws r{planes.f32(), gen.seed(), gen.reserve(static_cast<uint64_t>(BH * s.bits)),
           gen.reserve(static_cast<uint64_t>(BH * s.C))};
   if (Q.device() == Device::cuda) return cluster_queries_cuda(Q, lengths, s, planes, r);
+  hamming_kernel();  // chosen here: a bad CLUSTR_HAMMING_KERNEL throws outside the threads
 
   Clustering out;
   out.assignment = Tensor::empty({s.B, s.H, s.N}, DType::i32);

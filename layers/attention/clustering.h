@@ -39,4 +39,9 @@ struct Clustering {
 Clustering cluster_queries(const Tensor& Q, const Tensor& lengths,
                            const ClusteringOptions& options, Generator& gen);
 
+// The Hamming-distance kernel the CPU's K-means runs: "avx512" (VPOPCNTQ), "popcnt" or
+// "generic", the first this CPU has unless the environment variable CLUSTR_HAMMING_KERNEL names
+// another (an unknown name, or one this CPU lacks, is an error). All give the same result.
+const char* hamming_kernel_name();
+
 }  // namespace clustr
