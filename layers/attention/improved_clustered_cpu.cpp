@@ -384,6 +384,12 @@ void remainder_weights(const Dims& d, const Dropout& drop, int64_t L, int64_t kw
   }
 }
 
+// Rows i of x (N, w) with a[i] < 0 (the padded queries) = 0.
+void fill_rows_of_padded(const Dims& d, const int32_t* a, int64_t w, float* x) {
+  for (int64_t i = 0; i < d.N; ++i)
+    if (a[i] < 0) fill(x + i * w, w, 0.0f);
+}
+
 // One (b, h) pair of the forward (eq. 3-11). Writes out (N, M), ac (C, S), qc (C, E),
 // count (C), tk (C, kw), mass (C) of the pair.
 void forward_pair(const Dims& d, const Params& p, const Dropout& drop, int64_t k, int64_t kw,
@@ -408,8 +414,10 @@ void forward_pair(const Dims& d, const Params& p, const Dropout& drop, int64_t k
   for (int64_t j = 0; j < d.C; ++j)  // eq. 9-10
     mass[j] = select_topk(ac + j * d.S, L, k, kw, count[j] == 0 || L == 0, ms[thread_id()].keys,
                           ms[thread_id()].sel, select_room(d, kw), tk + j * kw);
-  fill_shared(o, d.N * d.M, 0.0f, inner);
-  if (L == 0) return;
+  // The members' rows are written below (with keys, every cluster with members has T_j), so
+  // only the padded queries' rows need their 0 here.
+  if (L == 0) return fill_shared(o, d.N * d.M, 0.0f, inner);
+  fill_rows_of_padded(d, a, d.M, o);
   // eq. 11, second term once per cluster: R = (Ac with the T_j columns zeroed) V.
   remainder_weights(d, drop, L, kw, bh, ac, tk, s.acr, nullptr, inner);
   cluster_product(p, false, false, d.C, d.M, L, 1.0f, s.acr, d.S, v, d.M, s.cm, d.M);
@@ -527,10 +535,12 @@ void backward_pair(const Dims& d, const Params& p, const Dropout& drop, int64_t 
   float* dq = dQ + bh * d.N * d.E;
   float* dk = dK + bh * d.S * d.E;
   float* dv = dV + bh * d.S * d.M;
-  fill_shared(dq, d.N * d.E, 0.0f, inner);  // padded queries keep 0
   fill_shared(dk, d.S * d.E, 0.0f, inner);  // masked keys keep 0; valid rows accumulate below
   fill(dv + L * d.M, (d.S - L) * d.M, 0.0f);
-  if (L == 0) return;
+  // The members' rows of dq are written below (as the forward's rows of out), the padded
+  // queries' stay 0.
+  if (L == 0) return fill_shared(dq, d.N * d.E, 0.0f, inner);
+  fill_rows_of_padded(d, a, d.E, dq);
 
   Members& m = s.members;
   group(d, a, m);
