@@ -3,7 +3,9 @@
 // multiply-adds unfused in every clone, so that all of them round alike. Where target_clones
 // does not exist, or under ThreadSanitizer (the loader runs ifunc resolvers before the
 // sanitizer's runtime is up, and an instrumented resolver crashes there), the function is
-// compiled once, for the baseline.
+// compiled once, for the baseline. Below the macros: helpers that such loops share (sums in
+// lanes, dot products, the row max), inline so that each clone compiles them for its own
+// instruction set.
 #pragma once
 
 #if defined(__x86_64__) && defined(__ELF__) && defined(__has_attribute) && \
