@@ -148,9 +148,39 @@ __attribute__((always_inline)) inline int64_t nearest_range(const uint64_t* code
   return changed;
 }
 
-// The two Hamming-distance loops above are the K-means' hot spots. They come in versions
+// Bit b of byte x, as 8 counters to add: kByteBits.v[x][b].
+struct ByteBits {
+  int32_t v[256][8];
+  ByteBits() {
+    for (int x = 0; x < 256; ++x)
+      for (int b = 0; b < 8; ++b) v[x][b] = (x >> b) & 1;
+  }
+};
+const ByteBits kByteBits;
+
+// The update step's counters of one cluster: one per bit of a code, then its members.
+constexpr int kCountRow = 65;
+
+// Adds codes [i0, i1) to the counters (kCountRow each) of their clusters a[i] in counts: a
+// byte of a code at a time, 8 counters from the table.
+__attribute__((always_inline)) inline void count_range(const uint64_t* codes, int64_t i0,
+                                                       int64_t i1, const int32_t* a,
+                                                       int32_t* counts) {
+  for (int64_t i = i0; i < i1; ++i) {
+    int32_t* row = counts + static_cast<int64_t>(a[i]) * kCountRow;
+    const uint64_t x = codes[i];
+    for (int byte = 0; byte < 8; ++byte) {
+      const int32_t* bits = kByteBits.v[(x >> (8 * byte)) & 255u];
+      for (int b = 0; b < 8; ++b) row[8 * byte + b] += bits[b];
+    }
+    ++row[64];
+  }
+}
+
+// These three loops are the K-means' hot spots. They come in versions
 // chosen at run time, as the GEMM kernels are: "avx512", AVX-512 with VPOPCNTQ (Zen 4, Xeons
-// from Ice Lake on), eight distances to a vector; "popcnt", the POPCNT instruction (every x86-64
+// from Ice Lake on), eight distances to a vector, and 16 bits of a code added to 16 counters
+// under a mask; "popcnt", the POPCNT instruction (every x86-64
 // CPU since about 2008); "generic", portable code, where each popcount is a library call.
 // CLUSTR_HAMMING_KERNEL forces one that the CPU has (the tests run each). All give the same
 // integers.
@@ -158,6 +188,7 @@ struct HammingKernel {
   const char* name;
   uint64_t (*nearer)(const uint64_t*, int64_t, int64_t, uint64_t, bool, int32_t*);
   int64_t (*nearest)(const uint64_t*, int64_t, int64_t, const uint64_t*, int, int32_t*);
+  void (*count)(const uint64_t*, int64_t, int64_t, const int32_t*, int32_t*);
 };
 
 uint64_t nearer_generic(const uint64_t* codes, int64_t i0, int64_t i1, uint64_t c, bool first,
@@ -167,6 +198,10 @@ uint64_t nearer_generic(const uint64_t* codes, int64_t i0, int64_t i1, uint64_t 
 int64_t nearest_generic(const uint64_t* codes, int64_t i0, int64_t i1,
                         const uint64_t* centroids, int active, int32_t* a) {
   return nearest_range(codes, i0, i1, centroids, active, a);
+}
+void count_generic(const uint64_t* codes, int64_t i0, int64_t i1, const int32_t* a,
+                   int32_t* counts) {
+  count_range(codes, i0, i1, a, counts);
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -222,6 +257,21 @@ CLUSTR_TARGET_VPOPCNT int64_t nearest_avx512(const uint64_t* codes, int64_t i0, 
   }
   return changed;
 }
+// Bits 16 q .. 16 q + 15 of a code as a mask: +1 on those counters that it sets.
+CLUSTR_TARGET_VPOPCNT void count_avx512(const uint64_t* codes, int64_t i0, int64_t i1,
+                                        const int32_t* a, int32_t* counts) {
+  const __m512i one = _mm512_set1_epi32(1);
+  for (int64_t i = i0; i < i1; ++i) {
+    int32_t* row = counts + static_cast<int64_t>(a[i]) * kCountRow;
+    const uint64_t x = codes[i];
+    for (int q = 0; q < 4; ++q) {
+      const __mmask16 bits = static_cast<__mmask16>(x >> (16 * q));
+      const __m512i r = _mm512_loadu_si512(row + 16 * q);
+      _mm512_storeu_si512(row + 16 * q, _mm512_mask_add_epi32(r, bits, r, one));
+    }
+    ++row[64];
+  }
+}
 #undef CLUSTR_TARGET_VPOPCNT
 #pragma GCC diagnostic pop
 #endif
@@ -230,13 +280,13 @@ const HammingKernel& hamming_kernel() {
   static const HammingKernel chosen = [] {
     std::vector<std::pair<HammingKernel, bool>> kernels;  // the kernel, whether this CPU has it
 #ifdef CLUSTR_HAMMING_X86
-    kernels.push_back({{"avx512", nearer_avx512, nearest_avx512},
+    kernels.push_back({{"avx512", nearer_avx512, nearest_avx512, count_avx512},
                        __builtin_cpu_supports("avx512f") &&
                            __builtin_cpu_supports("avx512vpopcntdq")});
-    kernels.push_back({{"popcnt", nearer_popcnt, nearest_popcnt},
+    kernels.push_back({{"popcnt", nearer_popcnt, nearest_popcnt, count_generic},
                        __builtin_cpu_supports("popcnt") != 0});
 #endif
-    kernels.push_back({{"generic", nearer_generic, nearest_generic}, true});
+    kernels.push_back({{"generic", nearer_generic, nearest_generic, count_generic}, true});
     const char* forced = std::getenv("CLUSTR_HAMMING_KERNEL");
     if (forced && *forced) {
       std::string names;
@@ -317,37 +367,22 @@ int64_t assign(const uint64_t* codes, int64_t Nv, const std::vector<uint64_t>& c
   return changed;
 }
 
-// Bit b of byte x, as 8 counters to add: kByteBits.v[x][b].
-struct ByteBits {
-  int32_t v[256][8];
-  ByteBits() {
-    for (int x = 0; x < 256; ++x)
-      for (int b = 0; b < 8; ++b) v[x][b] = (x >> b) & 1;
-  }
-};
-const ByteBits kByteBits;
-
 // Update step: majority vote per bit, ties (and empty clusters) keep the previous bit. The
 // members and the set bits of each cluster are integer counts, so each thread counts its own
-// share of the queries (a byte of a code at a time: 8 counters from a table) and the shares
-// are added in any order with the same result.
+// share of the queries (HammingKernel::count) and the shares are added in any order with the
+// same result.
 void update(const uint64_t* codes, int64_t Nv, const int32_t* a, const Sizes& s, int active,
             [[maybe_unused]] bool inner, std::vector<uint64_t>& centroids) {
-  constexpr int kRow = 65;  // 64 bit counters, then the member count
+  constexpr int kRow = kCountRow;
   std::vector<int64_t> ones(static_cast<size_t>(active) * kRow, 0);
+  const int64_t chunks = ceil_div(Nv, kChunk);
 #pragma omp parallel if (inner)
   {
     std::vector<int32_t> mine(static_cast<size_t>(active) * kRow, 0);
 #pragma omp for schedule(static) nowait
-    for (int64_t i = 0; i < Nv; ++i) {
-      int32_t* row = mine.data() + static_cast<size_t>(a[i]) * kRow;
-      const uint64_t x = codes[i];
-      for (int byte = 0; byte < 8; ++byte) {
-        const int32_t* bits = kByteBits.v[(x >> (8 * byte)) & 255u];
-        for (int b = 0; b < 8; ++b) row[8 * byte + b] += bits[b];
-      }
-      ++row[64];
-    }
+    for (int64_t ch = 0; ch < chunks; ++ch)
+      hamming_kernel().count(codes, ch * kChunk, std::min(Nv, (ch + 1) * kChunk), a,
+                             mine.data());
 #pragma omp critical(clustr_update_counts)
     for (size_t x = 0; x < ones.size(); ++x) ones[x] += mine[x];
   }
