@@ -161,29 +161,13 @@ const ByteBits kByteBits;
 // The update step's counters of one cluster: one per bit of a code, then its members.
 constexpr int kCountRow = 65;
 
-// Adds codes [i0, i1) to the counters (kCountRow each) of their clusters a[i] in counts: a
-// byte of a code at a time, 8 counters from the table.
-__attribute__((always_inline)) inline void count_range(const uint64_t* codes, int64_t i0,
-                                                       int64_t i1, const int32_t* a,
-                                                       int32_t* counts) {
-  for (int64_t i = i0; i < i1; ++i) {
-    int32_t* row = counts + static_cast<int64_t>(a[i]) * kCountRow;
-    const uint64_t x = codes[i];
-    for (int byte = 0; byte < 8; ++byte) {
-      const int32_t* bits = kByteBits.v[(x >> (8 * byte)) & 255u];
-      for (int b = 0; b < 8; ++b) row[8 * byte + b] += bits[b];
-    }
-    ++row[64];
-  }
-}
-
-// These three loops are the K-means' hot spots. They come in versions
-// chosen at run time, as the GEMM kernels are: "avx512", AVX-512 with VPOPCNTQ (Zen 4, Xeons
-// from Ice Lake on), eight distances to a vector, and 16 bits of a code added to 16 counters
-// under a mask; "popcnt", the POPCNT instruction (every x86-64
-// CPU since about 2008); "generic", portable code, where each popcount is a library call.
-// CLUSTR_HAMMING_KERNEL forces one that the CPU has (the tests run each). All give the same
-// integers.
+// The K-means' hot spots: the two Hamming-distance loops above and the update step's bit count
+// (count_generic below). They come in versions chosen at run time, as the GEMM kernels are:
+// "avx512", AVX-512 with VPOPCNTQ (Zen 4, Xeons from Ice Lake on), eight distances to a vector
+// and 16 bits of a code added to 16 counters under a mask; "popcnt", the POPCNT instruction
+// (every x86-64 CPU since about 2008); "generic", portable code, where each popcount is a
+// library call. CLUSTR_HAMMING_KERNEL forces one that the CPU has (the tests run each). All
+// give the same integers.
 struct HammingKernel {
   const char* name;
   uint64_t (*nearer)(const uint64_t*, int64_t, int64_t, uint64_t, bool, int32_t*);
@@ -199,9 +183,19 @@ int64_t nearest_generic(const uint64_t* codes, int64_t i0, int64_t i1,
                         const uint64_t* centroids, int active, int32_t* a) {
   return nearest_range(codes, i0, i1, centroids, active, a);
 }
+// Adds codes [i0, i1) to the counters (kCountRow each) of their clusters a[i] in counts: a
+// byte of a code at a time, 8 counters from the table.
 void count_generic(const uint64_t* codes, int64_t i0, int64_t i1, const int32_t* a,
                    int32_t* counts) {
-  count_range(codes, i0, i1, a, counts);
+  for (int64_t i = i0; i < i1; ++i) {
+    int32_t* row = counts + static_cast<int64_t>(a[i]) * kCountRow;
+    const uint64_t x = codes[i];
+    for (int byte = 0; byte < 8; ++byte) {
+      const int32_t* bits = kByteBits.v[(x >> (8 * byte)) & 255u];
+      for (int b = 0; b < 8; ++b) row[8 * byte + b] += bits[b];
+    }
+    ++row[64];
+  }
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -373,12 +367,11 @@ int64_t assign(const uint64_t* codes, int64_t Nv, const std::vector<uint64_t>& c
 // same result.
 void update(const uint64_t* codes, int64_t Nv, const int32_t* a, const Sizes& s, int active,
             [[maybe_unused]] bool inner, std::vector<uint64_t>& centroids) {
-  constexpr int kRow = kCountRow;
-  std::vector<int64_t> ones(static_cast<size_t>(active) * kRow, 0);
+  std::vector<int64_t> ones(static_cast<size_t>(active) * kCountRow, 0);
   const int64_t chunks = ceil_div(Nv, kChunk);
 #pragma omp parallel if (inner)
   {
-    std::vector<int32_t> mine(static_cast<size_t>(active) * kRow, 0);
+    std::vector<int32_t> mine(static_cast<size_t>(active) * kCountRow, 0);
 #pragma omp for schedule(static) nowait
     for (int64_t ch = 0; ch < chunks; ++ch)
       hamming_kernel().count(codes, ch * kChunk, std::min(Nv, (ch + 1) * kChunk), a,
@@ -387,7 +380,7 @@ void update(const uint64_t* codes, int64_t Nv, const int32_t* a, const Sizes& s,
     for (size_t x = 0; x < ones.size(); ++x) ones[x] += mine[x];
   }
   for (int c = 0; c < active; ++c) {
-    const int64_t* row = ones.data() + static_cast<size_t>(c) * kRow;
+    const int64_t* row = ones.data() + static_cast<size_t>(c) * kCountRow;
     const int64_t m = row[64];
     uint64_t set = 0, clear = 0;  // without a branch, as in hash_queries
     for (int k = 0; k < s.bits; ++k) {
