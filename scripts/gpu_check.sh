@@ -227,7 +227,7 @@ else
     --n 512 1024 2048 4096 8192 16384 32768 65536 131072 --max-full-n 65536 --reps 3 \
     --overwrite --csv "$out/bench_attention.csv" --png "$out/attention_time.png" \
     --png-memory "$out/attention_memory.png"
-  # The Reformer baseline's first device kernels (reformer_cuda.cu), against the clustered
+  # The Reformer baseline's first device kernels (cuda/reformer.cu), against the clustered
   # types above.
   step bench_attention_lsh 240 "$build/apps/bench_attention" --device cuda \
     --attention lsh-1 lsh-4 --n 512 2048 8192 32768 65536 --reps 3 \

@@ -150,7 +150,7 @@ TEST_CASE("cuda attention: key lengths (0, partial, full) with padded queries, a
   check_case(make_case(2, 3, 33, 33, 8, 5, {}, true), 13);
   check_case(make_case(3, 2, 33, 33, 8, 5, {33, 1, 20}, true), 14);
   check_case(make_case(1, 1, 1, 1, 1, 1, {0}, true), 15);
-  // Runs of equal lengths share their products and launches (full_cuda.cu): runs with padded
+  // Runs of equal lengths share their products and launches (cuda/full.cu): runs with padded
   // rows, with no key at all, and a run ended by another length.
   check_case(make_case(7, 2, 17, 17, 8, 8, {5, 5, 17, 17, 17, 0, 0}), 16);
   check_case(make_case(4, 2, 33, 33, 8, 5, {20, 20, 20, 33}, true), 17);

@@ -1,4 +1,4 @@
-// lsh and shared-full attention on the device (layers/attention/reformer_cuda.h) against the CPU:
+// lsh and shared-full attention on the device (layers/attention/cuda/reformer.h) against the CPU:
 // the buckets and each round's order exactly, the outputs, z and the gradients within float
 // rounding, with and without dropout (the device sums in other orders), the same bits run after
 // run, and the layer on the device through the dispatcher.

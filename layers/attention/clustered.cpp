@@ -25,7 +25,7 @@
 #include "autograd/node.h"
 #include "core/parallel.h"
 #include "layers/attention/clustered_common.h"
-#include "layers/attention/clustered_cuda.h"
+#include "layers/attention/cuda/clustered.h"
 
 namespace clustr {
 

@@ -28,7 +28,7 @@
 // op uses this thread's setting.
 // Deterministic at any thread count (ARCHITECTURE, "Threads and determinism"; the parallel
 // plan: clustered_common.h). On the CUDA device (all tensors there) the same op runs as kernels
-// (clustered_cuda.h). Details: ARCHITECTURE, "Clustered attention".
+// (cuda/clustered.h). Details: ARCHITECTURE, "Clustered attention".
 #pragma once
 
 #include <cstdint>

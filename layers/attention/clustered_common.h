@@ -30,7 +30,7 @@
 #include "core/precision.h"
 #include "core/tensor.h"
 #include "layers/attention/clustered.h"
-#include "layers/attention/clustered_cuda.h"
+#include "layers/attention/cuda/clustered.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -347,7 +347,7 @@ inline void check_saved(const char* op, const char* what, const Tensor& t, const
                ", got ", describe(t));
 }
 
-// The device kernels' parameters (clustered_cuda.h): the members of each cluster grouped on
+// The device kernels' parameters (cuda/clustered.h): the members of each cluster grouped on
 // the device (cuda::group_members: the arrays of the CPU's group(), so sums over members run
 // in the CPU's order); the lengths on both sides.
 struct DeviceParams {

@@ -24,7 +24,7 @@
 #include "core/ops_check.h"
 #include "core/parallel.h"
 #include "core/philox.h"
-#include "layers/attention/clustering_cuda.h"
+#include "layers/attention/cuda/clustering.h"
 
 namespace clustr {
 
@@ -427,7 +427,7 @@ Sizes check_inputs(const char* op, const Tensor& Q, const Tensor& lengths,
   return s;
 }
 
-// The device path (clustering_cuda.h): hashing, seeding and Lloyd rounds as kernels, with the
+// The device path (cuda/clustering.h): hashing, seeding and Lloyd rounds as kernels, with the
 // CPU's random stream (planes (bits, E) are the host's draw, copied; the thresholds' and the
 // seeding's counters are the same blocks), so a seed gives the same clusters on both devices.
 Clustering cluster_queries_cuda(const Tensor& Q, const Tensor& lengths, const Sizes& s,

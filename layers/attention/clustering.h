@@ -15,7 +15,7 @@
 // planes, normal_), B H bits blocks (the offset of (b, h, plane k) at block (b H + h) bits + k)
 // and B H C blocks (seeding draw j of (b, h) at block b H C + h C + j): counts from the shapes
 // and options only. Deterministic at any thread count (ARCHITECTURE, "Threads and
-// determinism"). Q and lengths on the cpu, or both on the CUDA device (clustering_cuda.h: the
+// determinism"). Q and lengths on the cpu, or both on the CUDA device (cuda/clustering.h: the
 // same counters, so a seed gives the same assignment on both devices up to a projection within
 // an ulp of its offset).
 #pragma once

@@ -1,7 +1,7 @@
 // Front doors of the fused full attention (full.h) and its autograd nodes. They check dtypes,
 // shapes, devices, lengths and options once, allocate the outputs and the kernels' scratch
 // (as tensors, so that memory_stats counts it) on the inputs' device, and call the CPU kernels
-// (full_cpu.cpp) or their CUDA twins (full_cuda.cu) with the same raw-pointer arguments.
+// (full_cpu.cpp) or their CUDA twins (cuda/full.cu) with the same raw-pointer arguments.
 //
 // Legend: B batch, H heads, N queries, S keys, E query/key dim, M value dim.
 #include "layers/attention/full.h"
@@ -17,7 +17,7 @@
 #include "core/ops_check.h"
 #include "core/parallel.h"
 #include "layers/attention/full_cpu.h"
-#include "layers/attention/full_cuda.h"
+#include "layers/attention/cuda/full.h"
 
 namespace clustr {
 

@@ -1,7 +1,7 @@
 // Improved clustered attention for a fixed clustering (improved_clustered.h, eq. 9-11): the front
 // doors (checks, the results' tensors, the choice of device) and the autograd node. The CPU
 // kernels and the backward's derivation are in improved_clustered_cpu.cpp, the CUDA ones in
-// improved_clustered_cuda.cu.
+// cuda/improved_clustered.cu.
 #include "layers/attention/improved_clustered.h"
 
 #include <algorithm>
@@ -12,7 +12,7 @@
 #include "autograd/node.h"
 #include "layers/attention/clustered_common.h"
 #include "layers/attention/improved_clustered_cpu.h"
-#include "layers/attention/improved_clustered_cuda.h"
+#include "layers/attention/cuda/improved_clustered.h"
 
 namespace clustr {
 

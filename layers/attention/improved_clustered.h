@@ -29,7 +29,7 @@
 // T_j's c-th key in ascending order; improved_clustered_attention_dropout_blocks gives the
 // counter blocks. T_j, m_j and P_i are those without dropout.
 // Deterministic at any thread count (ARCHITECTURE, "Threads and determinism"). On the CUDA
-// device: improved_clustered_cuda.h (the same T_j and m_j for the same Ac). Details and the
+// device: cuda/improved_clustered.h (the same T_j and m_j for the same Ac). Details and the
 // parallel plan: ARCHITECTURE, "Improved clustered attention"; dense weights of each type:
 // attention_matrix() (attention.h).
 #pragma once

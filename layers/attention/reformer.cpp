@@ -20,7 +20,7 @@
 #include "core/ops_check.h"
 #include "core/parallel.h"
 #include "layers/attention/clustered_common.h"
-#include "layers/attention/reformer_cuda.h"
+#include "layers/attention/cuda/reformer.h"
 #include "layers/attention/reformer_mask.h"
 
 namespace clustr {

@@ -29,7 +29,7 @@
 // Backward is exact for the fixed hashes (the sort has no gradient): dQ gets both the query
 // term and the keys' term through the normalisation.
 // CPU: one task per (b, h) (OpenMP), sums in a fixed order, so the result is the same at any
-// thread count. CUDA (reformer_cuda.h): every sum has one owner, a thread or a warp (no
+// thread count. CUDA (cuda/reformer.h): every sum has one owner, a thread or a warp (no
 // atomics), so the result is the same run after run; the rotations are drawn on the host and
 // copied.
 #pragma once

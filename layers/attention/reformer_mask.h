@@ -1,5 +1,5 @@
 // The dropout mask of lsh and shared-full attention (reformer.h), shared by the CPU kernel
-// (reformer.cpp) and the CUDA kernels (reformer_cuda.cu).
+// (reformer.cpp) and the CUDA kernels (cuda/reformer.cu).
 #pragma once
 
 #include <cstdint>

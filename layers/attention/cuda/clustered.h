@@ -1,6 +1,6 @@
 // CUDA kernels of clustered attention for a given clustering (layers/attention/clustered.h,
 // eq. 3-6): the twins of clustered.cpp's CPU kernels, on device pointers. Implemented by
-// clustered_cuda.cu when clustr has the CUDA backend (a GPU build or device emulation), and by
+// cuda/clustered.cu when clustr has the CUDA backend (a GPU build or device emulation), and by
 // no_cuda.cpp otherwise, where every call throws a clear error.
 //
 // Legend: B batch, H heads, N queries, S keys, E query/key dim, M value dim, C clusters.

@@ -1,4 +1,4 @@
-// CUDA kernels of improved clustered attention for a given clustering (improved_clustered_cuda.h
+// CUDA kernels of improved clustered attention for a given clustering (cuda/improved_clustered.h
 // gives the contract, improved_clustered.h the semantics, improved_clustered_cpu.cpp the
 // backward's derivation). Written against core/cuda/kernel.h, so the same code runs on a GPU and in device
 // emulation.
@@ -9,7 +9,7 @@
 //   Scratch: rc, dvc (B, H, C, M); acr, ds (B, H, C, S); dqc (B, H, C, E); pw, gw, pv (B, H, N,
 //   kw): a member query's exact weights P_i, G_i / dZ_i and the dropped P_i; rowdot (B, H, N).
 //
-// How. The centroid part reuses clustered attention's kernels (clustered_cuda_kernels.h): the
+// How. The centroid part reuses clustered attention's kernels (cuda/clustered_kernels.h): the
 // member sums in query order, the masked softmax rows of Ac (eq. 3-5), their backward, and the
 // per-sequence batched GEMMs sized by L, so masked keys never enter a product. Own kernels:
 //  - eq. 9-10, one CUDA block per row of Ac: a radix select over the order-preserving bits of
@@ -29,9 +29,9 @@
 //    cluster's members in query order, the CPU's order of additions. Several clusters' top-k
 //    sets share keys, and gathering per key instead of scattering per cluster leaves each
 //    element of dK and dV to one thread: no float atomics, results independent of timing.
-#include "layers/attention/improved_clustered_cuda.h"
+#include "layers/attention/cuda/improved_clustered.h"
 
-#include "layers/attention/clustered_cuda_kernels.h"
+#include "layers/attention/cuda/clustered_kernels.h"
 
 namespace clustr::cuda {
 

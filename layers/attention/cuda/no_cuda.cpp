@@ -2,15 +2,15 @@
 // backend (clustr_cuda_sources' NO_CUDA sources): each throws cuda::no_backend's error. No tensor
 // can be on a CUDA device in such a build, so they are reached only by calling them directly.
 #include "core/cuda/cuda.h"
-#include "layers/attention/clustered_cuda.h"
-#include "layers/attention/clustering_cuda.h"
-#include "layers/attention/full_cuda.h"
-#include "layers/attention/improved_clustered_cuda.h"
-#include "layers/attention/reformer_cuda.h"
+#include "layers/attention/cuda/clustered.h"
+#include "layers/attention/cuda/clustering.h"
+#include "layers/attention/cuda/full.h"
+#include "layers/attention/cuda/improved_clustered.h"
+#include "layers/attention/cuda/reformer.h"
 
 namespace clustr {
 
-// full_cuda.h
+// cuda/full.h
 int64_t cuda::full_attention_forward_workspace(const cpu::FullAttentionDims&) {
   no_backend("cuda::full_attention_forward_workspace");
 }
@@ -28,7 +28,7 @@ void cuda::full_attention_backward(const cpu::FullAttentionDims&, const cpu::Ful
   no_backend("cuda::full_attention_backward");
 }
 
-// clustering_cuda.h
+// cuda/clustering.h
 void cuda::cluster_hash(const ClusteringDims&, const float*, const float*, const int32_t*, uint64_t,
                         uint64_t, uint64_t*) {
   no_backend("cuda::cluster_hash");
@@ -42,7 +42,7 @@ void cuda::cluster_lloyd(const ClusteringDims&, const uint64_t*, const int32_t*,
   no_backend("cuda::cluster_lloyd");
 }
 
-// clustered_cuda.h
+// cuda/clustered.h
 int64_t cuda::clustered_attention_forward_workspace(const ClusteredDims&, const ClusteredParams&) {
   no_backend("cuda::clustered_attention_forward_workspace");
 }
@@ -66,7 +66,7 @@ int64_t cuda::count_outside_clusters(const ClusteredDims&, const int32_t*) {
   no_backend("cuda::count_outside_clusters");
 }
 
-// improved_clustered_cuda.h
+// cuda/improved_clustered.h
 int64_t cuda::improved_clustered_attention_forward_workspace(const ClusteredDims&, int64_t,
                                                              const ClusteredParams&) {
   no_backend("cuda::improved_clustered_attention_forward_workspace");
@@ -89,7 +89,7 @@ void cuda::improved_clustered_attention_backward(const ClusteredDims&, const Clu
   no_backend("cuda::improved_clustered_attention_backward");
 }
 
-// reformer_cuda.h
+// cuda/reformer.h
 void cuda::reformer_attention_forward(const ReformerDims&, const int32_t*, float,
                                       const ReformerDropout&, const float*, const float*,
                                       const float*, float*, int32_t*, float*) {

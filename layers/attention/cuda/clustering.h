@@ -1,6 +1,6 @@
 // CUDA kernels of query clustering (layers/attention/clustering.h, the paper's sec. 3.2.2): the
 // hashing, the k-means++ seeding and the Lloyd iterations on device pointers. Implemented by
-// clustering_cuda.cu when clustr has the CUDA backend (a GPU build or device emulation), and by
+// cuda/clustering.cu when clustr has the CUDA backend (a GPU build or device emulation), and by
 // no_cuda.cpp otherwise, where every call throws a clear error.
 //
 // Legend: B batch, H heads, N queries, E per-head dim, C clusters; bits (hash bits, the planes)

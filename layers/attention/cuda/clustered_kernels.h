@@ -1,5 +1,5 @@
-// Kernels and host helpers shared by the device clustered attention ops (clustered_cuda.cu,
-// eq. 3-6, and improved_clustered_cuda.cu, eq. 9-11), beside layers/attention/dropout_cuda.h: the
+// Kernels and host helpers shared by the device clustered attention ops (cuda/clustered.cu,
+// eq. 3-6, and cuda/improved_clustered.cu, eq. 9-11), beside layers/attention/cuda/dropout.h: the
 // per-cluster member sums, the masked softmax rows of Ac and their backward, the broadcast of a
 // cluster's row to its members, and the per-sequence batched GEMMs. Written against
 // core/cuda/kernel.h; included only by those .cu files.
@@ -17,8 +17,8 @@
 #include "core/cuda/scratch.h"
 #include "core/math.h"
 #include "core/philox.h"
-#include "layers/attention/clustered_cuda.h"
-#include "layers/attention/dropout_cuda.h"
+#include "layers/attention/cuda/clustered.h"
+#include "layers/attention/cuda/dropout.h"
 
 namespace clustr::cuda::clustered_kernels {
 

@@ -1,4 +1,4 @@
-// CUDA kernels of the fused full attention (full_cuda.h gives the contract; full_cpu.h the
+// CUDA kernels of the fused full attention (cuda/full.h gives the contract; full_cpu.h the
 // semantics). Written against core/cuda/kernel.h, so the same code runs on a GPU and in device
 // emulation.
 //
@@ -33,7 +33,7 @@
 // bf16 products (p.bf16, the precision policy): Q, K, V and dO are converted to bf16 once per
 // call, the score blocks (P, dS) after their row kernel, and the batched GEMMs are cuBLAS's
 // bf16 ones with f32 accumulation and f32 results; the row kernels stay f32.
-#include "layers/attention/full_cuda.h"
+#include "layers/attention/cuda/full.h"
 
 #include <cmath>
 #include <cstdint>
@@ -45,7 +45,7 @@
 #include "core/math.h"
 #include "core/philox.h"
 #include "core/tensor.h"
-#include "layers/attention/dropout_cuda.h"
+#include "layers/attention/cuda/dropout.h"
 
 namespace clustr::cuda {
 

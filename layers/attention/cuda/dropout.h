@@ -1,4 +1,4 @@
-// Device helpers shared by the attention kernels (full_cuda.cu, clustered_cuda_kernels.h): the
+// Device helpers shared by the attention kernels (cuda/full.cu, cuda/clustered_kernels.h): the
 // double sum of block_reduce and the attention-dropout mask words. Written against
 // core/cuda/kernel.h; included only by those files.
 #pragma once

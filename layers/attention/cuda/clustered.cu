@@ -1,4 +1,4 @@
-// CUDA kernels of clustered attention for a given clustering (clustered_cuda.h gives the
+// CUDA kernels of clustered attention for a given clustering (cuda/clustered.h gives the
 // contract, clustered.h the semantics). Written against core/cuda/kernel.h, so the same code
 // runs on a GPU and in device emulation.
 //
@@ -15,11 +15,11 @@
 // and the softmax gradient. dK and dV come whole from one GEMM each (a sum over clusters), so
 // nothing is accumulated across launches and there are no float atomics: results do not depend
 // on timing. The kernels and helpers, shared with improved clustered attention, are in
-// clustered_cuda_kernels.h.
-#include "layers/attention/clustered_cuda.h"
+// cuda/clustered_kernels.h.
+#include "layers/attention/cuda/clustered.h"
 
 #include "core/cuda/scratch.h"
-#include "layers/attention/clustered_cuda_kernels.h"
+#include "layers/attention/cuda/clustered_kernels.h"
 
 namespace clustr::cuda {
 

@@ -1,7 +1,7 @@
 // CUDA kernels of improved clustered attention for a given clustering
 // (layers/attention/improved_clustered.h, eq. 9-11; supplementary eq. 13-17): the twins of
 // improved_clustered_cpu.cpp's CPU kernels, on device pointers. Implemented by
-// improved_clustered_cuda.cu when clustr has the CUDA backend (a GPU build or device
+// cuda/improved_clustered.cu when clustr has the CUDA backend (a GPU build or device
 // emulation), and by no_cuda.cpp otherwise, where every call throws.
 //
 // Legend: B batch, H heads, N queries, S keys, E query/key dim, M value dim, C clusters, k the
@@ -9,14 +9,14 @@
 //   Q (B, H, N, E), K (B, H, S, E), V (B, H, S, M), out and dout (B, H, N, M), weights Ac
 //   (B, H, C, S), centroids Qc (B, H, C, E), topk i32 (B, H, C, kw) (T_j in ascending key order,
 //   -1 padded), mass (B, H, C), all contiguous device arrays. The members, lengths, temperature
-//   and dropout stream come as for clustered attention (clustered_cuda.h's ClusteredParams).
+//   and dropout stream come as for clustered attention (cuda/clustered.h's ClusteredParams).
 // Semantics, masks, empty clusters, the top-k rule and the dropout element numbering are
 // improved_clustered.h's.
 #pragma once
 
 #include <cstdint>
 
-#include "layers/attention/clustered_cuda.h"
+#include "layers/attention/cuda/clustered.h"
 
 namespace clustr::cuda {
 

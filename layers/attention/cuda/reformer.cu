@@ -1,8 +1,8 @@
-// CUDA kernels of lsh and shared-full attention (reformer_cuda.h gives the contract, reformer.h
+// CUDA kernels of lsh and shared-full attention (cuda/reformer.h gives the contract, reformer.h
 // the semantics). Written against core/cuda/kernel.h, so the same code runs on a GPU and in
 // device emulation.
 //
-// Legend as in reformer_cuda.h; L the valid positions of a pair (lengths[b], or N), a and b
+// Legend as in cuda/reformer.h; L the valid positions of a pair (lengths[b], or N), a and b
 // sorted positions (indices into a round's order), i and j the positions they hold.
 //
 // Every sum has one owner, so nothing needs atomics and the result is the same run after run:
@@ -20,7 +20,7 @@
 // whole by the warp at once (coalesced), and a dot product is the lanes' partial sums added by a
 // butterfly of shuffles, the same in every lane and run after run. The warp walks its keys one
 // by one, without shared-memory tiles.
-#include "layers/attention/reformer_cuda.h"
+#include "layers/attention/cuda/reformer.h"
 
 #include <cmath>
 #include <cstdint>

@@ -1,5 +1,5 @@
 // CUDA kernels of lsh and shared-full attention (layers/attention/reformer.h): the twins of
-// reformer.cpp's CPU kernels, on device pointers. Implemented by reformer_cuda.cu when clustr has
+// reformer.cpp's CPU kernels, on device pointers. Implemented by cuda/reformer.cu when clustr has
 // the CUDA backend (a GPU build or device emulation), and by no_cuda.cpp otherwise, where every
 // call throws a clear error.
 //

@@ -1,4 +1,4 @@
-// CUDA kernels of query clustering (clustering_cuda.h gives the contract, clustering.h the
+// CUDA kernels of query clustering (cuda/clustering.h gives the contract, clustering.h the
 // semantics). Written against core/cuda/kernel.h, so the same code runs on a GPU and in device
 // emulation.
 //
@@ -19,7 +19,7 @@
 // round loop stops where the CPU's does, so the assignment is the CPU's.
 // Seeding (k-means++): one CUDA block per (b, h) makes the C sequential draws, the d^2 sums
 // split over the threads in contiguous spans, so each draw picks the CPU's code.
-#include "layers/attention/clustering_cuda.h"
+#include "layers/attention/cuda/clustering.h"
 
 #include <cstdint>
 

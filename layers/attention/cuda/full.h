@@ -1,5 +1,5 @@
 // CUDA kernels of the fused full softmax attention (layers/attention/full.h): the twins of
-// full_cpu.h's, on device pointers. Implemented by full_cuda.cu when clustr has the CUDA backend
+// full_cpu.h's, on device pointers. Implemented by cuda/full.cu when clustr has the CUDA backend
 // (a GPU build or device emulation), and by no_cuda.cpp otherwise, where every call throws
 // a clear error.
 //
@@ -18,7 +18,7 @@
 
 namespace clustr::cuda {
 
-// Floats of device scratch each kernel needs (the score blocks; full_cuda.cu).
+// Floats of device scratch each kernel needs (the score blocks; cuda/full.cu).
 int64_t full_attention_forward_workspace(const cpu::FullAttentionDims& d);
 int64_t full_attention_backward_workspace(const cpu::FullAttentionDims& d);
 
