@@ -31,9 +31,20 @@ bool exact_numerics();
 bool available();                // compiled, and a usable GPU is present
 std::string unavailable_reason();  // why available() is false ("" when it is true)
 void require(const char* what);  // throws, naming `what`, when no usable GPU is present
+
+// The current GPU's compute capability (major * 10 + minor), multiprocessors, and the most
+// dynamic shared memory one block may use (bytes; launch() opts a kernel in past the default
+// 48 KiB). The emulated device reports an H100's figures (90, 132, 227 KiB). Asked once; needs a
+// usable GPU (require).
+struct DeviceInfo {
+  int capability = 0;
+  int multiprocessors = 0;
+  size_t max_shared_per_block = 0;
+};
+const DeviceInfo& device_info();
 // In a build without the CUDA backend only: throws the error that says so, naming `what`. The
 // no-CUDA twins of every component's kernels (core/cuda/no_cuda.cpp,
-// layers/attention/no_cuda.cpp, optim/cuda/no_cuda.cpp) are one line each around it.
+// layers/attention/cuda/no_cuda.cpp, optim/cuda/no_cuda.cpp) are one line each around it.
 [[noreturn]] void no_backend(const char* what);
 
 // What this process has queued on the device since it started (all host threads, all

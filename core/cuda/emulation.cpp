@@ -332,6 +332,26 @@ cudaError_t cudaGetDeviceCount(int* count) {
   return *count == 0 ? fail(cudaErrorNoDevice) : cudaSuccess;
 }
 
+cudaError_t cudaGetDevice(int* device) {
+  if (device == nullptr) return fail(cudaErrorInvalidValue);
+  *device = 0;
+  return no_devices() ? fail(cudaErrorNoDevice) : cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+  if (value == nullptr || device != 0) return fail(cudaErrorInvalidValue);
+  if (no_devices()) return fail(cudaErrorNoDevice);
+  switch (attr) {
+    case cudaDevAttrMultiProcessorCount: *value = 132; return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMajor: *value = 9; return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMinor: *value = 0; return cudaSuccess;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin:
+      *value = static_cast<int>(clustr::cuda::emulation::kMaxSharedPerBlock);
+      return cudaSuccess;
+  }
+  return fail(cudaErrorInvalidValue);
+}
+
 cudaError_t cudaMalloc(void** ptr, size_t bytes) {
   if (ptr == nullptr) return fail(cudaErrorInvalidValue);
   *ptr = nullptr;

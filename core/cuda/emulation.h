@@ -39,6 +39,15 @@ enum cudaMemcpyKind {
 const char* cudaGetErrorName(cudaError_t e);
 const char* cudaGetErrorString(cudaError_t e);
 cudaError_t cudaGetDeviceCount(int* count);
+cudaError_t cudaGetDevice(int* device);  // 0
+// The attributes clustr asks for (values as in driver_types.h), with an H100's answers.
+enum cudaDeviceAttr {
+  cudaDevAttrMultiProcessorCount = 16,
+  cudaDevAttrComputeCapabilityMajor = 75,
+  cudaDevAttrComputeCapabilityMinor = 76,
+  cudaDevAttrMaxSharedMemoryPerBlockOptin = 97,
+};
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device);
 cudaError_t cudaMalloc(void** ptr, size_t bytes);
 cudaError_t cudaFree(void* ptr);
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes);
@@ -183,6 +192,10 @@ struct ThreadState {
   const char* kernel_name;
 };
 
+// The most dynamic shared memory a launch may ask for: an H100's opt-in limit (227 KiB), which
+// launch() of core/cuda/kernel.h opts a kernel into on a GPU when it asks for more than 48 KiB.
+constexpr size_t kMaxSharedPerBlock = 227 * 1024;
+
 struct Launch {
   const char* name = "";
   unsigned grid[3] = {1, 1, 1}, block[3] = {1, 1, 1};
@@ -200,6 +213,34 @@ void launch(const Launch& l);
 
 // t.sync() in a kernel that declared kUsesBarrier = false: throws clustr::Error.
 [[noreturn]] void sync_without_barrier(const char* kernel);
+
+// ---- warp matrix instructions and asynchronous copies (core/cuda/mma.h; emulation_mma.cpp) ----
+// The emulated twins of ldmatrix, mma.sync and cp.async, for kernels that declare
+// kUsesBarrier = true (a null block is an error naming the kernel).
+//
+// ldmatrix and mma are warp instructions: every lane of the warp calls the same one (the same
+// site), and when all 32 have arrived the emulator runs it once for the whole warp, reading the
+// lanes' operands (for ldmatrix, shared memory at that moment) and writing each lane's results,
+// element by element as the PTX ISA lays the fragments out (core/cuda/mma.h lists them).
+enum class MmaShape { m16n8k16_bf16, m16n8k8_tf32 };
+// out: `matrices` (1, 2 or 4) registers; row: this lane's row address (lanes 8i .. 8i+7 give
+// matrix i's rows; the others' are not read), 16-byte aligned inside the block's shared memory.
+void ldmatrix(Fibers* block, const char* kernel, unsigned lane, uint32_t* out, const void* row,
+              unsigned matrices, bool trans, SyncSite site);
+// d (4 floats) += a b: a 4 registers, b 2, of the shape's operand type. The products are exact
+// (bf16 and TF32 significands have at most 11 bits) and added to d's value in float, in order
+// of k; TF32 operands are read as the hardware reads them, their low 13 mantissa bits ignored.
+void mma(Fibers* block, const char* kernel, MmaShape shape, float* d, const uint32_t* a,
+         const uint32_t* b, SyncSite site);
+// This thread starts copying `bytes` (4, 8 or 16) from device memory at src to shared memory at
+// dst (both aligned to bytes), reading only the first src_bytes and zero-filling the rest; dst
+// holds NaN bytes until the copy's group is waited for. commit closes the thread's open group;
+// wait(pending) finishes (copies in order) every committed group but the `pending` newest. A
+// thread that ends with copies started and never waited for fails its block.
+void cp_async(Fibers* block, const char* kernel, void* dst, const void* src, unsigned bytes,
+              unsigned src_bytes);
+void cp_async_commit(Fibers* block, const char* kernel);
+void cp_async_wait(Fibers* block, const char* kernel, unsigned pending);
 
 // atomicAdd on a float: a compare-and-swap loop on its bits (blocks may run in parallel).
 float atomic_add_f32(float* p, float v);

@@ -21,7 +21,6 @@
 #define CLUSTR_TSAN_FIBERS 1
 #endif
 #if defined(__SANITIZE_ADDRESS__)
-#include <dlfcn.h>
 #include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #endif
@@ -166,7 +165,7 @@ void set_schedule(Schedule s) {
 
 namespace {
 
-constexpr size_t kMaxSharedBytes = 48 * 1024;  // without the opt-in attribute, on every GPU
+constexpr size_t kMaxSharedBytes = kMaxSharedPerBlock;  // with the opt-in that launch() makes
 
 bool valid_config(const Launch& l) {
   const uint64_t threads = uint64_t(l.block[0]) * l.block[1] * l.block[2];
@@ -238,7 +237,7 @@ void run_sequential(const Launch& l, uint64_t blocks, const Schedule& sched, uin
 // ---- barrier mode: the threads of a block as fibers ----
 //
 // A Fibers object belongs to one host thread and runs blocks one at a time. Each CUDA thread of
-// the block is a fiber (ucontext) with its own stack; run_block() resumes the fibers in the
+// the block is a fiber (Context, above) with its own stack; run_block() resumes the fibers in the
 // schedule's order, each running until its next t.sync() or its end, and repeats these rounds:
 // after a round every fiber is either waiting at a barrier (then all are resumed) or finished
 // (the block is done); a mix of the two is a divergent barrier, and so are fibers waiting at
@@ -254,24 +253,77 @@ constexpr size_t kFiberStack = 256 * 1024;  // a sanitizer's instrumentation nee
 constexpr size_t kFiberStack = 64 * 1024;
 #endif
 
-// AddressSanitizer's interceptor of swapcontext clears the shadow of the whole stack it switches
-// to, before and after the switch: 64 KiB of memset for every resumed fiber, which was half of
-// the time of a barrier-heavy test. That clearing stands in for annotations these switches have
-// (__sanitizer_start_switch_fiber and __sanitizer_finish_switch_fiber), so they call libc's own
-// swapcontext. A frame that leaves its redzones poisoned without returning is a fiber stopped
-// for good inside a failed block: settle() clears its stack once.
-using SwapContext = int (*)(ucontext_t*, const ucontext_t*);
-#if defined(CLUSTR_ASAN_FIBERS)
-SwapContext swap_context() {
-  static const SwapContext fn = [] {
-    void* libc = dlopen("libc.so.6", RTLD_LAZY | RTLD_NOLOAD);
-    void* own = libc ? dlsym(libc, "swapcontext") : nullptr;
-    return own ? reinterpret_cast<SwapContext>(own) : &swapcontext;
-  }();
-  return fn;
+// Switching between fibers. On x86-64 a switch is a few instructions of our own (below): it
+// pushes the callee-saved registers and the floating-point control words on the running
+// fiber's stack, saves the stack pointer, and pops the other fiber's. glibc's swapcontext also
+// saves and restores the signal mask, a system call each way, which was most of the time of a
+// barrier-heavy test (and more so of the warp instructions, a warp barrier each). Elsewhere the
+// switch is swapcontext. Neither is seen by the sanitizers' interceptors: the switches carry
+// their own annotations (__sanitizer_start_switch_fiber and __sanitizer_finish_switch_fiber,
+// __tsan_switch_to_fiber). A frame that leaves its redzones poisoned without returning is a fiber
+// stopped for good inside a failed block: settle() clears its stack once.
+#if defined(__x86_64__)
+extern "C" void clustr_fiber_switch(void** save_sp, void* next_sp);
+asm(R"(
+  .text
+  .p2align 4
+  .globl clustr_fiber_switch
+  .type clustr_fiber_switch, @function
+clustr_fiber_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $8, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $8, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size clustr_fiber_switch, .-clustr_fiber_switch
+  .section .note.GNU-stack,"",@progbits
+  .text
+)");
+
+struct Context {
+  void* sp = nullptr;
+};
+// A context that starts `entry` (which never returns) on the given stack at its first switch:
+// the stack holds what clustr_fiber_switch pops (control words, six registers, entry as the
+// return address) and a null return address for entry, 16-byte aligned as a call leaves it.
+void make_context(Context& c, char* stack, size_t bytes, void (*entry)()) {
+  auto top = (reinterpret_cast<uintptr_t>(stack) + bytes) & ~uintptr_t(15);
+  auto* slot = reinterpret_cast<uint64_t*>(top) - 9;  // 72 bytes below the top: 8 mod 16
+  slot[0] = 0x037F00001F80ull;  // MXCSR 0x1F80 (its default), x87 control word 0x037F
+  for (int r = 1; r <= 6; ++r) slot[r] = 0;
+  slot[7] = reinterpret_cast<uint64_t>(entry);
+  slot[8] = 0;
+  c.sp = slot;
 }
+void switch_context(Context& from, Context& to) { clustr_fiber_switch(&from.sp, to.sp); }
 #else
-SwapContext swap_context() { return &swapcontext; }
+struct Context {
+  ucontext_t uc;
+};
+void make_context(Context& c, char* stack, size_t bytes, void (*entry)()) {
+  getcontext(&c.uc);
+  c.uc.uc_stack.ss_sp = stack;
+  c.uc.uc_stack.ss_size = bytes;
+  c.uc.uc_link = nullptr;
+  makecontext(&c.uc, entry, 0);
+}
+void switch_context(Context& from, Context& to) { swapcontext(&from.uc, &to.uc); }
 #endif
 
 // ThreadSanitizer's view of the emulated threads (a -DCLUSTR_TSAN=ON build). Every CUDA thread
@@ -355,11 +407,9 @@ class Fibers {
       block_coords(l_, b, f.s.block);
       f.state = kRunning;
       f.shuffles = 0;
-      getcontext(&f.ctx);
-      f.ctx.uc_stack.ss_sp = f.stack;
-      f.ctx.uc_stack.ss_size = kFiberStack;
-      f.ctx.uc_link = nullptr;
-      makecontext(&f.ctx, &Fibers::entry, 0);
+      f.complete = nullptr;
+      f.copies = AsyncCopies{};
+      make_context(f.ctx, f.stack, kFiberStack, &Fibers::entry);
     }
     tsan_release(&start_sync_);  // all of the above happens before the block's threads
     try {
@@ -447,8 +497,26 @@ class Fibers {
                                                         ? " waits at t.sync()"
                                                         : " has returned"),
                                   "; every lane of a warp must take part in each shuffle"));
+      if (lane[first].complete != nullptr) complete_warp(static_cast<unsigned>(w));
       for (unsigned i = 0; i < kWarp; ++i) runnable_[w * kWarp + i] = 1;
     }
+  }
+
+  // The warp instruction that all 32 lanes of warp w wait at (checked by release_warps): runs
+  // its completion over their records. Not instrumented: it reads the lanes' records and, for
+  // ldmatrix, shared memory, which each lane has read itself before arriving (core/cuda/mma.h).
+  CLUSTR_NO_TSAN void complete_warp(unsigned w) {
+    const auto* lane = &fibers_[w * kWarp];
+    void* records[kWarp];
+    for (unsigned i = 0; i < kWarp; ++i) {
+      if (lane[i].complete != lane[0].complete)
+        throw Error(detail::cat("kernel '", l_.name, "': lanes 0 and ", i, " of warp ", w,
+                                " wait at different warp instructions"));
+      records[i] = lane[i].record;
+    }
+    WarpView view{l_.name, w, {lane[0].s.block[0], lane[0].s.block[1], lane[0].s.block[2]},
+                  shared_.data(), shared_.size()};
+    lane[0].complete(records, view);
   }
 
  public:
@@ -466,8 +534,32 @@ class Fibers {
                               fibers_.size(), " threads, mask ", lane_mask, ")"));
     float* slots = lanes_.data() + (f.shuffles++ % 2) * fibers_.size();
     slots[id] = v;
+    f.complete = nullptr;
     wait(f, kWarpWaiting, site);
     return slots[id ^ lane_mask];
+  }
+
+  // A warp instruction of the running fiber (emulation_state.h): its record waits with it until
+  // the warp's 32 lanes have arrived, and release_warps runs `complete` over the 32 records.
+  CLUSTR_NO_TSAN void warp_instruction(void* record, WarpComplete complete, SyncSite site) {
+    Fiber& f = fibers_[current_];
+    if (fibers_.size() % kWarp != 0)
+      throw Error(detail::cat("kernel '", l_.name, "': a warp instruction needs whole warps of ",
+                              kWarp, " lanes (block of ", fibers_.size(), " threads)"));
+    f.record = record;
+    f.complete = complete;
+    wait(f, kWarpWaiting, site);
+  }
+
+  AsyncCopies& async_copies() { return fibers_[current_].copies; }
+  void shared_memory(unsigned char** begin, size_t* bytes) {
+    *begin = shared_.data();
+    *bytes = shared_.size();
+  }
+  std::string running_thread() const {
+    const ThreadState& s = fibers_[current_].s;
+    return detail::cat("thread (", s.thread[0], ", ", s.thread[1], ", ", s.thread[2],
+                       ") of block (", s.block[0], ", ", s.block[1], ", ", s.block[2], ")");
   }
 
  private:
@@ -494,12 +586,15 @@ class Fibers {
   enum State { kRunning, kWaiting, kWarpWaiting, kDone, kFailed };
   static constexpr unsigned kWarp = 32;
   struct Fiber {
-    ucontext_t ctx;
+    Context ctx;
     char* stack = nullptr;
     State state = kRunning;
     ThreadState s;
     SyncSite site;  // of the barrier (or shuffle) it waits at
     uint64_t shuffles = 0;  // shuffles so far in this block: which slots the next one uses
+    void* record = nullptr;              // a warp instruction's operands and results
+    WarpComplete complete = nullptr;     // the warp instruction it waits at (null: a shuffle)
+    AsyncCopies copies;                  // its cp.async copies not yet waited for
     void* fake_stack = nullptr;
     void* tsan = nullptr;  // ThreadSanitizer's fiber (a CLUSTR_TSAN build)
   };
@@ -513,7 +608,7 @@ class Fibers {
     __sanitizer_start_switch_fiber(&f.fake_stack, sched_bottom_, sched_size_);
 #endif
     tsan_switch(host_fiber_);
-    swap_context()(&f.ctx, &sched_);
+    switch_context(f.ctx, sched_);
 #if defined(CLUSTR_ASAN_FIBERS)
     __sanitizer_finish_switch_fiber(f.fake_stack, &sched_bottom_, &sched_size_);
 #endif
@@ -530,7 +625,7 @@ class Fibers {
 #endif
     Fiber& f = fibers_[i];  // read as the host, before ThreadSanitizer is told of the switch
     tsan_switch(f.tsan);
-    swap_context()(&sched_, &f.ctx);
+    switch_context(sched_, f.ctx);
 #if defined(CLUSTR_ASAN_FIBERS)
     __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
 #endif
@@ -551,6 +646,10 @@ class Fibers {
     Fiber& f = self->fibers_[self->current_];
     try {
       self->l_.run(self->l_.kernel, f.s);
+      if (!f.copies.pending.empty())
+        throw Error(detail::cat("kernel '", self->l_.name, "': ", self->running_thread(),
+                                " ended with ", f.copies.pending.size(),
+                                " cp.async copies it never waited for (cp_async_wait)"));
       f.state = kDone;
     } catch (...) {
       if (!self->error_) self->error_ = std::current_exception();
@@ -561,13 +660,14 @@ class Fibers {
     __sanitizer_start_switch_fiber(nullptr, self->sched_bottom_, self->sched_size_);
 #endif
     tsan_switch(self->host_fiber_);
-    setcontext(&self->sched_);  // a finished fiber is never resumed
+    Context finished;
+    switch_context(finished, self->sched_);  // a finished fiber is never resumed
   }
 
   const Launch& l_;
   std::vector<Fiber> fibers_;
   std::vector<unsigned char> shared_;
-  ucontext_t sched_;
+  Context sched_;
   unsigned current_ = 0;
   std::exception_ptr error_;
   const void* sched_bottom_ = nullptr;
@@ -585,6 +685,14 @@ class Fibers {
 };
 
 void block_sync(Fibers* block, SyncSite site) { block->sync(site); }
+void warp_instruction(Fibers* block, void* record, WarpComplete complete, SyncSite site) {
+  block->warp_instruction(record, complete, site);
+}
+AsyncCopies& async_copies(Fibers* block) { return block->async_copies(); }
+void shared_memory(Fibers* block, unsigned char** begin, size_t* bytes) {
+  block->shared_memory(begin, bytes);
+}
+std::string running_thread(Fibers* block) { return block->running_thread(); }
 float warp_shfl_xor(Fibers* block, float v, unsigned lane_mask, SyncSite site) {
   return block->shfl_xor(v, lane_mask, site);
 }

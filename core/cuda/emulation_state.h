@@ -1,10 +1,15 @@
 // What the emulated cuBLAS (emulation_blas.cpp) and the launcher (emulation_launch.cpp) ask of
 // the emulated runtime (emulation.cpp): access to the device's memory, whether devices are
 // switched off, whether a stream is live, whether a range of bytes lies inside one live device
-// allocation, and recording an error for cudaGetLastError. Internal to device emulation.
+// allocation, and recording an error for cudaGetLastError; and what the warp instructions and
+// asynchronous copies (emulation_mma.cpp) ask of the launcher's fibers (emulation_launch.cpp).
+// Internal to device emulation.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
 
 #include "core/cuda/emulation.h"
 
@@ -27,3 +32,39 @@ bool live_stream(cudaStream_t s);
 bool in_one_allocation(const void* p, size_t bytes);
 
 }  // namespace clustr::cuda::emulation::state
+
+namespace clustr::cuda::emulation {
+
+// The warp whose 32 lanes have all arrived at one warp instruction, for its completion.
+struct WarpView {
+  const char* kernel;
+  unsigned warp;                 // of the block
+  unsigned block[3];             // the block's coordinates
+  const unsigned char* shared;   // the block's shared memory
+  size_t shared_bytes;
+};
+// Runs once per warp instruction, with the lanes' records in lane order: reads their operands
+// and writes their results (throws clustr::Error on bad operands).
+using WarpComplete = void (*)(void* const* records, const WarpView& warp);
+// The running fiber hands its record and waits until its warp's 32 lanes have all arrived at
+// the same site; then `complete` has run, and the record holds this lane's results.
+void warp_instruction(Fibers* block, void* record, WarpComplete complete, SyncSite site);
+
+// The asynchronous copies of one thread (cp.async), in the order they were started.
+struct AsyncCopy {
+  unsigned char* dst;
+  const unsigned char* src;
+  unsigned bytes, src_bytes;
+  uint64_t group;  // the commit group it belongs to
+};
+struct AsyncCopies {
+  std::vector<AsyncCopy> pending;
+  uint64_t open_group = 0;  // the group that the next copies join (groups before it: committed)
+};
+// The running fiber's copies, and the block's shared memory (for checking addresses).
+AsyncCopies& async_copies(Fibers* block);
+void shared_memory(Fibers* block, unsigned char** begin, size_t* bytes);
+// "thread (x, y, z) of block (x, y, z)" of the running fiber, for messages.
+std::string running_thread(Fibers* block);
+
+}  // namespace clustr::cuda::emulation

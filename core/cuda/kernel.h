@@ -17,6 +17,7 @@
 //   t.thread_idx(), t.block_idx(), t.block_dim(), t.grid_dim()   threadIdx, blockIdx, ... (Dim3)
 //   t.shared<T>()          the block's dynamic shared memory (shared_bytes of the launch)
 //   t.sync()               block barrier, __syncthreads(); only when kUsesBarrier is true
+//   (and, for sm_80 and later, the tensor-core instructions of core/cuda/mma.h)
 //   atomic_add(p, v)       atomicAdd on a float or an int32 in global or shared memory
 //   block_reduce(t, v, scratch, op)   a reduction over the block (built on shared memory and
 //                          t.sync(), so no warp shuffles are needed)
@@ -82,12 +83,19 @@ __global__ void kernel_entry(K k) {
 }
 
 // Launches k over grid x block threads with shared_bytes of dynamic shared memory on the current
-// stream; an empty grid or block launches nothing.
+// stream; an empty grid or block launches nothing. Past 48 KiB of shared memory the kernel is
+// first opted in to as much as it asks (up to cuda::device_info().max_shared_per_block; more
+// fails, naming the kernel).
 template <class K>
 void launch(const char* name, Dim3 grid, Dim3 block, size_t shared_bytes, const K& k) {
   if (grid.x == 0 || grid.y == 0 || grid.z == 0 || block.x == 0 || block.y == 0 ||
       block.z == 0)
     return;
+  if (shared_bytes > 48 * 1024)
+    CLUSTR_CUDA_CHECK_NAMED(cudaFuncSetAttribute(kernel_entry<K>,
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 static_cast<int>(shared_bytes)),
+                            name);
   const cudaStream_t stream = current_stream();
   counting::kernel_launch();
   kernel_entry<K><<<dim3(grid.x, grid.y, grid.z), dim3(block.x, block.y, block.z), shared_bytes,

@@ -87,6 +87,25 @@ void require(const char* what) {
   if (!a.ok) throw Error(detail::cat(what, ": no usable GPU: ", a.reason));
 }
 
+const DeviceInfo& device_info() {
+  static const DeviceInfo info = [] {
+    require("cuda::device_info");
+    int device = 0, major = 0, minor = 0, sms = 0, shared = 0;
+    CLUSTR_CUDA_CHECK(cudaGetDevice(&device));
+    CLUSTR_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    CLUSTR_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    CLUSTR_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    CLUSTR_CUDA_CHECK(
+        cudaDeviceGetAttribute(&shared, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    DeviceInfo d;
+    d.capability = major * 10 + minor;
+    d.multiprocessors = sms;
+    d.max_shared_per_block = static_cast<size_t>(shared);
+    return d;
+  }();
+  return info;
+}
+
 // ---- launch counts -----------------------------------------------------------------------------
 
 namespace {
