@@ -67,7 +67,7 @@ CLUSTR_DEVICE unsigned warp(const Thread& t) { return t.thread_idx().x / 32; }
 
 // Two floats as a bf16 pair (lo in the low half), each rounded to nearest even (core/bf16.h;
 // cvt.rn.bf16x2.f32 on the GPU, the same bits for every number but NaN payloads).
-CLUSTR_DEVICE uint32_t pack_bf16(float lo, float hi) {
+CLUSTR_HD uint32_t pack_bf16(float lo, float hi) {
 #if defined(__CUDACC__) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   uint32_t r;
   asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
@@ -79,7 +79,7 @@ CLUSTR_DEVICE uint32_t pack_bf16(float lo, float hi) {
 
 // x rounded to TF32 as cvt.rna.tf32.f32 does (to nearest, ties away from zero; 10 mantissa
 // bits kept), returned as the float's bits.
-CLUSTR_DEVICE uint32_t to_tf32(float x) {
+CLUSTR_HD uint32_t to_tf32(float x) {
 #if defined(__CUDACC__) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   uint32_t r;
   asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
