@@ -44,6 +44,14 @@
 #define CLUSTR_DEVICE inline
 #endif
 
+// Before a loop over a kernel's register tiles (fragments, accumulators): unrolled, so that
+// every index into them is a constant and they stay in registers.
+#if defined(__CUDACC__)
+#define CLUSTR_UNROLL _Pragma("unroll")
+#else
+#define CLUSTR_UNROLL _Pragma("GCC unroll 16")
+#endif
+
 #include "core/cuda/check.h"  // the toolkit's headers, or in emulation core/cuda/emulation.h
 #include "core/cuda/cuda.h"   // current_stream()
 

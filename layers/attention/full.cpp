@@ -17,6 +17,7 @@
 #include "core/ops_check.h"
 #include "core/parallel.h"
 #include "layers/attention/full_cpu.h"
+#include "layers/attention/cuda/flash.h"
 #include "layers/attention/cuda/full.h"
 
 namespace clustr {
@@ -112,8 +113,9 @@ void check_shape(const char* op, const char* what, const Tensor& t, const Tensor
                ", got ", describe(t));
 }
 
-// The device kernels take contiguous heads, so on the device the qkv variant permutes the fused
-// projection's heads out and back. cuBLAS could read the interleaved heads in place through the
+// The blocked device kernels (cuda/full.h) take contiguous heads, so for them the qkv variant
+// permutes the fused projection's heads out and back (the tensor-core kernels of cuda/flash.h
+// read and write them in place). cuBLAS could read the interleaved heads in place through the
 // leading dimensions, as the CPU kernels do, but the products' outputs (out, dQ, dK, dV) would
 // then be batches of interleaved column blocks, which gemm_strided_batched refuses (it requires
 // each batch entry's C to lie past the previous one); a permute each way is the simpler correct
@@ -133,6 +135,41 @@ Tensor merge_heads(const Tensor& x, const cpu::FullAttentionDims& d) {
 // Scratch for a kernel: `floats` floats (an undefined tensor when none are needed).
 Tensor workspace(int64_t floats, Device device) {
   return floats > 0 ? Tensor::empty({floats}, DType::f32, device) : Tensor();
+}
+float* data_of(Tensor& ws) { return ws.defined() ? ws.f32() : nullptr; }
+
+// The lengths as the fused device kernels read them (on the device, as check_lengths requires).
+const int32_t* device_lengths(const Tensor& lengths) {
+  return lengths.defined() ? lengths.i32() : nullptr;
+}
+
+// On the device, calls that cuda::flash_attention_applies to run the tensor-core kernels
+// (cuda/flash.h), reading and writing the heads in place in any layout; the others run the
+// blocked kernels of cuda/full.h on contiguous heads.
+void device_forward(const cpu::FullAttentionDims& d, const cpu::FullAttentionLayout& lay,
+                    const cpu::FullAttentionParams& p, const Tensor& lengths, const float* Q,
+                    const float* K, const float* V, float* out, float* logsumexp) {
+  if (cuda::flash_attention_applies(d, p)) {
+    Tensor ws = workspace(cuda::flash_attention_forward_workspace(d), Device::cuda);
+    cuda::flash_attention_forward(d, lay, p, device_lengths(lengths), Q, K, V, out, logsumexp,
+                                  data_of(ws));
+    return;
+  }
+  Tensor ws = workspace(cuda::full_attention_forward_workspace(d), Device::cuda);
+  cuda::full_attention_forward(d, p, Q, K, V, out, logsumexp, data_of(ws));
+}
+void device_backward(const cpu::FullAttentionDims& d, const cpu::FullAttentionLayout& lay,
+                     const cpu::FullAttentionParams& p, const Tensor& lengths, const float* Q,
+                     const float* K, const float* V, const float* out, const float* logsumexp,
+                     const float* dout, float* dQ, float* dK, float* dV) {
+  if (cuda::flash_attention_applies(d, p)) {
+    Tensor ws = workspace(cuda::flash_attention_backward_workspace(d), Device::cuda);
+    cuda::flash_attention_backward(d, lay, p, device_lengths(lengths), Q, K, V, out, logsumexp,
+                                   dout, dQ, dK, dV, data_of(ws));
+    return;
+  }
+  Tensor ws = workspace(cuda::full_attention_backward_workspace(d), Device::cuda);
+  cuda::full_attention_backward(d, p, Q, K, V, out, logsumexp, dout, dQ, dK, dV, data_of(ws));
 }
 
 // The options of a differentiable op: bf16 products when the options or this thread's
@@ -183,9 +220,8 @@ FullAttentionOutput full_attention_forward(const Tensor& Q, const Tensor& K, con
   std::vector<int32_t> host_lengths;
   const cpu::FullAttentionParams p = params_of(d, lengths, options, host_lengths);
   if (Q.device() == Device::cuda) {
-    Tensor ws = workspace(cuda::full_attention_forward_workspace(d), Q.device());
-    cuda::full_attention_forward(d, p, Q.f32(), K.f32(), V.f32(), r.out.f32(),
-                                 r.logsumexp.f32(), ws.defined() ? ws.f32() : nullptr);
+    device_forward(d, cpu::contiguous_layout(d), p, lengths, Q.f32(), K.f32(), V.f32(),
+                   r.out.f32(), r.logsumexp.f32());
     return r;
   }
   const int threads = num_threads();
@@ -217,10 +253,8 @@ FullAttentionGrads full_attention_backward(const Tensor& dout, const Tensor& Q, 
   std::vector<int32_t> host_lengths;
   const cpu::FullAttentionParams p = params_of(d, lengths, options, host_lengths);
   if (Q.device() == Device::cuda) {
-    Tensor ws = workspace(cuda::full_attention_backward_workspace(d), Q.device());
-    cuda::full_attention_backward(d, p, Q.f32(), K.f32(), V.f32(), out.f32(), logsumexp.f32(),
-                                  dout.f32(), g.dQ.f32(), g.dK.f32(), g.dV.f32(),
-                                  ws.defined() ? ws.f32() : nullptr);
+    device_backward(d, cpu::contiguous_layout(d), p, lengths, Q.f32(), K.f32(), V.f32(),
+                    out.f32(), logsumexp.f32(), dout.f32(), g.dQ.f32(), g.dK.f32(), g.dV.f32());
     return g;
   }
   const int threads = num_threads();
@@ -260,15 +294,21 @@ FullAttentionOutput full_attention_qkv_forward(const Tensor& qkv, int64_t heads,
       r.out = Tensor::empty({d.B, d.N, D}, DType::f32, Device::cuda);
       return r;
     }
+    std::vector<int32_t> host_lengths;
+    const cpu::FullAttentionParams p = params_of(d, lengths, options, host_lengths);
+    if (cuda::flash_attention_applies(d, p)) {  // the heads read and written in place
+      r.out = Tensor::empty({d.B, d.N, D}, DType::f32, Device::cuda);
+      const float* q = qkv.f32();
+      device_forward(d, qkv_layout(d), p, lengths, q, q + D, q + 2 * D, r.out.f32(),
+                     r.logsumexp.f32());
+      return r;
+    }
     const Tensor parts = split_qkv(qkv, d);
     const float* q = parts.f32();
     const int64_t n = d.B * d.H * d.N * d.E;
     Tensor out = Tensor::empty({d.B, d.H, d.N, d.E}, DType::f32, Device::cuda);
-    Tensor ws = workspace(cuda::full_attention_forward_workspace(d), Device::cuda);
-    std::vector<int32_t> host_lengths;
-    cuda::full_attention_forward(d, params_of(d, lengths, options, host_lengths), q, q + n,
-                                 q + 2 * n, out.f32(), r.logsumexp.f32(),
-                                 ws.defined() ? ws.f32() : nullptr);
+    device_forward(d, cpu::contiguous_layout(d), p, lengths, q, q + n, q + 2 * n, out.f32(),
+                   r.logsumexp.f32());
     r.out = merge_heads(out, d);
     return r;
   }
@@ -296,17 +336,24 @@ Tensor full_attention_qkv_backward(const Tensor& dout, const Tensor& qkv, int64_
   check_shape(op, "logsumexp", logsumexp, qkv, {d.B, d.H, d.N});
   if (qkv.device() == Device::cuda) {
     if (d.B * d.N == 0) return Tensor::empty(qkv.shape(), DType::f32, Device::cuda);
+    std::vector<int32_t> host_lengths;
+    const cpu::FullAttentionParams p = params_of(d, lengths, options, host_lengths);
+    if (cuda::flash_attention_applies(d, p)) {  // the heads read and written in place
+      Tensor dqkv = Tensor::empty(qkv.shape(), DType::f32, Device::cuda);
+      const float* q = qkv.f32();
+      float* dq = dqkv.f32();
+      device_backward(d, qkv_layout(d), p, lengths, q, q + D, q + 2 * D, out.f32(),
+                      logsumexp.f32(), dout.f32(), dq, dq + D, dq + 2 * D);
+      return dqkv;
+    }
     const Tensor parts = split_qkv(qkv, d);
     const float* q = parts.f32();
     const int64_t n = d.B * d.H * d.N * d.E;
     Tensor dheads = Tensor::empty({3, d.B, d.H, d.N, d.E}, DType::f32, Device::cuda);
     float* dq = dheads.f32();
-    Tensor ws = workspace(cuda::full_attention_backward_workspace(d), Device::cuda);
-    std::vector<int32_t> host_lengths;
-    cuda::full_attention_backward(d, params_of(d, lengths, options, host_lengths), q, q + n,
-                                  q + 2 * n, split_heads(out, d).f32(), logsumexp.f32(),
-                                  split_heads(dout, d).f32(), dq, dq + n, dq + 2 * n,
-                                  ws.defined() ? ws.f32() : nullptr);
+    device_backward(d, cpu::contiguous_layout(d), p, lengths, q, q + n, q + 2 * n,
+                    split_heads(out, d).f32(), logsumexp.f32(), split_heads(dout, d).f32(), dq,
+                    dq + n, dq + 2 * n);
     return permute(dheads, {1, 3, 0, 2, 4}).reshape(qkv.shape());  // (B, N, 3, H, E)
   }
   Tensor dqkv = Tensor::empty(qkv.shape());

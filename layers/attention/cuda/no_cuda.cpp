@@ -4,6 +4,7 @@
 #include "core/cuda/cuda.h"
 #include "layers/attention/cuda/clustered.h"
 #include "layers/attention/cuda/clustering.h"
+#include "layers/attention/cuda/flash.h"
 #include "layers/attention/cuda/full.h"
 #include "layers/attention/cuda/improved_clustered.h"
 #include "layers/attention/cuda/reformer.h"
@@ -26,6 +27,29 @@ void cuda::full_attention_backward(const cpu::FullAttentionDims&, const cpu::Ful
                                    const float*, const float*, const float*, const float*,
                                    const float*, const float*, float*, float*, float*, float*) {
   no_backend("cuda::full_attention_backward");
+}
+
+// cuda/flash.h
+bool cuda::flash_attention_applies(const cpu::FullAttentionDims&, const cpu::FullAttentionParams&) {
+  no_backend("cuda::flash_attention_applies");
+}
+int64_t cuda::flash_attention_forward_workspace(const cpu::FullAttentionDims&) {
+  no_backend("cuda::flash_attention_forward_workspace");
+}
+int64_t cuda::flash_attention_backward_workspace(const cpu::FullAttentionDims&) {
+  no_backend("cuda::flash_attention_backward_workspace");
+}
+void cuda::flash_attention_forward(const cpu::FullAttentionDims&, const cpu::FullAttentionLayout&,
+                                   const cpu::FullAttentionParams&, const int32_t*, const float*,
+                                   const float*, const float*, float*, float*, float*) {
+  no_backend("cuda::flash_attention_forward");
+}
+void cuda::flash_attention_backward(const cpu::FullAttentionDims&,
+                                    const cpu::FullAttentionLayout&,
+                                    const cpu::FullAttentionParams&, const int32_t*, const float*,
+                                    const float*, const float*, const float*, const float*,
+                                    const float*, float*, float*, float*, float*) {
+  no_backend("cuda::flash_attention_backward");
 }
 
 // cuda/clustering.h
