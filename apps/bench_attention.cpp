@@ -7,6 +7,18 @@
 // element (--png-memory) against N, log-log, one line per attention type.
 // apps/bench_attention_torch.py runs it beside PyTorch.
 //
+// Throughput of the measured forward + backward, the last two columns (tflops, gb_per_s):
+//   TFLOP/s: full attention's FLOPs counted as FlashAttention's papers do: the forward's two
+//            products Q K^T and P V, 2 flops a multiply-add, are 4 B H N S E (S = N keys); the
+//            backward's five products 2.5 times that; so 14 B H N S E in all, halved with
+//            --causal (only about half the weights exist). Only for full and shared-full ("-"
+//            and an empty CSV field for the other types, which compute fewer products).
+//   GB/s:    the least traffic of a forward + backward: read Q, K, V, dO, out and logsumexp,
+//            write out, logsumexp, dQ, dK and dV, i.e. 9 B H N E + 2 B H N elements, 4 bytes
+//            each (inputs and outputs are f32 tensors whatever --precision). The same count for
+//            every type, shared-full included (its K and dK are Q and dQ), so that the figure
+//            compares types by time on the same operands.
+//
 // Time: one untimed run (it also gives the memory figures), then --reps timed runs; the median
 // and the minimum are reported. With several thread counts (--threads 1 2) the runs of the
 // thread counts alternate (one run at each, then the next round), so that a shared host's
@@ -73,6 +85,18 @@ bool reset_peak_rss() {
   f << "5";
   f.flush();
   return f.good();
+}
+
+// FLOPs of one full-attention forward + backward (see the top of the file).
+double full_attention_flops(int64_t B, int64_t H, int64_t N, int64_t E, bool causal) {
+  const double flops = 14.0 * double(B) * double(H) * double(N) * double(N) * double(E);
+  return causal ? flops / 2 : flops;
+}
+
+// Bytes of the least traffic of one forward + backward (see the top of the file).
+double attention_traffic_bytes(int64_t B, int64_t H, int64_t N, int64_t E) {
+  const double rows = double(B) * double(H) * double(N);
+  return 4.0 * (9.0 * rows * double(E) + 2.0 * rows);
 }
 
 struct Sample {
@@ -202,7 +226,7 @@ int main(int argc, char** argv) try {
   std::ofstream csv(csv_path);
   CLUSTR_CHECK(csv.good(), "bench_attention: cannot write ", csv_path);
   csv << "attention,N,B,H,E,threads,causal,seconds_median,seconds_min,us_per_element,"
-         "tensor_peak_bytes,rss_peak_bytes,bytes_per_element,device,precision\n";
+         "tensor_peak_bytes,rss_peak_bytes,bytes_per_element,device,precision,tflops,gb_per_s\n";
   std::vector<clustr::plot::Series> time_series, memory_series;
   const bool several = thread_counts.size() > 1;
 
@@ -216,18 +240,19 @@ int main(int argc, char** argv) try {
                 run.describe().c_str(), device_name.c_str(), clustr::to_string(precision),
                 tf32 ? " (f32 ones in TF32)" : "", long(batch), long(heads), long(dim),
                 counts.c_str(), reps);
-    std::printf("%7s %7s | %10s %10s %7s | %12s %10s %10s | %12s\n", "N", "threads", "ms",
-                "us/elem", "speedup", "tensor MB", "KB/elem", "B/N^2", "rss MB");
+    std::printf("%7s %7s | %10s %10s %7s | %12s %10s %10s | %12s | %8s %8s\n", "N", "threads",
+                "ms", "us/elem", "speedup", "tensor MB", "KB/elem", "B/N^2", "rss MB", "TFLOP/s",
+                "GB/s");
+    // TFLOP/s only where the full products are computed (see the top of the file).
+    const bool full_products = run.type == clustr::AttentionType::full ||
+                               run.type == clustr::AttentionType::shared_full;
     std::vector<clustr::plot::Series> series(thread_counts.size());
     clustr::plot::Series memory{type, {}, {}};
     for (size_t t = 0; t < thread_counts.size(); ++t)
       series[t].label =
           several ? type + ", " + std::to_string(thread_counts[t]) + " threads" : type;
     for (int64_t N : lengths) {
-      if ((run.type == clustr::AttentionType::full ||
-           run.type == clustr::AttentionType::shared_full) &&
-          N > max_full_n)
-        continue;
+      if (full_products && N > max_full_n) continue;
       Tensor q = Tensor::empty({batch, heads, N, dim}), k = Tensor::empty({batch, heads, N, dim});
       Tensor v = Tensor::empty({batch, heads, N, dim}), dout = Tensor::empty({batch, heads, N, dim});
       for (Tensor* t : {&q, &k, &v, &dout}) {
@@ -252,17 +277,24 @@ int main(int argc, char** argv) try {
         if (t == 0) base = median;
         const double us_per_elem = median / double(N) * 1e6;
         const double bytes_per_elem = double(first[t].tensor_bytes) / double(N);
-        std::printf("%7ld %7d | %10.1f %10.2f %7.2f | %12.1f %10.1f %10.2f | %12.1f\n", long(N),
-                    thread_counts[t], median * 1e3, us_per_elem, base / median,
+        const double gb_per_s = attention_traffic_bytes(batch, heads, N, dim) / median * 1e-9;
+        const double tflops = full_attention_flops(batch, heads, N, dim, causal) / median * 1e-12;
+        char tflops_text[32] = "-";  // "-" (and an empty CSV field) without the full products
+        if (full_products) std::snprintf(tflops_text, sizeof tflops_text, "%.2f", tflops);
+        std::printf("%7ld %7d | %10.1f %10.2f %7.2f | %12.1f %10.1f %10.2f | %12.1f | %8s %8.2f\n",
+                    long(N), thread_counts[t], median * 1e3, us_per_elem, base / median,
                     first[t].tensor_bytes / 1048576.0, bytes_per_elem / 1024.0,
                     double(first[t].tensor_bytes) / (double(N) * double(N)),
-                    first[t].rss_bytes < 0 ? -1.0 : first[t].rss_bytes / 1048576.0);
+                    first[t].rss_bytes < 0 ? -1.0 : first[t].rss_bytes / 1048576.0,
+                    tflops_text, gb_per_s);
         std::fflush(stdout);
         csv << type << ',' << N << ',' << batch << ',' << heads << ',' << dim << ','
             << thread_counts[t] << ',' << int(causal) << ',' << median << ',' << times[t].front()
             << ',' << us_per_elem << ',' << first[t].tensor_bytes << ',' << first[t].rss_bytes
             << ',' << bytes_per_elem << ',' << device_name << ',' << clustr::to_string(precision)
-            << '\n';
+            << ',';
+        if (full_products) csv << tflops;
+        csv << ',' << gb_per_s << '\n';
         series[t].x.push_back(double(N));
         series[t].y.push_back(us_per_elem);
         if (t == thread_counts.size() - 1) {  // memory: at the last (largest) thread count

@@ -12,7 +12,9 @@
 #    come after the benchmarks, in step 7);
 # 5. trains the main job (the copy task to its target) with --device cuda;
 # 6. runs the GPU benchmarks: cuBLAS GEMM in fp32, TF32 and bf16, the three attention types from
-#    N = 512 up (the paper's Figure 4, PNGs), the encoder layer's step (bench_encoder) and the
+#    N = 512 up (the paper's Figure 4, PNGs), full attention beside PyTorch's
+#    scaled_dot_product_attention in bf16 and fp32 at batch 1 and 8
+#    (apps/bench_attention_torch.py), the encoder layer's step (bench_encoder) and the
 #    copy-task step in fp32 and bf16, the copy-task step beside PyTorch 2.x on the same GPU
 #    (apps/bench_copy_task_torch.py), and each kernel's GPU time in clustered and
 #    improved-clustered attention and in three copy-task steps (ncu: profile_attention.log,
@@ -203,6 +205,10 @@ else
 fi
 
 # ---- 6. benchmarks -----------------------------------------------------------------------------
+# Whether python3 has a PyTorch that sees the GPU (the PyTorch peers' steps need one).
+torch_sees_gpu() {
+  python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' > /dev/null 2>&1
+}
 if [ "$emulate" = 1 ]; then
   step bench_gemm 300 "$build/apps/bench_gemm" --device cuda --shapes transformer --reps 1 \
     --overwrite --csv "$out/bench_gemm_fp32.csv"
@@ -212,6 +218,8 @@ if [ "$emulate" = 1 ]; then
     --heads 1 --dim 8 --clusters 4 --bits 15 --iterations 2 --topk 8 \
     --attention full clustered improved-clustered --overwrite --csv "$out/bench_attention.csv" \
     --png "$out/attention_time.png" --png-memory "$out/attention_memory.png"
+  not_run bench_attention_sdpa "PyTorch's side needs a real GPU"
+  not_run bench_attention_sdpa_b8 "PyTorch's side needs a real GPU"
   step bench_attention_lsh 300 "$build/apps/bench_attention" --device cuda --n 64 128 --reps 1 \
     --heads 1 --dim 8 --buckets 4 --chunk 8 --attention lsh-1 lsh-4 \
     --overwrite --csv "$out/bench_attention_lsh.csv"
@@ -227,6 +235,21 @@ else
     --n 512 1024 2048 4096 8192 16384 32768 65536 131072 --max-full-n 65536 --reps 3 \
     --overwrite --csv "$out/bench_attention.csv" --png "$out/attention_time.png" \
     --png-memory "$out/attention_memory.png"
+  # Full attention beside PyTorch's scaled_dot_product_attention on the same GPU (a
+  # FlashAttention-class kernel), bf16 and fp32: time, TFLOP/s and GB/s of both sides.
+  if ! torch_sees_gpu; then
+    not_run bench_attention_sdpa "python3 has no PyTorch that sees the GPU"
+    not_run bench_attention_sdpa_b8 "python3 has no PyTorch that sees the GPU"
+  else
+    step bench_attention_sdpa 240 python3 apps/bench_attention_torch.py --device cuda \
+      --binary "$build/apps/bench_attention" --n 2048 4096 8192 16384 32768 65536 --batch 1 \
+      --heads 6 --dim 64 --precision bf16 fp32 --reps 5 --rounds 2 --overwrite \
+      --csv "$out/bench_attention_sdpa.csv"
+    step bench_attention_sdpa_b8 180 python3 apps/bench_attention_torch.py --device cuda \
+      --binary "$build/apps/bench_attention" --n 2048 4096 8192 16384 --batch 8 \
+      --heads 6 --dim 64 --precision bf16 fp32 --reps 5 --rounds 2 --overwrite \
+      --csv "$out/bench_attention_sdpa_b8.csv"
+  fi
   # The Reformer baseline's first device kernels (cuda/reformer.cu), against the clustered
   # types above.
   step bench_attention_lsh 240 "$build/apps/bench_attention" --device cuda \
@@ -248,8 +271,7 @@ fi
 # attention is scaled_dot_product_attention), fp32 and bf16 (autocast), N = 64 and 128.
 if [ "$emulate" = 1 ]; then
   not_run pytorch_peer "PyTorch's side needs a real GPU"
-elif ! python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' \
-    > /dev/null 2>&1; then
+elif ! torch_sees_gpu; then
   not_run pytorch_peer "python3 has no PyTorch that sees the GPU"
 else
   for precision in fp32 bf16; do
