@@ -1,13 +1,20 @@
-// The tensor-core full attention (layers/attention/cuda/flash.h), which takes bf16 products with
-// head sizes 32, 64 and 128 on the device: forward and backward through the front doors
-// (full.h) against the CPU's f32 kernels and the autograd reference (reference.h), on odd sizes
-// (N of 1, 17, 129, 1000; N != S), key lengths (0, partial, full) with padded queries, causal,
-// dropout, a temperature, every head size, and the fused qkv layout read and written in place;
-// its launches (four for forward + backward, no cuBLAS call, whatever B, H and N); the same bits
-// run after run; and the blocked kernels for the calls it does not take. Part of the test_cuda
-// program (tests/test_cuda.cpp has its main): on a GPU or the emulated device.
+// The tensor-core full attention (layers/attention/cuda/flash.h), which takes the head sizes 32,
+// 64 and 128 on the device: forward and backward through the front doors (full.h), with bf16
+// products, f32 ones (3xTF32) and TF32 ones, against the CPU's f32 kernels and the autograd
+// reference (reference.h), on odd sizes (N of 1, 17, 129, 1000; N != S), key lengths (0,
+// partial, full) with padded queries, causal, dropout, a temperature, every head size, and the
+// fused qkv layout read and written in place; its launches (four for a bf16 forward + backward,
+// three for f32, no cuBLAS call, whatever B, H and N); the same bits run after run; and the
+// blocked kernels for the calls it does not take. Part of the test_cuda program
+// (tests/test_cuda.cpp has its main): on a GPU or the emulated device.
 //
-// Tolerance. The inputs are rounded to bf16 on the host first, so the device's own rounding of
+// Tolerance of f32 products (kF32Tol): 3xTF32 forms each product to about 2^-21 of itself (the
+// tails' product, and the tail's own rounding to TF32, are what it drops), and the sums are f32:
+// a few 1e-6 of a row's scale, as the blocked kernels' cuBLAS products (test_cuda_attention's
+// 2e-5). TF32 products (kTf32Tol): each operand rounded to 10 mantissa bits, 2^-11, twice per
+// product and three products deep for the gradients: a few 2^-11 of a row's scale.
+//
+// Tolerance of bf16 products. The inputs are rounded to bf16 on the host first, so the device's own rounding of
 // Q, K, V and dout changes nothing and the CPU computes, in f32, the attention of the very
 // operands the tensor cores multiply. What is left is the rounding of the weights to bf16 before
 // their products (each tile's exp(s - m) before P V; P^T and dS^T before dV, dK, dQ): a relative
@@ -44,6 +51,22 @@ using clustr::test::on;
 namespace {
 
 constexpr double kOutTol = 4.0 / 512, kGradTol = 8.0 / 512;
+constexpr double kF32Tol = 2e-5, kTf32Tol = 8.0 / 2048;
+
+// The products' arithmetic of a run: the cpu's f32, or the device's bf16, f32 (3xTF32) or TF32.
+enum class Products { cpu, bf16, f32, tf32 };
+
+// cuda::tf32() on for one scope.
+class Tf32Scope {
+ public:
+  explicit Tf32Scope(bool on) : was_(clustr::cuda::tf32()) { clustr::cuda::set_tf32(on); }
+  ~Tf32Scope() { clustr::cuda::set_tf32(was_); }
+  Tf32Scope(const Tf32Scope&) = delete;
+  Tf32Scope& operator=(const Tf32Scope&) = delete;
+
+ private:
+  bool was_;
+};
 
 struct Case {
   int64_t B = 1, H = 1, N = 1, S = 1, E = 32;
@@ -79,15 +102,19 @@ Case make_case(int64_t B, int64_t H, int64_t N, int64_t S, int64_t E,
 Tensor bf16_values(const Tensor& x) { return x.astype(DType::bf16).astype(DType::f32); }
 
 struct Inputs {
-  Tensor Q, K, V, dO, lengths;  // on the cpu, values exact in bf16
+  Tensor Q, K, V, dO, lengths;  // on the cpu
 };
-Inputs make_inputs(const Case& c, uint32_t seed) {
-  using clustr::test::random_tensor;
+// Random inputs; with `rounded`, values exact in bf16 (for bf16 products).
+Inputs make_inputs(const Case& c, uint32_t seed, bool rounded = true) {
+  auto random_tensor = [&](const clustr::Shape& s, uint32_t k) {
+    const Tensor x = clustr::test::random_tensor(s, k);
+    return rounded ? bf16_values(x) : x;
+  };
   Inputs in;
-  in.Q = bf16_values(random_tensor({c.B, c.H, c.N, c.E}, seed));
-  in.K = bf16_values(random_tensor({c.B, c.H, c.S, c.E}, seed + 1));
-  in.V = bf16_values(random_tensor({c.B, c.H, c.S, c.E}, seed + 2));
-  in.dO = bf16_values(random_tensor({c.B, c.H, c.N, c.E}, seed + 3));
+  in.Q = random_tensor({c.B, c.H, c.N, c.E}, seed);
+  in.K = random_tensor({c.B, c.H, c.S, c.E}, seed + 1);
+  in.V = random_tensor({c.B, c.H, c.S, c.E}, seed + 2);
+  in.dO = random_tensor({c.B, c.H, c.N, c.E}, seed + 3);
   if (!c.lengths.empty()) in.lengths = Tensor::from_int_vector(c.lengths, {c.B});
   return in;
 }
@@ -95,10 +122,12 @@ Inputs make_inputs(const Case& c, uint32_t seed) {
 struct Result {
   std::vector<float> out, lse, dQ, dK, dV;
 };
-// Forward and backward on `dev`: f32 products on the cpu, bf16 on the device.
-Result run(const Case& c, const Inputs& in, Device dev) {
+// Forward and backward with the given products: on the cpu, or on the device.
+Result run(const Case& c, const Inputs& in, Products products) {
   FullAttentionOptions o = c.options;
-  o.precision = dev == Device::cuda ? Precision::bf16 : Precision::fp32;
+  o.precision = products == Products::bf16 ? Precision::bf16 : Precision::fp32;
+  const Device dev = products == Products::cpu ? Device::cpu : Device::cuda;
+  const Tf32Scope tf32(products == Products::tf32);
   const Tensor Q = on(in.Q, dev), K = on(in.K, dev), V = on(in.V, dev), L = on(in.lengths, dev);
   const clustr::FullAttentionOutput f = clustr::full_attention_forward(Q, K, V, L, o);
   const clustr::FullAttentionGrads g =
@@ -121,19 +150,29 @@ clustr::cuda::LaunchCounts launches_of(F f) {
   return {after.kernels - before.kernels, after.blas - before.blas};
 }
 
-void check_case(const Case& c, uint32_t seed) {
+// The case with the device's products (bf16 by default) against the cpu's f32.
+void check_case(const Case& c, uint32_t seed, Products products = Products::bf16) {
   INFO(name_of(c));
-  const Inputs in = make_inputs(c, seed);
-  const Result cpu = run(c, in, Device::cpu);
+  const std::string kind = products == Products::bf16  ? "bf16"
+                           : products == Products::f32 ? "f32 (3xTF32)"
+                                                       : "TF32";
+  INFO("device products: " << kind);
+  const Inputs in = make_inputs(c, seed, products == Products::bf16);
+  const Result cpu = run(c, in, Products::cpu);
   Result dev;
-  const clustr::cuda::LaunchCounts n = launches_of([&] { dev = run(c, in, Device::cuda); });
+  const clustr::cuda::LaunchCounts n = launches_of([&] { dev = run(c, in, products); });
   CHECK_MESSAGE(n.blas == 0, n.blas << " cuBLAS calls: the blocked kernels ran, not flash.cu");
-  CHECK_MESSAGE(n.kernels == 4, n.kernels << " launches for forward + backward");
-  check_rows("out", dev.out, cpu.out, c.E, kOutTol);
-  check_rows("logsumexp", dev.lse, cpu.lse, c.N, kOutTol);
-  check_rows("dQ", dev.dQ, cpu.dQ, c.E, kGradTol);
-  check_rows("dK", dev.dK, cpu.dK, c.E, kGradTol);
-  check_rows("dV", dev.dV, cpu.dV, c.E, kGradTol);
+  const uint64_t launches = products == Products::bf16 ? 4 : 3;
+  CHECK_MESSAGE(n.kernels == launches, n.kernels << " launches for forward + backward");
+  const double out_tol = products == Products::bf16   ? kOutTol
+                         : products == Products::f32 ? kF32Tol
+                                                     : kTf32Tol;
+  const double grad_tol = products == Products::bf16 ? kGradTol : 2 * out_tol;
+  check_rows("out", dev.out, cpu.out, c.E, out_tol);
+  check_rows("logsumexp", dev.lse, cpu.lse, c.N, out_tol);
+  check_rows("dQ", dev.dQ, cpu.dQ, c.E, grad_tol);
+  check_rows("dK", dev.dK, cpu.dK, c.E, grad_tol);
+  check_rows("dV", dev.dV, cpu.dV, c.E, grad_tol);
   // Rows that see no key: exactly 0 (out, dQ) and -inf.
   int64_t wrong = 0;
   for (int64_t b = 0; b < c.B; ++b) {
@@ -181,9 +220,21 @@ TEST_CASE("cuda flash: dropout draws the cpu's mask from the same seed") {
   check_case(make_case(1, 1, 5, 67, 128, {}, false, 0.5f), 33);
 }
 
+TEST_CASE("cuda flash: f32 products (3xTF32) agree with the cpu's f32; TF32 products within "
+          "TF32's rounding") {
+  if (!clustr::cuda::available()) return;
+  for (Products products : {Products::f32, Products::tf32}) {
+    check_case(make_case(2, 3, 17, 17, 32, {17, 9}), 91, products);
+    check_case(make_case(1, 2, 129, 65, 64), 92, products);
+    check_case(make_case(1, 1, 100, 100, 128, {77}, true), 93, products);
+    check_case(make_case(2, 1, 70, 70, 64, {70, 33}, true, 0.2f), 94, products);
+  }
+}
+
 TEST_CASE("cuda flash: a thousand positions, several query blocks and key tiles") {
   if (!clustr::cuda::available()) return;
   check_case(make_case(1, 1, 1000, 1000, 64, {}, true), 41);
+  check_case(make_case(1, 1, 1000, 1000, 128, {}, true), 42, Products::f32);
 }
 
 TEST_CASE("cuda flash: uniform weights give the exact mean of the keys each row sees") {
@@ -196,7 +247,7 @@ TEST_CASE("cuda flash: uniform weights give the exact mean of the keys each row 
     INFO(name_of(c));
     Inputs in = make_inputs(c, 51);
     in.K = Tensor::zeros(in.K.shape());
-    const Result cpu = run(c, in, Device::cpu), dev = run(c, in, Device::cuda);
+    const Result cpu = run(c, in, Products::cpu), dev = run(c, in, Products::bf16);
     check_rows("out", dev.out, cpu.out, c.E, 1e-5);
     check_rows("logsumexp", dev.lse, cpu.lse, c.N, 1e-6);
   }
@@ -210,10 +261,10 @@ TEST_CASE("cuda flash: four launches and no cuBLAS call whatever B, H and N; the
     INFO(name_of(c));
     const Inputs in = make_inputs(c, 61);
     Result a, b;
-    const clustr::cuda::LaunchCounts n = launches_of([&] { a = run(c, in, Device::cuda); });
+    const clustr::cuda::LaunchCounts n = launches_of([&] { a = run(c, in, Products::bf16); });
     CHECK(n.kernels == 4);
     CHECK(n.blas == 0);
-    b = run(c, in, Device::cuda);
+    b = run(c, in, Products::bf16);
     CHECK(a.out == b.out);
     CHECK(a.dQ == b.dQ);
     CHECK(a.dK == b.dK);
@@ -264,7 +315,7 @@ TEST_CASE("cuda flash: the autograd reference agrees, and other head sizes take 
   Variable Q(in.Q, true), K(in.K, true), V(in.V, true);
   const Variable ref = clustr::full_attention_reference(Q, K, V, in.lengths, c.options);
   ref.backward(in.dO);
-  const Result dev = run(c, in, Device::cuda);
+  const Result dev = run(c, in, Products::bf16);
   check_rows("out", dev.out, ref.data().to_vector(), c.E, kOutTol);
   check_rows("dQ", dev.dQ, Q.grad().to_vector(), c.E, kGradTol);
   check_rows("dK", dev.dK, K.grad().to_vector(), c.E, kGradTol);
@@ -272,5 +323,5 @@ TEST_CASE("cuda flash: the autograd reference agrees, and other head sizes take 
   // E = 16 (and fp32 products) go to cuBLAS's blocked kernels.
   const Case other = make_case(1, 1, 20, 20, 16);
   const Inputs oin = make_inputs(other, 82);
-  CHECK(launches_of([&] { run(other, oin, Device::cuda); }).blas > 0);
+  CHECK(launches_of([&] { run(other, oin, Products::bf16); }).blas > 0);
 }

@@ -149,8 +149,8 @@ const int32_t* device_lengths(const Tensor& lengths) {
 void device_forward(const cpu::FullAttentionDims& d, const cpu::FullAttentionLayout& lay,
                     const cpu::FullAttentionParams& p, const Tensor& lengths, const float* Q,
                     const float* K, const float* V, float* out, float* logsumexp) {
-  if (cuda::flash_attention_applies(d, p)) {
-    Tensor ws = workspace(cuda::flash_attention_forward_workspace(d), Device::cuda);
+  if (cuda::flash_attention_applies(d, lay, p, {Q, K, V, out})) {
+    Tensor ws = workspace(cuda::flash_attention_forward_workspace(d, p), Device::cuda);
     cuda::flash_attention_forward(d, lay, p, device_lengths(lengths), Q, K, V, out, logsumexp,
                                   data_of(ws));
     return;
@@ -162,8 +162,8 @@ void device_backward(const cpu::FullAttentionDims& d, const cpu::FullAttentionLa
                      const cpu::FullAttentionParams& p, const Tensor& lengths, const float* Q,
                      const float* K, const float* V, const float* out, const float* logsumexp,
                      const float* dout, float* dQ, float* dK, float* dV) {
-  if (cuda::flash_attention_applies(d, p)) {
-    Tensor ws = workspace(cuda::flash_attention_backward_workspace(d), Device::cuda);
+  if (cuda::flash_attention_applies(d, lay, p, {Q, K, V, out, dout, dQ, dK, dV})) {
+    Tensor ws = workspace(cuda::flash_attention_backward_workspace(d, p), Device::cuda);
     cuda::flash_attention_backward(d, lay, p, device_lengths(lengths), Q, K, V, out, logsumexp,
                                    dout, dQ, dK, dV, data_of(ws));
     return;
@@ -296,11 +296,14 @@ FullAttentionOutput full_attention_qkv_forward(const Tensor& qkv, int64_t heads,
     }
     std::vector<int32_t> host_lengths;
     const cpu::FullAttentionParams p = params_of(d, lengths, options, host_lengths);
-    if (cuda::flash_attention_applies(d, p)) {  // the heads read and written in place
-      r.out = Tensor::empty({d.B, d.N, D}, DType::f32, Device::cuda);
-      const float* q = qkv.f32();
-      device_forward(d, qkv_layout(d), p, lengths, q, q + D, q + 2 * D, r.out.f32(),
+    Tensor merged = Tensor::empty({d.B, d.N, D}, DType::f32, Device::cuda);
+    const float* x = qkv.f32();
+    if (cuda::flash_attention_applies(d, qkv_layout(d), p, {x, x + D, x + 2 * D,
+                                                            merged.f32()})) {
+      // The heads read and written in place.
+      device_forward(d, qkv_layout(d), p, lengths, x, x + D, x + 2 * D, merged.f32(),
                      r.logsumexp.f32());
+      r.out = std::move(merged);
       return r;
     }
     const Tensor parts = split_qkv(qkv, d);
@@ -338,12 +341,15 @@ Tensor full_attention_qkv_backward(const Tensor& dout, const Tensor& qkv, int64_
     if (d.B * d.N == 0) return Tensor::empty(qkv.shape(), DType::f32, Device::cuda);
     std::vector<int32_t> host_lengths;
     const cpu::FullAttentionParams p = params_of(d, lengths, options, host_lengths);
-    if (cuda::flash_attention_applies(d, p)) {  // the heads read and written in place
-      Tensor dqkv = Tensor::empty(qkv.shape(), DType::f32, Device::cuda);
-      const float* q = qkv.f32();
-      float* dq = dqkv.f32();
-      device_backward(d, qkv_layout(d), p, lengths, q, q + D, q + 2 * D, out.f32(),
-                      logsumexp.f32(), dout.f32(), dq, dq + D, dq + 2 * D);
+    Tensor dqkv = Tensor::empty(qkv.shape(), DType::f32, Device::cuda);
+    const float* x = qkv.f32();
+    float* dx = dqkv.f32();
+    if (cuda::flash_attention_applies(d, qkv_layout(d), p,
+                                      {x, x + D, x + 2 * D, out.f32(), dout.f32(), dx, dx + D,
+                                       dx + 2 * D})) {
+      // The heads read and written in place.
+      device_backward(d, qkv_layout(d), p, lengths, x, x + D, x + 2 * D, out.f32(),
+                      logsumexp.f32(), dout.f32(), dx, dx + D, dx + 2 * D);
       return dqkv;
     }
     const Tensor parts = split_qkv(qkv, d);

@@ -13,14 +13,20 @@
 // flops in FlashAttention-2's count, 3.5 times here (dQ has its own pass, which recomputes
 // Q K^T and dO V^T: the price of having no float atomics).
 //
+// The products' arithmetic is a policy (Bf16, Tf32 below): bf16 operands on m16n8k16, or f32
+// operands on m16n8k8 in TF32, each operand split into a TF32 head and a TF32 tail and three
+// products summed (3xTF32: f32's accuracy, the tail of the tail aside, at half the bf16 rate
+// over three) or, with cuda::tf32() on, the heads only. bf16 reads bf16 copies of the operands
+// (made by the launch before); f32 reads the operands in place, in any head layout.
+//
 // Forward (FlashForward, one block of 4 warps per query block of Bq = 16 kMT x 4 rows and
-// (b, h); each warp owns kMT 16-row tiles): Q's fragments stay in registers; key tiles K_j,
-// V_j of Bk = 64 rows stream through two shared buffers each by cp.async (the next K_j while
-// this tile's softmax runs, V_j while S_j = Q K_j^T is formed). Online softmax in base 2:
-// x = t s log2(e), the running row max m and each thread's share of the row sum l, rescaled by
-// 2^(m_old - m_new); P's accumulator fragments turn into A fragments in registers (rounded to
-// bf16) for O += P V_j. At the end O / l and lse = (m + log2 l) ln 2. Masked keys (lengths,
-// causal) get x = -inf; a row that sees no key ends with l = 0: out 0 and lse -inf.
+// (b, h); each warp owns kMT 16-row tiles): key tiles K_j, V_j of Bk rows stream through two
+// shared buffers each by cp.async (the next K_j while this tile's softmax runs, V_j while
+// S_j = Q K_j^T is formed). Online softmax in base 2: x = t s log2(e), the running row max m and
+// each thread's share of the row sum l, rescaled by 2^(m_old - m_new); P's accumulator fragments
+// turn into A fragments in registers for O += P V_j. At the end O / l and
+// lse = (m + log2 l) ln 2. Masked keys (lengths, causal) get x = -inf; a row that sees no key
+// ends with l = 0: out 0 and lse -inf.
 //
 // Backward: one grid of two kinds of blocks, both 4 warps. A key block (64 keys, 16 a warp)
 // walks the query tiles that can see its keys (from its first key on when causal), recomputes
@@ -29,7 +35,7 @@
 // dK += dS^T Q_i in registers, written once at the end. A query block (64 rows) walks the key
 // tiles its rows see, recomputes S and dP the same way and accumulates dQ += dS K_j. Each
 // output element has one writer, so there is no atomic and no N x S buffer. D_i = dO_i . O_i
-// (in double) comes from the launch before, which also makes the bf16 copies.
+// (in double) comes from the launch before.
 //
 // Dropout: the mask of weight (b, h, i, j) is full_cpu.h's Philox word, regenerated where the
 // weight is (the forward and the query blocks draw a block of four words for two neighbouring
@@ -56,8 +62,6 @@ using attention_kernels::dropout_of;
 using cpu::FullAttentionDims;
 using cpu::FullAttentionLayout;
 using cpu::FullAttentionParams;
-using mma::FragA;
-using mma::FragB;
 using mma::FragC;
 
 constexpr int kWarps = 4;
@@ -79,17 +83,18 @@ CLUSTR_DEVICE float exp2_fast(float x) {
 CLUSTR_DEVICE int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 CLUSTR_DEVICE int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
-// Where the rows of one head of an f32 tensor are (cpu::HeadStrides, on the device).
+// The heads of one tensor on the device: row i of head (b, h) starts at
+// base + b batch + h head + i row (cpu::HeadStrides, in elements of T).
+template <class T>
 struct Heads {
+  T* base;
   int64_t batch, head, row;
-  CLUSTR_DEVICE float* at(float* base, int64_t b, int64_t h) const {
-    return base + b * batch + h * head;
-  }
-  CLUSTR_DEVICE const float* at(const float* base, int64_t b, int64_t h) const {
-    return base + b * batch + h * head;
-  }
+  CLUSTR_DEVICE T* at(int64_t b, int64_t h) const { return base + b * batch + h * head; }
 };
-Heads heads_of(const cpu::HeadStrides& s) { return {s.batch, s.head, s.row}; }
+template <class T>
+Heads<T> heads_of(T* base, const cpu::HeadStrides& s) {
+  return {base, s.batch, s.head, s.row};
+}
 
 // The rows of sequence b: keys j < length are valid, query rows i < live see a key (with N == S
 // and lengths the rows past the length are padding; with no valid key no row sees one).
@@ -114,74 +119,173 @@ CLUSTR_DEVICE void drop_pair(const Dropout& d, uint64_t idx, float& x0, float& x
   x0 = math::dropout_value(x0, word(w, k), d.p, d.scale);
   x1 = math::dropout_value(x1, w1, d.p, d.scale);
 }
-// The same for one element, returning its Philox word.
+// The Philox word of one element.
 CLUSTR_DEVICE uint32_t dropout_word(const Dropout& d, uint64_t idx) {
   return word(philox4x32(d.seed, d.offset + idx / 4), idx % 4);
 }
 
-// ---- tiles of bf16 rows in shared memory ----
-// A tile's rows are D + 8 elements apart: the 16 bytes of padding put the eight 16-byte rows
-// that one ldmatrix matrix reads in eight different groups of four banks.
-template <int D>
-struct Tile {
-  static constexpr int kStride = D + 8;
-  static constexpr size_t bytes(int rows) { return size_t(rows) * kStride * sizeof(uint16_t); }
+CLUSTR_DEVICE void zero(FragC& f) { f.x[0] = f.x[1] = f.x[2] = f.x[3] = 0.0f; }
 
-  // cp.async rows [0, rows) from src (row r at src + r D), rows >= valid zero-filled (their
-  // source is not read). Every thread of the block takes part; the copies join its open group.
-  static CLUSTR_DEVICE void load(const Thread& t, uint16_t* dst, const uint16_t* src, int rows,
-                                 int valid) {
-    constexpr int kChunks = D / 8;  // 16-byte chunks a row
-    for (int e = static_cast<int>(t.thread_idx().x); e < rows * kChunks; e += kThreads) {
-      const int r = e / kChunks, k = e % kChunks;
-      const bool ok = r < valid;
-      mma::cp_async16(t, dst + r * kStride + 8 * k, ok ? src + int64_t(r) * D + 8 * k : src,
-                      ok ? 16u : 0u);
-    }
-  }
-  // The A fragment of rows [r0, r0 + 16), columns [k0, k0 + 16).
-  static CLUSTR_DEVICE FragA a(const Thread& t, const uint16_t* tile, int r0, int k0) {
+// ---- the products' arithmetic ----
+// A policy gives the operand element in shared memory (Elem), the k of one mma (kK), the padding
+// of a tile's rows (kPad elements), the fragment types A and B, and
+//   a(t, tile, stride, r0, k0)       the A fragment of rows r0.., columns k0.. of a tile
+//   b_rows(t, b0, b1, tile, stride, n0, k0)   B fragments of n-tiles n0.. and n0 + 8.. for the
+//                                    k-step k0.., from a tile whose rows are n (B = tile^T)
+//   b_cols(t, b0, b1, tile, stride, k0, n0)   the same from a tile whose rows are k (B = tile)
+//   c_to_a(c, kk)                    k-step kk of a 16-row accumulator held as C fragments c[],
+//                                    as an A fragment: P and dS pass from one product to the
+//                                    next in registers
+//   mma(t, d, a, b)                  d += a b
+// b_cols is only ever paired with c_to_a (the A operand from registers), b_rows with a (from
+// shared memory); Tf32 numbers the k of such a pair its own way (below), which the sum ignores.
+
+// bf16 operands, m16n8k16. Rows of D + 8 elements: the 16 bytes of padding put the eight
+// 16-byte rows that one ldmatrix matrix reads in eight different groups of four banks.
+struct Bf16 {
+  using Elem = uint16_t;
+  using A = mma::FragA;
+  using B = mma::FragB;
+  static constexpr int kK = 16, kPad = 8;
+
+  static CLUSTR_DEVICE A a(const Thread& t, const Elem* tile, int stride, int r0, int k0) {
     const unsigned l = mma::lane(t);
-    FragA f;
-    mma::ldmatrix_x4(t, f.x, tile + (r0 + l % 16) * kStride + k0 + 8 * (l / 16));
+    A f;
+    mma::ldmatrix_x4(t, f.x, tile + (r0 + l % 16) * stride + k0 + 8 * (l / 16));
     return f;
   }
-  // The B fragments of n-tiles [n0, n0 + 8) and [n0 + 8, n0 + 16), k in [k0, k0 + 16), from a
-  // tile whose rows are n (B = tile^T: K in Q K^T, V in dO V^T, Q in K Q^T, dO in V dO^T).
-  static CLUSTR_DEVICE void b_of_rows(const Thread& t, FragB& b0, FragB& b1, const uint16_t* tile,
-                                      int n0, int k0) {
+  static CLUSTR_DEVICE void b_rows(const Thread& t, B& b0, B& b1, const Elem* tile, int stride,
+                                   int n0, int k0) {
     const unsigned l = mma::lane(t);
     uint32_t r[4];
-    mma::ldmatrix_x4(t, r, tile + (n0 + l % 8 + 8 * (l / 16)) * kStride + k0 + 8 * (l / 8 % 2));
+    mma::ldmatrix_x4(t, r, tile + (n0 + l % 8 + 8 * (l / 16)) * stride + k0 + 8 * (l / 8 % 2));
     b0 = {{r[0], r[1]}};
     b1 = {{r[2], r[3]}};
   }
-  // The same from a tile whose rows are k (B = tile: V in P V, dO in P^T dO, Q in dS^T Q, K in
-  // dS K): transposed on the way.
-  static CLUSTR_DEVICE void b_of_cols(const Thread& t, FragB& b0, FragB& b1, const uint16_t* tile,
-                                      int k0, int n0) {
+  static CLUSTR_DEVICE void b_cols(const Thread& t, B& b0, B& b1, const Elem* tile, int stride,
+                                   int k0, int n0) {
     const unsigned l = mma::lane(t);
     uint32_t r[4];
-    mma::ldmatrix_x4_trans(t, r, tile + (k0 + l % 16) * kStride + n0 + 8 * (l / 16));
+    mma::ldmatrix_x4_trans(t, r, tile + (k0 + l % 16) * stride + n0 + 8 * (l / 16));
     b0 = {{r[0], r[1]}};
     b1 = {{r[2], r[3]}};
+  }
+  // Columns [16 kk, 16 kk + 16): C tiles 2 kk and 2 kk + 1, rounded to bf16.
+  static CLUSTR_DEVICE A c_to_a(const FragC* c, int kk) {
+    const FragC &lo = c[2 * kk], &hi = c[2 * kk + 1];
+    return {{mma::pack_bf16(lo.x[0], lo.x[1]), mma::pack_bf16(lo.x[2], lo.x[3]),
+             mma::pack_bf16(hi.x[0], hi.x[1]), mma::pack_bf16(hi.x[2], hi.x[3])}};
+  }
+  static CLUSTR_DEVICE void mma(const Thread& t, FragC& d, const A& a, const B& b) {
+    mma::mma_bf16(t, d, a, b);
   }
 };
 
-// Columns [16 k, 16 k + 16) of a 16-row accumulator held as the C fragments lo (columns 16 k ..)
-// and hi (16 k + 8 ..), as the A fragment of the next product: the layouts line up, so P and dS
-// pass from one product to the next in registers, rounded to bf16.
-CLUSTR_DEVICE FragA c_to_a(const FragC& lo, const FragC& hi) {
-  return {{mma::pack_bf16(lo.x[0], lo.x[1]), mma::pack_bf16(lo.x[2], lo.x[3]),
-           mma::pack_bf16(hi.x[0], hi.x[1]), mma::pack_bf16(hi.x[2], hi.x[3])}};
-}
+// f32 operands through TF32, m16n8k8: kSplit sums three products of heads and tails (f32's
+// accuracy to about 2^-21 of each product), otherwise the heads' product alone (cuda::tf32()).
+// ldmatrix moves 16-bit pairs, so on f32 rows it gives lane (g, c) the float (g, c) of an 8 x 4
+// block: exactly the A and non-transposed B layouts. The transposed B (b_cols) is read float by
+// float; there, and in c_to_a, the k-step's k = c stands for column 2c and k = c + 4 for column
+// 2c + 1, which puts a C fragment's two columns straight into the A fragment (no shuffle).
+// Rows of D + 4 floats: eight rows 4 floats apart modulo the 32 banks.
+template <bool kSplit>
+struct Tf32 {
+  using Elem = float;
+  struct A {
+    mma::FragA8 hi, lo;
+  };
+  struct B {
+    mma::FragB8 hi, lo;
+  };
+  static constexpr int kK = 8, kPad = 4;
 
-CLUSTR_DEVICE void zero(FragC& f) { f.x[0] = f.x[1] = f.x[2] = f.x[3] = 0.0f; }
+  static CLUSTR_DEVICE void split(float x, uint32_t& hi, uint32_t& lo) {
+    hi = mma::to_tf32(x);
+    lo = kSplit ? mma::to_tf32(x - bits_float(hi)) : 0u;
+  }
+  static CLUSTR_DEVICE A a(const Thread& t, const Elem* tile, int stride, int r0, int k0) {
+    const unsigned l = mma::lane(t);
+    uint32_t r[4];
+    mma::ldmatrix_x4(t, r, tile + (r0 + l % 8 + 8 * (l / 8 % 2)) * stride + k0 + 4 * (l / 16));
+    A f;
+    for (int i = 0; i < 4; ++i) split(bits_float(r[i]), f.hi.x[i], f.lo.x[i]);
+    return f;
+  }
+  static CLUSTR_DEVICE void b_rows(const Thread& t, B& b0, B& b1, const Elem* tile, int stride,
+                                   int n0, int k0) {
+    const unsigned l = mma::lane(t);
+    uint32_t r[4];
+    mma::ldmatrix_x4(t, r, tile + (n0 + l % 8 + 8 * (l / 16)) * stride + k0 + 4 * (l / 8 % 2));
+    split(bits_float(r[0]), b0.hi.x[0], b0.lo.x[0]);
+    split(bits_float(r[1]), b0.hi.x[1], b0.lo.x[1]);
+    split(bits_float(r[2]), b1.hi.x[0], b1.lo.x[0]);
+    split(bits_float(r[3]), b1.hi.x[1], b1.lo.x[1]);
+  }
+  static CLUSTR_DEVICE void b_cols(const Thread& t, B& b0, B& b1, const Elem* tile, int stride,
+                                   int k0, int n0) {
+    const unsigned l = mma::lane(t), g = l / 4, c = l % 4;
+    const Elem* p = tile + (k0 + 2 * c) * stride + n0 + g;
+    split(p[0], b0.hi.x[0], b0.lo.x[0]);
+    split(p[stride], b0.hi.x[1], b0.lo.x[1]);
+    split(p[8], b1.hi.x[0], b1.lo.x[0]);
+    split(p[stride + 8], b1.hi.x[1], b1.lo.x[1]);
+  }
+  static CLUSTR_DEVICE A c_to_a(const FragC* c, int kk) {
+    const FragC& f = c[kk];
+    A a;
+    split(f.x[0], a.hi.x[0], a.lo.x[0]);  // (g, 2c): k = c
+    split(f.x[2], a.hi.x[1], a.lo.x[1]);  // (g + 8, 2c)
+    split(f.x[1], a.hi.x[2], a.lo.x[2]);  // (g, 2c + 1): k = c + 4
+    split(f.x[3], a.hi.x[3], a.lo.x[3]);  // (g + 8, 2c + 1)
+    return a;
+  }
+  static CLUSTR_DEVICE void mma(const Thread& t, FragC& d, const A& a, const B& b) {
+    if (kSplit) {  // the small terms first
+      mma::mma_tf32(t, d, a.lo, b.hi);
+      mma::mma_tf32(t, d, a.hi, b.lo);
+    }
+    mma::mma_tf32(t, d, a.hi, b.hi);
+  }
+};
 
-// What both directions read: the bf16 copies (contiguous heads) and the masks.
+// Shared-memory tiles of rows of D operand elements, kStride = D + kPad apart.
+template <class Math, int D>
+struct Tile {
+  using Elem = typename Math::Elem;
+  static constexpr int kStride = D + Math::kPad;
+  static constexpr size_t bytes(int rows) { return size_t(rows) * kStride * sizeof(Elem); }
+  // cp.async rows [0, rows) from src (row r at src + r src_row), rows >= valid zero-filled
+  // (their source is not read). Every thread of the block takes part; the copies join its open
+  // group.
+  static CLUSTR_DEVICE void load(const Thread& t, Elem* dst, const Elem* src, int64_t src_row,
+                                 int rows, int valid) {
+    constexpr int kPer = 16 / sizeof(Elem), kChunks = D / kPer;  // 16-byte chunks a row
+    for (int e = static_cast<int>(t.thread_idx().x); e < rows * kChunks; e += kThreads) {
+      const int r = e / kChunks, k = e % kChunks;
+      const bool ok = r < valid;
+      mma::cp_async16(t, dst + r * kStride + kPer * k, ok ? src + r * src_row + kPer * k : src,
+                      ok ? 16u : 0u);
+    }
+  }
+};
+
+// The tile sizes of a policy and head size. Forward: kMT 16-row tiles a warp (Bq = 64 kMT) and
+// key tiles of kBk. Backward: key blocks of 64 keys against query tiles of kBt, query blocks
+// of 64 rows against key tiles of kBt. Smaller tiles where the accumulators or the shared
+// memory (f32 rows are twice as long) would not fit.
+template <class Math, int D>
+struct Shape {
+  static constexpr bool kWide = sizeof(typename Math::Elem) == 4;
+  static constexpr int kMT = kWide || D == 128 ? 1 : 2;
+  static constexpr int kBk = kWide && D == 128 ? 32 : 64;
+  static constexpr int kBt = kWide && D == 128 ? 16 : kWide || D == 128 ? 32 : 64;
+};
+
+// What both directions read: the operands (bf16 copies or the f32 inputs) and the masks.
+template <class Elem>
 struct Operands {
-  const uint16_t *q, *k, *v;  // (B, H, N, D), (B, H, S, D), (B, H, S, D)
-  const int32_t* lengths;     // (B) or null
+  Heads<const Elem> q, k, v, o;  // o: dout (backward only)
+  const int32_t* lengths;        // (B) or null
   int64_t H, N, S;
   float scale_log2;  // temperature log2(e)
   bool causal;
@@ -190,17 +294,18 @@ struct Operands {
 
 // ---- forward ----
 
-template <int D, int kMT>
+template <class Math, int D>
 struct FlashForward {
   static constexpr bool kUsesBarrier = true;
-  static constexpr int kBq = 16 * kMT * kWarps, kBk = 64, kSteps = D / 16;
-  using T = Tile<D>;
+  using T = Tile<Math, D>;
+  using Elem = typename Math::Elem;
+  static constexpr int kMT = Shape<Math, D>::kMT, kBk = Shape<Math, D>::kBk;
+  static constexpr int kBq = 16 * kMT * kWarps, kSteps = D / Math::kK, kStride = T::kStride;
   static constexpr size_t kShared = T::bytes(kBq + 4 * kBk);  // Q, K x 2, V x 2
 
-  Operands a;
-  float* out;  // laid out as o says
-  Heads o;
-  float* lse;  // (B, H, N)
+  Operands<Elem> a;
+  Heads<float> out;
+  float* lse;        // (B, H, N)
   int64_t q_blocks;  // per (b, h)
 
   CLUSTR_DEVICE void operator()(const Thread& t) const {
@@ -211,31 +316,31 @@ struct FlashForward {
     const int live = static_cast<int>(max64(0, min64(sq.live - i0, rows)));
     const unsigned tid = t.thread_idx().x, l = mma::lane(t), w = mma::warp(t);
     const unsigned g = l / 4, c = l % 4;
-    float* out_head = o.at(out, b, h);
+    float* out_head = out.at(b, h);
     float* lse_head = lse + bh * a.N;
     if (live == 0) {  // no row of the block sees a key (the same for every thread)
       for (int e = static_cast<int>(tid); e < rows * D; e += kThreads)
-        out_head[(i0 + e / D) * o.row + e % D] = 0.0f;
+        out_head[(i0 + e / D) * out.row + e % D] = 0.0f;
       for (int r = static_cast<int>(tid); r < rows; r += kThreads) lse_head[i0 + r] = -INFINITY;
       return;
     }
     // The keys the block's last live row sees: the last row sees the most.
     const int64_t keys = math::attention_keys_seen(i0 + live - 1, sq.length, a.causal);
     const int tiles = static_cast<int>((keys + kBk - 1) / kBk);
-    uint16_t* sQ = t.shared<uint16_t>();
-    uint16_t* sK = sQ + kBq * T::kStride;
-    uint16_t* sV = sK + 2 * kBk * T::kStride;
-    const uint16_t* k_head = a.k + bh * a.S * D;
-    const uint16_t* v_head = a.v + bh * a.S * D;
-    T::load(t, sQ, a.q + (bh * a.N + i0) * D, kBq, rows);
-    T::load(t, sK, k_head, kBk, static_cast<int>(min64(kBk, keys)));
+    Elem* sQ = t.shared<Elem>();
+    Elem* sK = sQ + kBq * kStride;
+    Elem* sV = sK + 2 * kBk * kStride;
+    const Elem* k_head = a.k.at(b, h);
+    const Elem* v_head = a.v.at(b, h);
+    T::load(t, sQ, a.q.at(b, h) + i0 * a.q.row, a.q.row, kBq, rows);
+    T::load(t, sK, k_head, a.k.row, kBk, static_cast<int>(min64(kBk, keys)));
     mma::cp_async_commit(t);
 
-    FragA qf[kMT][kSteps];
     FragC acc[kMT][D / 8];
     float m[kMT][2], lsum[kMT][2];
     CLUSTR_UNROLL
     for (int mt = 0; mt < kMT; ++mt) {
+      CLUSTR_UNROLL
       for (int n = 0; n < D / 8; ++n) zero(acc[mt][n]);
       m[mt][0] = m[mt][1] = -INFINITY;
       lsum[mt][0] = lsum[mt][1] = 0.0f;
@@ -243,41 +348,40 @@ struct FlashForward {
     for (int j = 0; j < tiles; ++j) {
       const int64_t j0 = int64_t(j) * kBk;
       const int valid = static_cast<int>(min64(kBk, keys - j0));
-      const uint16_t* kt = sK + (j % 2) * kBk * T::kStride;
-      const uint16_t* vt = sV + (j % 2) * kBk * T::kStride;
-      T::load(t, sV + (j % 2) * kBk * T::kStride, v_head + j0 * D, kBk, valid);
+      const Elem* kt = sK + (j % 2) * kBk * kStride;
+      Elem* vt = sV + (j % 2) * kBk * kStride;
+      T::load(t, vt, v_head + j0 * a.v.row, a.v.row, kBk, valid);
       mma::cp_async_commit(t);
       mma::cp_async_wait<1>(t);  // Q and K_j are in; V_j may still be on its way
       t.sync();
-      if (j == 0) {
-        CLUSTR_UNROLL
-        for (int mt = 0; mt < kMT; ++mt)
-          CLUSTR_UNROLL
-          for (int kk = 0; kk < kSteps; ++kk)
-            qf[mt][kk] = T::a(t, sQ, (static_cast<int>(w) * kMT + mt) * 16, 16 * kk);
-      }
-      // S = Q K_j^T (16 kMT rows x 64 keys a warp).
+      // S = Q K_j^T (16 kMT rows x kBk keys a warp).
       FragC s[kMT][kBk / 8];
       CLUSTR_UNROLL
       for (int mt = 0; mt < kMT; ++mt)
+        CLUSTR_UNROLL
         for (int n = 0; n < kBk / 8; ++n) zero(s[mt][n]);
       CLUSTR_UNROLL
-      for (int kk = 0; kk < kSteps; ++kk)
+      for (int kk = 0; kk < kSteps; ++kk) {
+        typename Math::A qa[kMT];
+        CLUSTR_UNROLL
+        for (int mt = 0; mt < kMT; ++mt)
+          qa[mt] = Math::a(t, sQ, kStride, (static_cast<int>(w) * kMT + mt) * 16, Math::kK * kk);
         CLUSTR_UNROLL
         for (int np = 0; np < kBk / 16; ++np) {
-          FragB b0, b1;
-          T::b_of_rows(t, b0, b1, kt, 16 * np, 16 * kk);
+          typename Math::B b0, b1;
+          Math::b_rows(t, b0, b1, kt, kStride, 16 * np, Math::kK * kk);
           CLUSTR_UNROLL
           for (int mt = 0; mt < kMT; ++mt) {
-            mma::mma_bf16(t, s[mt][2 * np], qf[mt][kk], b0);
-            mma::mma_bf16(t, s[mt][2 * np + 1], qf[mt][kk], b1);
+            Math::mma(t, s[mt][2 * np], qa[mt], b0);
+            Math::mma(t, s[mt][2 * np + 1], qa[mt], b1);
           }
         }
+      }
       // K_{j+1} into the other buffer (read by S_{j-1}, which every warp finished before the
       // barrier above); an empty group when this is the last tile.
       if (j + 1 < tiles)
-        T::load(t, sK + ((j + 1) % 2) * kBk * T::kStride, k_head + (j0 + kBk) * D, kBk,
-                static_cast<int>(min64(kBk, keys - j0 - kBk)));
+        T::load(t, sK + ((j + 1) % 2) * kBk * kStride, k_head + (j0 + kBk) * a.k.row, a.k.row,
+                kBk, static_cast<int>(min64(kBk, keys - j0 - kBk)));
       mma::cp_async_commit(t);
       // Online softmax over this tile, each of the thread's rows g and g + 8 of each m-tile.
       CLUSTR_UNROLL
@@ -326,18 +430,18 @@ struct FlashForward {
       t.sync();
       // O += P V_j.
       CLUSTR_UNROLL
-      for (int kk = 0; kk < kBk / 16; ++kk) {
-        FragA p[kMT];
+      for (int kk = 0; kk < kBk / Math::kK; ++kk) {
+        typename Math::A p[kMT];
         CLUSTR_UNROLL
-        for (int mt = 0; mt < kMT; ++mt) p[mt] = c_to_a(s[mt][2 * kk], s[mt][2 * kk + 1]);
+        for (int mt = 0; mt < kMT; ++mt) p[mt] = Math::c_to_a(s[mt], kk);
         CLUSTR_UNROLL
         for (int np = 0; np < D / 16; ++np) {
-          FragB b0, b1;
-          T::b_of_cols(t, b0, b1, vt, 16 * kk, 16 * np);
+          typename Math::B b0, b1;
+          Math::b_cols(t, b0, b1, vt, kStride, Math::kK * kk, 16 * np);
           CLUSTR_UNROLL
           for (int mt = 0; mt < kMT; ++mt) {
-            mma::mma_bf16(t, acc[mt][2 * np], p[mt], b0);
-            mma::mma_bf16(t, acc[mt][2 * np + 1], p[mt], b1);
+            Math::mma(t, acc[mt][2 * np], p[mt], b0);
+            Math::mma(t, acc[mt][2 * np + 1], p[mt], b1);
           }
         }
       }
@@ -355,40 +459,35 @@ struct FlashForward {
         if (r >= rows) continue;
         const int64_t i = i0 + r;
         const float inv = total > 0.0f ? 1.0f / total : 0.0f;
-        float* row = out_head + i * o.row;
+        float* row = out_head + i * out.row;
         CLUSTR_UNROLL
         for (int n = 0; n < D / 8; ++n) {
           row[8 * n + 2 * c] = acc[mt][n].x[2 * hf] * inv;
           row[8 * n + 2 * c + 1] = acc[mt][n].x[2 * hf + 1] * inv;
         }
-        if (c == 0)
-          lse_head[i] = total > 0.0f ? m[mt][hf] * kLn2 + logf(total) : -INFINITY;
+        if (c == 0) lse_head[i] = total > 0.0f ? m[mt][hf] * kLn2 + logf(total) : -INFINITY;
       }
   }
 };
 
 // ---- backward ----
 
-template <int D>
+template <class Math, int D>
 struct FlashBackward {
   static constexpr bool kUsesBarrier = true;
-  using T = Tile<D>;
-  static constexpr int kSteps = D / 16;
-  // Key blocks: 64 keys (16 a warp) against query tiles of kBqt; query blocks: 64 rows (16 a
-  // warp) against key tiles of kBkt. D = 128 takes tiles of 32, which keeps a thread's
-  // accumulators within the register file.
-  static constexpr int kKeys = 64, kRows = 64, kBqt = D == 128 ? 32 : 64, kBkt = kBqt;
+  using T = Tile<Math, D>;
+  using Elem = typename Math::Elem;
+  static constexpr int kSteps = D / Math::kK, kStride = T::kStride;
+  static constexpr int kKeys = 64, kRows = 64, kBqt = Shape<Math, D>::kBt, kBkt = kBqt;
   static constexpr size_t kKeyShared =
       T::bytes(2 * kKeys + 4 * kBqt) + 4 * kBqt * sizeof(float);  // K, V, (Q, dO) x 2, lse, D
   static constexpr size_t kRowShared = T::bytes(2 * kRows + 4 * kBkt);  // Q, dO, (K, V) x 2
   static constexpr size_t kShared = kKeyShared > kRowShared ? kKeyShared : kRowShared;
 
-  Operands a;
-  const uint16_t* dout;  // bf16 (B, H, N, D)
-  const float* lse;      // (B, H, N)
-  const float* delta;    // D_i (B, H, N)
-  float *dq, *dk, *dv;
-  Heads q_heads, k_heads, v_heads;
+  Operands<Elem> a;
+  const float* lse;    // (B, H, N)
+  const float* delta;  // D_i (B, H, N)
+  Heads<float> dq, dk, dv;
   float temperature;
   int64_t key_blocks, row_blocks;  // per (b, h)
 
@@ -408,34 +507,34 @@ struct FlashBackward {
     const int key_rows = static_cast<int>(min64(kKeys, a.S - j0));
     const unsigned tid = t.thread_idx().x, l = mma::lane(t), w = mma::warp(t);
     const unsigned g = l / 4, c = l % 4;
-    float* dk_head = k_heads.at(dk, b, h);
-    float* dv_head = v_heads.at(dv, b, h);
+    float* dk_head = dk.at(b, h);
+    float* dv_head = dv.at(b, h);
     // Query tiles [first, last) can see these keys: from the tile of query j0 when causal.
     const int64_t first = a.causal ? j0 / kBqt : 0;
     const int64_t last = (sq.live + kBqt - 1) / kBqt;
     if (j0 >= sq.length || first >= last) {  // no query sees them: no gradient
       for (int e = static_cast<int>(tid); e < key_rows * D; e += kThreads) {
-        dk_head[(j0 + e / D) * k_heads.row + e % D] = 0.0f;
-        dv_head[(j0 + e / D) * v_heads.row + e % D] = 0.0f;
+        dk_head[(j0 + e / D) * dk.row + e % D] = 0.0f;
+        dv_head[(j0 + e / D) * dv.row + e % D] = 0.0f;
       }
       return;
     }
-    uint16_t* sK = t.shared<uint16_t>();
-    uint16_t* sV = sK + kKeys * T::kStride;
-    uint16_t* sQ = sV + kKeys * T::kStride;   // two buffers of kBqt rows
-    uint16_t* sO = sQ + 2 * kBqt * T::kStride;  // dO, two buffers
-    float* sL = reinterpret_cast<float*>(sO + 2 * kBqt * T::kStride);  // lse log2(e), two
-    float* sD = sL + 2 * kBqt;                                          // D, two
+    Elem* sK = t.shared<Elem>();
+    Elem* sV = sK + kKeys * kStride;
+    Elem* sQ = sV + kKeys * kStride;    // two buffers of kBqt rows
+    Elem* sO = sQ + 2 * kBqt * kStride;  // dO, two buffers
+    float* sL = reinterpret_cast<float*>(sO + 2 * kBqt * kStride);  // lse log2(e), two
+    float* sD = sL + 2 * kBqt;                                       // D, two
     const int valid_keys = static_cast<int>(min64(kKeys, sq.length - j0));
-    T::load(t, sK, a.k + (bh * a.S + j0) * D, kKeys, valid_keys);
-    T::load(t, sV, a.v + (bh * a.S + j0) * D, kKeys, valid_keys);
+    T::load(t, sK, a.k.at(b, h) + j0 * a.k.row, a.k.row, kKeys, valid_keys);
+    T::load(t, sV, a.v.at(b, h) + j0 * a.v.row, a.v.row, kKeys, valid_keys);
     // Query tile qt into buffer `buf`: rows, their lse (in base 2) and D; rows past live are
     // masked below, so what they hold does not matter (zeros).
     auto issue = [&](int64_t qt, int buf) {
       const int64_t i0 = qt * kBqt;
       const int n = static_cast<int>(min64(kBqt, a.N - i0));
-      T::load(t, sQ + buf * kBqt * T::kStride, a.q + (bh * a.N + i0) * D, kBqt, n);
-      T::load(t, sO + buf * kBqt * T::kStride, dout + (bh * a.N + i0) * D, kBqt, n);
+      T::load(t, sQ + buf * kBqt * kStride, a.q.at(b, h) + i0 * a.q.row, a.q.row, kBqt, n);
+      T::load(t, sO + buf * kBqt * kStride, a.o.at(b, h) + i0 * a.o.row, a.o.row, kBqt, n);
       for (int e = static_cast<int>(tid); e < kBqt; e += kThreads) {
         sL[buf * kBqt + e] = e < n ? lse[bh * a.N + i0 + e] * kLog2e : 0.0f;
         sD[buf * kBqt + e] = e < n ? delta[bh * a.N + i0 + e] : 0.0f;
@@ -458,8 +557,8 @@ struct FlashBackward {
         mma::cp_async_commit(t);
       mma::cp_async_wait<1>(t);
       t.sync();
-      const uint16_t* qtile = sQ + buf * kBqt * T::kStride;
-      const uint16_t* otile = sO + buf * kBqt * T::kStride;
+      const Elem* qtile = sQ + buf * kBqt * kStride;
+      const Elem* otile = sO + buf * kBqt * kStride;
       // S^T = K Q_i^T and dP^T = V dO_i^T (16 keys x kBqt queries a warp).
       FragC st[kBqt / 8], dpt[kBqt / 8];
       CLUSTR_UNROLL
@@ -469,16 +568,17 @@ struct FlashBackward {
       }
       CLUSTR_UNROLL
       for (int kk = 0; kk < kSteps; ++kk) {
-        const FragA ka = T::a(t, sK, r0, 16 * kk), va = T::a(t, sV, r0, 16 * kk);
+        const typename Math::A ka = Math::a(t, sK, kStride, r0, Math::kK * kk);
+        const typename Math::A va = Math::a(t, sV, kStride, r0, Math::kK * kk);
         CLUSTR_UNROLL
         for (int np = 0; np < kBqt / 16; ++np) {
-          FragB b0, b1;
-          T::b_of_rows(t, b0, b1, qtile, 16 * np, 16 * kk);
-          mma::mma_bf16(t, st[2 * np], ka, b0);
-          mma::mma_bf16(t, st[2 * np + 1], ka, b1);
-          T::b_of_rows(t, b0, b1, otile, 16 * np, 16 * kk);
-          mma::mma_bf16(t, dpt[2 * np], va, b0);
-          mma::mma_bf16(t, dpt[2 * np + 1], va, b1);
+          typename Math::B b0, b1;
+          Math::b_rows(t, b0, b1, qtile, kStride, 16 * np, Math::kK * kk);
+          Math::mma(t, st[2 * np], ka, b0);
+          Math::mma(t, st[2 * np + 1], ka, b1);
+          Math::b_rows(t, b0, b1, otile, kStride, 16 * np, Math::kK * kk);
+          Math::mma(t, dpt[2 * np], va, b0);
+          Math::mma(t, dpt[2 * np + 1], va, b1);
         }
       }
       // P^T, and dS^T = P^T (dP^T keep / (1 - p) - D); st becomes P^T keep / (1 - p).
@@ -491,7 +591,8 @@ struct FlashBackward {
           const int col = 8 * n + 2 * static_cast<int>(c) + x % 2;
           const int64_t i = i0 + col;
           const bool seen = i < sq.live && key < math::attention_keys_seen(i, sq.length, a.causal);
-          const float p = seen ? exp2_fast(st[n].x[x] * a.scale_log2 - sL[buf * kBqt + col]) : 0.0f;
+          const float p =
+              seen ? exp2_fast(st[n].x[x] * a.scale_log2 - sL[buf * kBqt + col]) : 0.0f;
           float pd = p, dp = dpt[n].x[x];
           if (a.drop.on()) {
             const uint32_t bits =
@@ -504,18 +605,17 @@ struct FlashBackward {
         }
       // dV += Pd^T dO_i, dK += dS^T Q_i.
       CLUSTR_UNROLL
-      for (int kk = 0; kk < kBqt / 16; ++kk) {
-        const FragA pa = c_to_a(st[2 * kk], st[2 * kk + 1]);
-        const FragA da = c_to_a(dpt[2 * kk], dpt[2 * kk + 1]);
+      for (int kk = 0; kk < kBqt / Math::kK; ++kk) {
+        const typename Math::A pa = Math::c_to_a(st, kk), da = Math::c_to_a(dpt, kk);
         CLUSTR_UNROLL
         for (int np = 0; np < D / 16; ++np) {
-          FragB b0, b1;
-          T::b_of_cols(t, b0, b1, otile, 16 * kk, 16 * np);
-          mma::mma_bf16(t, dv_acc[2 * np], pa, b0);
-          mma::mma_bf16(t, dv_acc[2 * np + 1], pa, b1);
-          T::b_of_cols(t, b0, b1, qtile, 16 * kk, 16 * np);
-          mma::mma_bf16(t, dk_acc[2 * np], da, b0);
-          mma::mma_bf16(t, dk_acc[2 * np + 1], da, b1);
+          typename Math::B b0, b1;
+          Math::b_cols(t, b0, b1, otile, kStride, Math::kK * kk, 16 * np);
+          Math::mma(t, dv_acc[2 * np], pa, b0);
+          Math::mma(t, dv_acc[2 * np + 1], pa, b1);
+          Math::b_cols(t, b0, b1, qtile, kStride, Math::kK * kk, 16 * np);
+          Math::mma(t, dk_acc[2 * np], da, b0);
+          Math::mma(t, dk_acc[2 * np + 1], da, b1);
         }
       }
       t.sync();  // every warp is done with this buffer before the next round refills it
@@ -525,8 +625,8 @@ struct FlashBackward {
     for (int x = 0; x < 4; x += 2) {
       const int key = r0 + static_cast<int>(g) + 8 * (x / 2);
       if (key >= key_rows) continue;
-      float* krow = dk_head + (j0 + key) * k_heads.row;
-      float* vrow = dv_head + (j0 + key) * v_heads.row;
+      float* krow = dk_head + (j0 + key) * dk.row;
+      float* vrow = dv_head + (j0 + key) * dv.row;
       CLUSTR_UNROLL
       for (int n = 0; n < D / 8; ++n) {
         krow[8 * n + 2 * c] = dk_acc[n].x[x] * temperature;
@@ -545,27 +645,27 @@ struct FlashBackward {
     const int live = static_cast<int>(max64(0, min64(sq.live - i0, rows)));
     const unsigned tid = t.thread_idx().x, l = mma::lane(t), w = mma::warp(t);
     const unsigned g = l / 4, c = l % 4;
-    float* dq_head = q_heads.at(dq, b, h);
+    float* dq_head = dq.at(b, h);
     if (live == 0) {
       for (int e = static_cast<int>(tid); e < rows * D; e += kThreads)
-        dq_head[(i0 + e / D) * q_heads.row + e % D] = 0.0f;
+        dq_head[(i0 + e / D) * dq.row + e % D] = 0.0f;
       return;
     }
     const int64_t keys = math::attention_keys_seen(i0 + live - 1, sq.length, a.causal);
     const int tiles = static_cast<int>((keys + kBkt - 1) / kBkt);
-    uint16_t* sQ = t.shared<uint16_t>();
-    uint16_t* sO = sQ + kRows * T::kStride;
-    uint16_t* sK = sO + kRows * T::kStride;  // two buffers of kBkt rows
-    uint16_t* sV = sK + 2 * kBkt * T::kStride;
-    const uint16_t* k_head = a.k + bh * a.S * D;
-    const uint16_t* v_head = a.v + bh * a.S * D;
-    T::load(t, sQ, a.q + (bh * a.N + i0) * D, kRows, rows);
-    T::load(t, sO, dout + (bh * a.N + i0) * D, kRows, rows);
+    Elem* sQ = t.shared<Elem>();
+    Elem* sO = sQ + kRows * kStride;
+    Elem* sK = sO + kRows * kStride;  // two buffers of kBkt rows
+    Elem* sV = sK + 2 * kBkt * kStride;
+    const Elem* k_head = a.k.at(b, h);
+    const Elem* v_head = a.v.at(b, h);
+    T::load(t, sQ, a.q.at(b, h) + i0 * a.q.row, a.q.row, kRows, rows);
+    T::load(t, sO, a.o.at(b, h) + i0 * a.o.row, a.o.row, kRows, rows);
     auto issue = [&](int jt, int buf) {
       const int64_t j0 = int64_t(jt) * kBkt;
       const int valid = static_cast<int>(min64(kBkt, keys - j0));
-      T::load(t, sK + buf * kBkt * T::kStride, k_head + j0 * D, kBkt, valid);
-      T::load(t, sV + buf * kBkt * T::kStride, v_head + j0 * D, kBkt, valid);
+      T::load(t, sK + buf * kBkt * kStride, k_head + j0 * a.k.row, a.k.row, kBkt, valid);
+      T::load(t, sV + buf * kBkt * kStride, v_head + j0 * a.v.row, a.v.row, kBkt, valid);
       mma::cp_async_commit(t);
     };
     issue(0, 0);
@@ -581,7 +681,6 @@ struct FlashBackward {
       lse2[hf] = r < live ? lse[bh * a.N + i] * kLog2e : 0.0f;
       dd[hf] = r < live ? delta[bh * a.N + i] : 0.0f;
     }
-    FragA qf[kSteps], of[kSteps];
     FragC acc[D / 8];
     CLUSTR_UNROLL
     for (int n = 0; n < D / 8; ++n) zero(acc[n]);
@@ -593,15 +692,8 @@ struct FlashBackward {
         mma::cp_async_commit(t);
       mma::cp_async_wait<1>(t);
       t.sync();
-      if (jt == 0) {
-        CLUSTR_UNROLL
-        for (int kk = 0; kk < kSteps; ++kk) {
-          qf[kk] = T::a(t, sQ, r0, 16 * kk);
-          of[kk] = T::a(t, sO, r0, 16 * kk);
-        }
-      }
-      const uint16_t* ktile = sK + buf * kBkt * T::kStride;
-      const uint16_t* vtile = sV + buf * kBkt * T::kStride;
+      const Elem* ktile = sK + buf * kBkt * kStride;
+      const Elem* vtile = sV + buf * kBkt * kStride;
       FragC s[kBkt / 8], dp[kBkt / 8];
       CLUSTR_UNROLL
       for (int n = 0; n < kBkt / 8; ++n) {
@@ -609,17 +701,20 @@ struct FlashBackward {
         zero(dp[n]);
       }
       CLUSTR_UNROLL
-      for (int kk = 0; kk < kSteps; ++kk)
+      for (int kk = 0; kk < kSteps; ++kk) {
+        const typename Math::A qa = Math::a(t, sQ, kStride, r0, Math::kK * kk);
+        const typename Math::A oa = Math::a(t, sO, kStride, r0, Math::kK * kk);
         CLUSTR_UNROLL
         for (int np = 0; np < kBkt / 16; ++np) {
-          FragB b0, b1;
-          T::b_of_rows(t, b0, b1, ktile, 16 * np, 16 * kk);
-          mma::mma_bf16(t, s[2 * np], qf[kk], b0);
-          mma::mma_bf16(t, s[2 * np + 1], qf[kk], b1);
-          T::b_of_rows(t, b0, b1, vtile, 16 * np, 16 * kk);
-          mma::mma_bf16(t, dp[2 * np], of[kk], b0);
-          mma::mma_bf16(t, dp[2 * np + 1], of[kk], b1);
+          typename Math::B b0, b1;
+          Math::b_rows(t, b0, b1, ktile, kStride, 16 * np, Math::kK * kk);
+          Math::mma(t, s[2 * np], qa, b0);
+          Math::mma(t, s[2 * np + 1], qa, b1);
+          Math::b_rows(t, b0, b1, vtile, kStride, 16 * np, Math::kK * kk);
+          Math::mma(t, dp[2 * np], oa, b0);
+          Math::mma(t, dp[2 * np + 1], oa, b1);
         }
+      }
       // dS = P (dP keep / (1 - p) - D), into s.
       const int64_t j0 = int64_t(jt) * kBkt;
       CLUSTR_UNROLL
@@ -627,30 +722,30 @@ struct FlashBackward {
         CLUSTR_UNROLL
         for (int hf = 0; hf < 2; ++hf) {
           const int64_t key = j0 + 8 * n + 2 * c;
-          float p[2], g2[2];
+          float p[2], d2[2];
           CLUSTR_UNROLL
           for (int e = 0; e < 2; ++e) {
             p[e] = key + e < seen[hf] ? exp2_fast(s[n].x[2 * hf + e] * a.scale_log2 - lse2[hf])
                                       : 0.0f;
-            g2[e] = dp[n].x[2 * hf + e];
+            d2[e] = dp[n].x[2 * hf + e];
           }
           if (a.drop.on()) {
             const int64_t i = i0 + r0 + g + 8 * hf;
-            drop_pair(a.drop, math::attention_dropout_index(bh, a.N, i, a.S, key), g2[0], g2[1]);
+            drop_pair(a.drop, math::attention_dropout_index(bh, a.N, i, a.S, key), d2[0], d2[1]);
           }
           CLUSTR_UNROLL
-          for (int e = 0; e < 2; ++e) s[n].x[2 * hf + e] = math::softmax_dx(p[e], g2[e], dd[hf]);
+          for (int e = 0; e < 2; ++e) s[n].x[2 * hf + e] = math::softmax_dx(p[e], d2[e], dd[hf]);
         }
       // dQ += dS K_j.
       CLUSTR_UNROLL
-      for (int kk = 0; kk < kBkt / 16; ++kk) {
-        const FragA da = c_to_a(s[2 * kk], s[2 * kk + 1]);
+      for (int kk = 0; kk < kBkt / Math::kK; ++kk) {
+        const typename Math::A da = Math::c_to_a(s, kk);
         CLUSTR_UNROLL
         for (int np = 0; np < D / 16; ++np) {
-          FragB b0, b1;
-          T::b_of_cols(t, b0, b1, ktile, 16 * kk, 16 * np);
-          mma::mma_bf16(t, acc[2 * np], da, b0);
-          mma::mma_bf16(t, acc[2 * np + 1], da, b1);
+          typename Math::B b0, b1;
+          Math::b_cols(t, b0, b1, ktile, kStride, Math::kK * kk, 16 * np);
+          Math::mma(t, acc[2 * np], da, b0);
+          Math::mma(t, acc[2 * np + 1], da, b1);
         }
       }
       t.sync();  // every warp is done with this buffer before the next round refills it
@@ -660,7 +755,7 @@ struct FlashBackward {
     for (int hf = 0; hf < 2; ++hf) {
       const int r = r0 + static_cast<int>(g) + 8 * hf;
       if (r >= rows) continue;
-      float* row = dq_head + (i0 + r) * q_heads.row;
+      float* row = dq_head + (i0 + r) * dq.row;
       CLUSTR_UNROLL
       for (int n = 0; n < D / 8; ++n) {
         row[8 * n + 2 * c] = acc[n].x[2 * hf] * temperature;
@@ -670,32 +765,30 @@ struct FlashBackward {
   }
 };
 
-// ---- the bf16 copies (and D) ----
+// ---- the bf16 copies and D ----
 
 // Up to four f32 tensors of heads (laid out as their Heads say) into contiguous bf16 heads,
 // four elements a thread at a time; with out and dout, also D_i = dout_i . out_i (in double,
 // one row a thread) for every row of (B, H, N). One grid-stride loop over all of it.
 struct Prepare {
   static constexpr bool kUsesBarrier = false;
-  const float* src[4];
-  Heads heads[4];
+  Heads<const float> src[4];
   uint16_t* dst[4];
   int64_t rows[4];  // per head: N or S
   int count;
-  int64_t B, H, D;
-  const float *out, *dout;  // null: no D
-  Heads o;
+  int64_t B, H, D, N;
+  Heads<const float> out, dout;  // out.base null: no D
   float* delta;
   CLUSTR_DEVICE void operator()(const Thread& t) const {
     const int64_t per_row = D / 4;
     int64_t total = 0;
     for (int k = 0; k < count; ++k) total += B * H * rows[k] * per_row;
-    const int64_t n_rows = out ? B * H * rows[0] : 0;
+    const int64_t n_rows = out.base ? B * H * N : 0;
     for (int64_t e = global_x(t); e < total + n_rows; e += grid_stride_x(t)) {
       if (e >= total) {  // D of row (bh, i)
-        const int64_t row = e - total, bh = row / rows[0], i = row % rows[0];
-        const float* x = o.at(out, bh / H, bh % H) + i * o.row;
-        const float* y = o.at(dout, bh / H, bh % H) + i * o.row;
+        const int64_t row = e - total, bh = row / N, i = row % N;
+        const float* x = out.at(bh / H, bh % H) + i * out.row;
+        const float* y = dout.at(bh / H, bh % H) + i * dout.row;
         double acc = 0.0;
         for (int64_t m = 0; m < D; ++m) acc += double(x[m]) * y[m];
         delta[row] = static_cast<float>(acc);
@@ -705,45 +798,84 @@ struct Prepare {
       int k = 0;
       while (u >= B * H * rows[k] * per_row) u -= B * H * rows[k++] * per_row;
       const int64_t chunk = u % per_row, row = u / per_row, i = row % rows[k], bh = row / rows[k];
-      const float* x = heads[k].at(src[k], bh / H, bh % H) + i * heads[k].row + 4 * chunk;
+      const float* x = src[k].at(bh / H, bh % H) + i * src[k].row + 4 * chunk;
       uint16_t* y = dst[k] + row * D + 4 * chunk;
       for (int m = 0; m < 4; ++m) y[m] = float_to_bf16(x[m]);
     }
   }
 };
 
-// The kernels' shapes for a head size: the forward's m-tiles a warp (Bq = 64 kMT).
-constexpr int forward_tiles(int D) { return D == 128 ? 1 : 2; }
-
-template <int D>
-constexpr size_t forward_shared() {
-  return FlashForward<D, forward_tiles(D)>::kShared;
-}
-
-// Offsets (in bf16 elements) of the copies in the workspace: Q, K, V (and dO), each a multiple
-// of 32 elements, so every copy starts 64-byte aligned.
-struct Copies {
+// The workspace: the bf16 copies of Q, K, V (and dO), each a multiple of 32 elements, so every
+// copy starts 64-byte aligned, then D.
+struct Workspace {
   uint16_t *q, *k, *v, *o;
   float* delta;
 };
-Copies copies_in(float* workspace, const FullAttentionDims& d, bool backward) {
-  auto* base = reinterpret_cast<uint16_t*>(workspace);
+Workspace workspace_of(float* base, const FullAttentionDims& d, bool bf16, bool backward) {
   const int64_t nq = d.B * d.H * d.N * d.E, nk = d.B * d.H * d.S * d.E;
-  Copies c;
-  c.q = base;
-  c.k = c.q + nq;
-  c.v = c.k + nk;
-  c.o = backward ? c.v + nk : nullptr;
-  c.delta = backward ? reinterpret_cast<float*>(c.o + nq) : nullptr;
-  return c;
+  Workspace w{};
+  auto* h = reinterpret_cast<uint16_t*>(base);
+  if (bf16) {
+    w.q = h;
+    w.k = w.q + nq;
+    w.v = w.k + nk;
+    w.o = backward ? w.v + nk : nullptr;
+    h = w.v + nk + (backward ? nq : 0);
+  }
+  w.delta = backward ? reinterpret_cast<float*>(h) : nullptr;
+  return w;
 }
 
-Operands operands_of(const FullAttentionDims& d, const FullAttentionParams& p,
-                     const int32_t* lengths, const Copies& c) {
-  Operands a;
-  a.q = c.q;
-  a.k = c.k;
-  a.v = c.v;
+// The f32 operands as the kernels read them, in place.
+struct Inputs {
+  const float *q, *k, *v, *o;  // o: dout
+};
+
+// The launch before the kernels: the bf16 copies (bf16) and D (backward); none for a forward in
+// f32.
+void prepare(const char* name, const FullAttentionDims& d, const FullAttentionLayout& lay,
+             const Workspace& w, const Inputs& in, const float* out) {
+  Prepare k{};
+  const int count = w.q == nullptr ? 0 : in.o ? 4 : 3;
+  if (count == 0 && out == nullptr) return;
+  const float* src[4] = {in.q, in.k, in.v, in.o};
+  const cpu::HeadStrides strides[4] = {lay.q, lay.k, lay.v, lay.o};
+  uint16_t* dst[4] = {w.q, w.k, w.v, w.o};
+  const int64_t rows[4] = {d.N, d.S, d.S, d.N};
+  for (int i = 0; i < 4; ++i) {
+    k.src[i] = heads_of(src[i], strides[i]);
+    k.dst[i] = dst[i];
+    k.rows[i] = rows[i];
+  }
+  k.count = count;
+  k.B = d.B, k.H = d.H, k.D = d.E, k.N = d.N;
+  k.out = heads_of(out, lay.o);
+  k.dout = heads_of(in.o, lay.o);
+  k.delta = w.delta;
+  int64_t work = out ? d.B * d.H * d.N : 0;
+  for (int i = 0; i < count; ++i) work += d.B * d.H * rows[i] * d.E / 4;
+  launch(name, {elementwise_blocks(work)}, {kElementwiseThreads}, 0, k);
+}
+
+template <class Math>
+Operands<typename Math::Elem> operands_of(const FullAttentionDims& d,
+                                          const FullAttentionLayout& lay,
+                                          const FullAttentionParams& p, const int32_t* lengths,
+                                          const Workspace& w, const Inputs& in) {
+  Operands<typename Math::Elem> a;
+  if constexpr (sizeof(typename Math::Elem) == 2) {  // the contiguous bf16 copies
+    const cpu::HeadStrides qs = cpu::heads_contiguous(d.H, d.N, d.E);
+    const cpu::HeadStrides ks = cpu::heads_contiguous(d.H, d.S, d.E);
+    a.q = heads_of<const uint16_t>(w.q, qs);
+    a.k = heads_of<const uint16_t>(w.k, ks);
+    a.v = heads_of<const uint16_t>(w.v, ks);
+    a.o = heads_of<const uint16_t>(w.o, qs);
+  } else {  // the f32 inputs in place
+    a.q = heads_of(in.q, lay.q);
+    a.k = heads_of(in.k, lay.k);
+    a.v = heads_of(in.v, lay.v);
+    a.o = heads_of(in.o, lay.o);
+  }
   a.lengths = lengths;
   a.H = d.H;
   a.N = d.N;
@@ -754,88 +886,129 @@ Operands operands_of(const FullAttentionDims& d, const FullAttentionParams& p,
   return a;
 }
 
-void prepare(const char* name, const FullAttentionDims& d, const FullAttentionLayout& lay,
-             const Copies& c, const float* Q, const float* K, const float* V, const float* out,
-             const float* dout) {
-  Prepare k{};
-  k.src[0] = Q, k.src[1] = K, k.src[2] = V, k.src[3] = dout;
-  k.heads[0] = heads_of(lay.q), k.heads[1] = heads_of(lay.k), k.heads[2] = heads_of(lay.v);
-  k.heads[3] = heads_of(lay.o);
-  k.dst[0] = c.q, k.dst[1] = c.k, k.dst[2] = c.v, k.dst[3] = c.o;
-  k.rows[0] = d.N, k.rows[1] = d.S, k.rows[2] = d.S, k.rows[3] = d.N;
-  k.count = dout ? 4 : 3;
-  k.B = d.B, k.H = d.H, k.D = d.E;
-  k.out = out, k.dout = dout, k.o = heads_of(lay.o), k.delta = c.delta;
-  const int64_t work = d.B * d.H * ((2 * d.N + 2 * d.S) * d.E / 4 + d.N);
-  launch(name, {elementwise_blocks(work)}, {kElementwiseThreads}, 0, k);
-}
-
-template <int D>
-void forward_for(const FullAttentionDims& d, const FullAttentionLayout& lay, const Operands& a,
-                 float* out, float* logsumexp) {
-  using K = FlashForward<D, forward_tiles(D)>;
+template <class Math, int D>
+void forward_for(const FullAttentionDims& d, const FullAttentionLayout& lay,
+                 const Operands<typename Math::Elem>& a, float* out, float* logsumexp) {
+  using K = FlashForward<Math, D>;
   const int64_t q_blocks = (d.N + K::kBq - 1) / K::kBq;
   launch("cuda::flash_attention_forward", {static_cast<unsigned>(d.B * d.H * q_blocks)},
-         {kThreads}, K::kShared, K{a, out, heads_of(lay.o), logsumexp, q_blocks});
+         {kThreads}, K::kShared, K{a, heads_of(out, lay.o), logsumexp, q_blocks});
 }
 
-template <int D>
-void backward_for(const FullAttentionDims& d, const FullAttentionLayout& lay, const Operands& a,
-                  const Copies& c, const float* logsumexp, float* dQ, float* dK, float* dV,
-                  float temperature) {
-  using K = FlashBackward<D>;
+template <class Math, int D>
+void backward_for(const FullAttentionDims& d, const FullAttentionLayout& lay,
+                  const Operands<typename Math::Elem>& a, const Workspace& w,
+                  const float* logsumexp, float* dQ, float* dK, float* dV, float temperature) {
+  using K = FlashBackward<Math, D>;
   const int64_t key_blocks = (d.S + K::kKeys - 1) / K::kKeys;
   const int64_t row_blocks = (d.N + K::kRows - 1) / K::kRows;
   launch("cuda::flash_attention_backward",
          {static_cast<unsigned>(d.B * d.H * (key_blocks + row_blocks))}, {kThreads}, K::kShared,
-         K{a, c.o, logsumexp, c.delta, dQ, dK, dV, heads_of(lay.q), heads_of(lay.k),
-           heads_of(lay.v), temperature, key_blocks, row_blocks});
+         K{a, logsumexp, w.delta, heads_of(dQ, lay.q), heads_of(dK, lay.k), heads_of(dV, lay.v),
+           temperature, key_blocks, row_blocks});
 }
 
-size_t shared_needed(int64_t D) {
-  switch (D) {
-    case 32: return forward_shared<32>() > FlashBackward<32>::kShared ? forward_shared<32>()
-                                                                       : FlashBackward<32>::kShared;
-    case 64: return forward_shared<64>() > FlashBackward<64>::kShared ? forward_shared<64>()
-                                                                       : FlashBackward<64>::kShared;
-    default: return forward_shared<128>() > FlashBackward<128>::kShared
-                        ? forward_shared<128>()
-                        : FlashBackward<128>::kShared;
+// Calls f.template operator()<Math, D>() for the call's policy and head size.
+template <class F>
+auto dispatch(const FullAttentionDims& d, const FullAttentionParams& p, F f) {
+  auto by_size = [&](auto math) {
+    using Math = decltype(math);
+    switch (d.E) {
+      case 32: return f.template operator()<Math, 32>();
+      case 64: return f.template operator()<Math, 64>();
+      default: return f.template operator()<Math, 128>();
+    }
+  };
+  if (p.bf16) return by_size(Bf16{});
+  if (tf32()) return by_size(Tf32<false>{});
+  return by_size(Tf32<true>{});
+}
+
+// The most shared memory a block of the call's kernels takes.
+struct SharedNeeded {
+  template <class Math, int D>
+  size_t operator()() const {
+    const size_t f = FlashForward<Math, D>::kShared, b = FlashBackward<Math, D>::kShared;
+    return f > b ? f : b;
   }
+};
+
+// The kernels of one call, for dispatch.
+struct ForwardRun {
+  const FullAttentionDims& d;
+  const FullAttentionLayout& lay;
+  const FullAttentionParams& p;
+  const int32_t* lengths;
+  const Workspace& w;
+  const Inputs& in;
+  float *out, *logsumexp;
+  template <class Math, int D>
+  void operator()() const {
+    forward_for<Math, D>(d, lay, operands_of<Math>(d, lay, p, lengths, w, in), out, logsumexp);
+  }
+};
+struct BackwardRun {
+  const FullAttentionDims& d;
+  const FullAttentionLayout& lay;
+  const FullAttentionParams& p;
+  const int32_t* lengths;
+  const Workspace& w;
+  const Inputs& in;
+  const float* logsumexp;
+  float *dQ, *dK, *dV;
+  template <class Math, int D>
+  void operator()() const {
+    backward_for<Math, D>(d, lay, operands_of<Math>(d, lay, p, lengths, w, in), w, logsumexp, dQ,
+                          dK, dV, p.temperature);
+  }
+};
+
+bool aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+bool rows_aligned(const cpu::HeadStrides& s) {
+  return s.batch % 4 == 0 && s.head % 4 == 0 && s.row % 4 == 0;
 }
 
 }  // namespace
 
-bool flash_attention_applies(const FullAttentionDims& d, const FullAttentionParams& p) {
-  if (!p.bf16 || d.E != d.M || (d.E != 32 && d.E != 64 && d.E != 128)) return false;
+bool flash_attention_applies(const FullAttentionDims& d, const FullAttentionLayout& lay,
+                             const FullAttentionParams& p,
+                             std::initializer_list<const float*> tensors) {
+  if (d.E != d.M || (d.E != 32 && d.E != 64 && d.E != 128)) return false;
   if (d.N < 1 || d.S < 1 || !available()) return false;
+  // The f32 kernels copy the operands' rows in place with 16-byte cp.async.
+  if (!p.bf16) {
+    for (const float* t : tensors)
+      if (!aligned(t)) return false;
+    if (!rows_aligned(lay.q) || !rows_aligned(lay.k) || !rows_aligned(lay.v) ||
+        !rows_aligned(lay.o))
+      return false;
+  }
   const DeviceInfo& info = device_info();
   // The grids are 1-D: (b, h, block) in x, below 2^31.
   const int64_t blocks = d.B * d.H * ((d.N + 63) / 64 + (d.S + 63) / 64 + 1);
-  return info.capability >= 80 && info.max_shared_per_block >= shared_needed(d.E) &&
-         blocks < (int64_t(1) << 31);
+  return info.capability >= 80 && blocks < (int64_t(1) << 31) &&
+         info.max_shared_per_block >= dispatch(d, p, SharedNeeded{});
 }
 
-int64_t flash_attention_forward_workspace(const FullAttentionDims& d) {
-  return (d.B * d.H * (d.N + 2 * d.S) * d.E + 1) / 2;
+int64_t flash_attention_forward_workspace(const FullAttentionDims& d,
+                                          const FullAttentionParams& p) {
+  return p.bf16 ? (d.B * d.H * (d.N + 2 * d.S) * d.E + 1) / 2 : 0;
 }
-int64_t flash_attention_backward_workspace(const FullAttentionDims& d) {
-  return d.B * d.H * (d.N + d.S) * d.E + d.B * d.H * d.N;
+int64_t flash_attention_backward_workspace(const FullAttentionDims& d,
+                                           const FullAttentionParams& p) {
+  return (p.bf16 ? d.B * d.H * (d.N + d.S) * d.E : 0) + d.B * d.H * d.N;
 }
 
 void flash_attention_forward(const FullAttentionDims& d, const FullAttentionLayout& lay,
                              const FullAttentionParams& p, const int32_t* lengths, const float* Q,
                              const float* K, const float* V, float* out, float* logsumexp,
                              float* workspace) {
-  CLUSTR_CHECK(flash_attention_applies(d, p), "cuda::flash_attention_forward: not for this call");
-  const Copies c = copies_in(workspace, d, false);
-  prepare("cuda::flash_attention_forward (bf16 copies)", d, lay, c, Q, K, V, nullptr, nullptr);
-  const Operands a = operands_of(d, p, lengths, c);
-  switch (d.E) {
-    case 32: return forward_for<32>(d, lay, a, out, logsumexp);
-    case 64: return forward_for<64>(d, lay, a, out, logsumexp);
-    default: return forward_for<128>(d, lay, a, out, logsumexp);
-  }
+  CLUSTR_CHECK(flash_attention_applies(d, lay, p, {Q, K, V, out}),
+               "cuda::flash_attention_forward: not for this call");
+  const Workspace w = workspace_of(workspace, d, p.bf16, false);
+  const Inputs in{Q, K, V, nullptr};
+  prepare("cuda::flash_attention_forward (bf16 copies)", d, lay, w, in, nullptr);
+  dispatch(d, p, ForwardRun{d, lay, p, lengths, w, in, out, logsumexp});
 }
 
 void flash_attention_backward(const FullAttentionDims& d, const FullAttentionLayout& lay,
@@ -843,16 +1016,12 @@ void flash_attention_backward(const FullAttentionDims& d, const FullAttentionLay
                               const float* Q, const float* K, const float* V, const float* out,
                               const float* logsumexp, const float* dout, float* dQ, float* dK,
                               float* dV, float* workspace) {
-  CLUSTR_CHECK(flash_attention_applies(d, p),
+  CLUSTR_CHECK(flash_attention_applies(d, lay, p, {Q, K, V, out, dout, dQ, dK, dV}),
                "cuda::flash_attention_backward: not for this call");
-  const Copies c = copies_in(workspace, d, true);
-  prepare("cuda::flash_attention_backward (bf16 copies, D)", d, lay, c, Q, K, V, out, dout);
-  const Operands a = operands_of(d, p, lengths, c);
-  switch (d.E) {
-    case 32: return backward_for<32>(d, lay, a, c, logsumexp, dQ, dK, dV, p.temperature);
-    case 64: return backward_for<64>(d, lay, a, c, logsumexp, dQ, dK, dV, p.temperature);
-    default: return backward_for<128>(d, lay, a, c, logsumexp, dQ, dK, dV, p.temperature);
-  }
+  const Workspace w = workspace_of(workspace, d, p.bf16, true);
+  const Inputs in{Q, K, V, dout};
+  prepare("cuda::flash_attention_backward (bf16 copies, D)", d, lay, w, in, out);
+  dispatch(d, p, BackwardRun{d, lay, p, lengths, w, in, logsumexp, dQ, dK, dV});
 }
 
 }  // namespace clustr::cuda

@@ -30,13 +30,17 @@ void cuda::full_attention_backward(const cpu::FullAttentionDims&, const cpu::Ful
 }
 
 // cuda/flash.h
-bool cuda::flash_attention_applies(const cpu::FullAttentionDims&, const cpu::FullAttentionParams&) {
+bool cuda::flash_attention_applies(const cpu::FullAttentionDims&, const cpu::FullAttentionLayout&,
+                                   const cpu::FullAttentionParams&,
+                                   std::initializer_list<const float*>) {
   no_backend("cuda::flash_attention_applies");
 }
-int64_t cuda::flash_attention_forward_workspace(const cpu::FullAttentionDims&) {
+int64_t cuda::flash_attention_forward_workspace(const cpu::FullAttentionDims&,
+                                                const cpu::FullAttentionParams&) {
   no_backend("cuda::flash_attention_forward_workspace");
 }
-int64_t cuda::flash_attention_backward_workspace(const cpu::FullAttentionDims&) {
+int64_t cuda::flash_attention_backward_workspace(const cpu::FullAttentionDims&,
+                                                 const cpu::FullAttentionParams&) {
   no_backend("cuda::flash_attention_backward_workspace");
 }
 void cuda::flash_attention_forward(const cpu::FullAttentionDims&, const cpu::FullAttentionLayout&,
