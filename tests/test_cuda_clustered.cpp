@@ -36,6 +36,7 @@
 #include "autograd/variable.h"
 #include "check.h"
 #include "cuda_check.h"
+#include "core/cuda/cuda.h"
 #include "core/parallel.h"
 #include "core/random.h"
 #include "core/tensor.h"
@@ -310,8 +311,33 @@ TEST_CASE("cuda clustering: the same seed gives the cpu's assignment on awkward 
   check_clustering({2, 2, 129, 5, 1, 16, 3, {}}, 6);          // C = 1
   check_clustering({1, 1, 300, 8, 25, 7, 0, {}}, 7);          // few bits: ties; L = 0
   check_clustering({2, 1, 17, 6, 4, 63, 10, {17, 9}, true}, 8);  // identical queries
-  // More clusters than one pass of the device's shared-memory tally holds (184 at 63 bits).
+  // More clusters than one pass of the device's shared-memory tally holds (177 at 63 bits).
   check_clustering({2, 1, 600, 8, 200, 63, 10, {600, 450}}, 9);
+}
+
+TEST_CASE("cuda clustering: past one block's chunk of queries, Lloyd's rounds run over many "
+          "blocks, and the seeding over many warps, with the cpu's result") {
+  // N > 1024 (cuda/clustering.cu's kLloydChunk): a round is an assign + tally launch over every
+  // chunk of every pair and a vote launch per pair; the seeding's block has up to 32 warps.
+  check_clustering({2, 1, 2500, 8, 30, 63, 10, {2500, 1700}}, 21);
+  check_clustering({1, 2, 1500, 8, 200, 63, 4, {}}, 22);  // the tally in passes of 177
+  check_clustering({1, 1, 1100, 4, 12, 7, 0, {}}, 23);    // few bits, L = 0: assign only
+}
+
+TEST_CASE("cuda clustering: the launches do not grow with B, H or N") {
+  // Hashing 2, seeding 1, Lloyd 1 (a pair's queries in one block) or 2 a round (past it).
+  auto launches = [](int64_t B, int64_t H, int64_t N, int iterations) {
+    const Tensor Q = random_tensor({B, H, N, 4}, 31).to(Device::cuda);
+    clustr::Generator g(5);
+    const clustr::cuda::LaunchCounts before = clustr::cuda::launch_counts();
+    clustr::cluster_queries(Q, Tensor(), {10, 63, iterations}, g);
+    const clustr::cuda::LaunchCounts after = clustr::cuda::launch_counts();
+    CHECK(after.blas == before.blas);
+    return after.kernels - before.kernels;
+  };
+  CHECK(launches(1, 1, 50, 10) == launches(3, 2, 1000, 10));
+  CHECK(launches(1, 1, 1500, 10) == launches(2, 3, 4000, 10));
+  CHECK(launches(1, 1, 1500, 10) <= 3 + 2 * 11);
 }
 
 TEST_CASE("cuda clustered attention: forward and backward match the cpu") {

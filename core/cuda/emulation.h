@@ -163,8 +163,9 @@ void block_sync(Fibers* block, SyncSite site);
 
 // t.shfl_xor(v, m): the value v of lane (lane ^ m) of the caller's warp (32 consecutive
 // threads), exchanged at a warp barrier that all 32 lanes reach at the same call (a block
-// whose size is not a multiple of 32, or a lane missing, is an error naming the kernel).
-float warp_shfl_xor(Fibers* block, float v, unsigned lane_mask, SyncSite site);
+// whose size is not a multiple of 32, or a lane missing, is an error naming the kernel). The
+// value travels as its bits (any type of up to 8 bytes).
+uint64_t warp_shfl_xor(Fibers* block, uint64_t v, unsigned lane_mask, SyncSite site);
 
 // The order in which the launcher runs a grid's blocks and a block's threads (see the top of
 // the file): forward (thread and block order), reverse, or a seeded pseudo-random order drawn

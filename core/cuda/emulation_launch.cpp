@@ -528,14 +528,14 @@ class Fibers {
   // alternate between two sets from one shuffle to the next, so a lane that runs ahead to its
   // next shuffle never overwrites a value its partner has still to read (it cannot run two
   // ahead: the next shuffle waits for the partner). A shuffle orders no memory (as on a GPU).
-  CLUSTR_NO_TSAN float shfl_xor(float v, unsigned lane_mask, SyncSite site) {
+  CLUSTR_NO_TSAN uint64_t shfl_xor(uint64_t v, unsigned lane_mask, SyncSite site) {
     const unsigned id = current_;
     Fiber& f = fibers_[id];
     if (fibers_.size() % kWarp != 0 || lane_mask >= kWarp)
       throw Error(detail::cat("kernel '", l_.name, "': a shuffle needs whole warps of ", kWarp,
                               " lanes and a lane mask below ", kWarp, " (block of ",
                               fibers_.size(), " threads, mask ", lane_mask, ")"));
-    float* slots = lanes_.data() + (f.shuffles++ % 2) * fibers_.size();
+    uint64_t* slots = lanes_.data() + (f.shuffles++ % 2) * fibers_.size();
     slots[id] = v;
     f.complete = nullptr;
     wait(f, kWarpWaiting, site);
@@ -679,7 +679,7 @@ class Fibers {
   uint64_t launch_ = 0;
   std::vector<unsigned> order_;
   std::vector<char> runnable_;  // the fibers the next round resumes
-  std::vector<float> lanes_;    // two sets of exchange slots for shuffles
+  std::vector<uint64_t> lanes_;  // two sets of exchange slots for shuffles (a value's bits)
 
  public:
   // ThreadSanitizer's synchronization objects (their addresses) and the host's own fiber.
@@ -696,7 +696,7 @@ void shared_memory(Fibers* block, unsigned char** begin, size_t* bytes) {
   block->shared_memory(begin, bytes);
 }
 std::string running_thread(Fibers* block) { return block->running_thread(); }
-float warp_shfl_xor(Fibers* block, float v, unsigned lane_mask, SyncSite site) {
+uint64_t warp_shfl_xor(Fibers* block, uint64_t v, unsigned lane_mask, SyncSite site) {
   return block->shfl_xor(v, lane_mask, site);
 }
 

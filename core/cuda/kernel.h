@@ -23,7 +23,8 @@
 //                          t.sync(), so no warp shuffles are needed)
 //   block_exclusive_sum(t, v, scratch) the sum of v over the threads before this one
 //   block_span(t, n)       this thread's contiguous share [begin, end) of n items
-//   t.shfl_xor(v, m)       __shfl_xor_sync over the full warp: the float v of lane (lane ^ m)
+//   t.shfl_xor(v, m)       __shfl_xor_sync over the full warp: the value v (a float or an
+//                          integer of 4 or 8 bytes) of lane (lane ^ m)
 //                          of this thread's warp (lanes: 32 consecutive threads of the block);
 //                          every lane calls it, in a block whose size is a multiple of 32
 //   warp_reduce(t, v, op)  op over the warp's 32 values, the same in every lane (a butterfly
@@ -74,7 +75,8 @@ struct Thread {
     return reinterpret_cast<T*>(clustr_dynamic_shared);
   }
   CLUSTR_DEVICE void sync() const { __syncthreads(); }
-  CLUSTR_DEVICE float shfl_xor(float v, unsigned lane_mask) const {
+  template <class T>
+  CLUSTR_DEVICE T shfl_xor(T v, unsigned lane_mask) const {
     return __shfl_xor_sync(0xffffffffu, v, static_cast<int>(lane_mask));
   }
 };
@@ -138,10 +140,16 @@ struct Thread {
   }
   // The warp's lanes exchange their values at a warp barrier (the emulator checks that all 32
   // lanes take part, at the same call).
-  float shfl_xor(float v, unsigned lane_mask, const char* file = __builtin_FILE(),
-                 unsigned line = __builtin_LINE()) const {
+  template <class T>
+  T shfl_xor(T v, unsigned lane_mask, const char* file = __builtin_FILE(),
+             unsigned line = __builtin_LINE()) const {
+    static_assert(sizeof(T) <= sizeof(uint64_t), "a shuffle moves at most 8 bytes");
     if (fibers_ == nullptr) emulation::sync_without_barrier(kernel_);
-    return emulation::warp_shfl_xor(fibers_, v, lane_mask, {file, line});
+    uint64_t bits = 0;
+    __builtin_memcpy(&bits, &v, sizeof v);
+    bits = emulation::warp_shfl_xor(fibers_, bits, lane_mask, {file, line});
+    __builtin_memcpy(&v, &bits, sizeof v);
+    return v;
   }
 };
 
@@ -250,8 +258,8 @@ CLUSTR_DEVICE int block_exclusive_sum(const Thread& t, int v, int* scratch) {
 
 // op over the 32 values of this thread's warp, in every lane: five shuffle rounds (lane i with
 // lane i ^ 16, then ^ 8, ...), so every lane combines the same values in the same order.
-template <class Op>
-CLUSTR_DEVICE float warp_reduce(const Thread& t, float v, Op op) {
+template <class T, class Op>
+CLUSTR_DEVICE T warp_reduce(const Thread& t, T v, Op op) {
   for (unsigned m = 16; m > 0; m /= 2) v = op(v, t.shfl_xor(v, m));
   return v;
 }
