@@ -396,6 +396,10 @@ TEST_CASE("cuda improved clustered attention: forward and backward match the cpu
   AttnCase t{1, 2, 17, 23, 4, 6, 3, {}};
   t.temperature = 0.7f;
   check_improved(t, 4, 68);
+  // More than 32 clusters (the key gradients look them up 32 at a time), and top-k rows too
+  // wide for shared memory (cuda/improved_clustered.cu's kStageBytes: read in place).
+  check_improved({1, 2, 150, 120, 8, 8, 40, {}}, 6, 75);
+  check_improved({1, 1, 60, 300, 40, 40, 5, {}}, 300, 76);
 }
 
 TEST_CASE("cuda improved clustered attention: ties in Ac pick the cpu's keys") {

@@ -160,6 +160,8 @@ struct SyncSite {
 
 // t.sync(): the calling thread waits until every thread of its block has arrived.
 void block_sync(Fibers* block, SyncSite site);
+// t.sync_warp(): the same for the 32 lanes of the caller's warp (__syncwarp).
+void warp_sync(Fibers* block, SyncSite site);
 
 // t.shfl_xor(v, m): the value v of lane (lane ^ m) of the caller's warp (32 consecutive
 // threads), exchanged at a warp barrier that all 32 lanes reach at the same call (a block

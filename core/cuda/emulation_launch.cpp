@@ -379,7 +379,8 @@ class Fibers {
         shared_(l.shared_bytes),
         sched_order_(sched),
         launch_(launch),
-        lanes_(2 * size_t(n)) {
+        lanes_(2 * size_t(n)),
+        warp_sync_(n / kWarp + 1) {
     auto& cache = stack_cache();
     while (cache.size() < (team + 1) * size_t(n)) cache.emplace_back(new char[kFiberStack]);
     for (unsigned id = 0; id < n; ++id) {
@@ -428,6 +429,20 @@ class Fibers {
     tsan_release(&barrier_sync_);
     wait(fibers_[current_], kWaiting, site);
     tsan_acquire(&barrier_sync_);  // every thread of the block has released it by now
+  }
+
+  // t.sync_warp() of the running fiber: a barrier of its warp's 32 lanes (at one site), which
+  // orders their memory accesses as __syncwarp does.
+  CLUSTR_NO_TSAN void sync_warp(SyncSite site) {
+    if (fibers_.size() % kWarp != 0)
+      throw Error(detail::cat("kernel '", l_.name, "': t.sync_warp() needs whole warps of ",
+                              kWarp, " lanes (block of ", fibers_.size(), " threads)"));
+    Fiber& f = fibers_[current_];
+    char* order = &warp_sync_[current_ / kWarp];
+    tsan_release(order);
+    f.complete = nullptr;
+    wait(f, kWarpWaiting, site);
+    tsan_acquire(order);  // every lane of the warp has released it by now
   }
 
  private:
@@ -680,6 +695,7 @@ class Fibers {
   std::vector<unsigned> order_;
   std::vector<char> runnable_;  // the fibers the next round resumes
   std::vector<uint64_t> lanes_;  // two sets of exchange slots for shuffles (a value's bits)
+  std::vector<char> warp_sync_;  // ThreadSanitizer's synchronization object of each warp
 
  public:
   // ThreadSanitizer's synchronization objects (their addresses) and the host's own fiber.
@@ -688,6 +704,7 @@ class Fibers {
 };
 
 void block_sync(Fibers* block, SyncSite site) { block->sync(site); }
+void warp_sync(Fibers* block, SyncSite site) { block->sync_warp(site); }
 void warp_instruction(Fibers* block, void* record, WarpComplete complete, SyncSite site) {
   block->warp_instruction(record, complete, site);
 }

@@ -17,6 +17,8 @@
 //   t.thread_idx(), t.block_idx(), t.block_dim(), t.grid_dim()   threadIdx, blockIdx, ... (Dim3)
 //   t.shared<T>()          the block's dynamic shared memory (shared_bytes of the launch)
 //   t.sync()               block barrier, __syncthreads(); only when kUsesBarrier is true
+//   t.sync_warp()          the barrier of this thread's warp, __syncwarp() (every lane calls it,
+//                          in a block whose size is a multiple of 32; kUsesBarrier true)
 //   (and, for sm_80 and later, the tensor-core instructions of core/cuda/mma.h)
 //   atomic_add(p, v)       atomicAdd on a float or an int32 in global or shared memory
 //   block_reduce(t, v, scratch, op)   a reduction over the block (built on shared memory and
@@ -75,6 +77,7 @@ struct Thread {
     return reinterpret_cast<T*>(clustr_dynamic_shared);
   }
   CLUSTR_DEVICE void sync() const { __syncthreads(); }
+  CLUSTR_DEVICE void sync_warp() const { __syncwarp(); }
   template <class T>
   CLUSTR_DEVICE T shfl_xor(T v, unsigned lane_mask) const {
     return __shfl_xor_sync(0xffffffffu, v, static_cast<int>(lane_mask));
@@ -137,6 +140,10 @@ struct Thread {
   void sync(const char* file = __builtin_FILE(), unsigned line = __builtin_LINE()) const {
     if (fibers_ == nullptr) emulation::sync_without_barrier(kernel_);
     emulation::block_sync(fibers_, {file, line});
+  }
+  void sync_warp(const char* file = __builtin_FILE(), unsigned line = __builtin_LINE()) const {
+    if (fibers_ == nullptr) emulation::sync_without_barrier(kernel_);
+    emulation::warp_sync(fibers_, {file, line});
   }
   // The warp's lanes exchange their values at a warp barrier (the emulator checks that all 32
   // lanes take part, at the same call).

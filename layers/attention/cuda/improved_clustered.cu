@@ -158,139 +158,227 @@ struct RemainderKernel {
   }
 };
 
-// P (kk) = softmax over c of t q . K[T[c]] (the exact member weights on T_j, eq. 11), kk >= 1;
-// every thread of the block calls it. Ends with a barrier.
-CLUSTR_DEVICE void member_weights(const Thread& t, const float* q, const float* k,
-                                  const int32_t* T, int64_t kk, int64_t E, float temperature,
-                                  float* P) {
-  const unsigned tid = t.thread_idx().x, nt = t.block_dim().x;
-  for (int64_t c = tid; c < kk; c += nt) {
-    const float* kr = k + static_cast<int64_t>(T[c]) * E;
+// ---- the members' exact part (eq. 11's first term), one block of kWarps warps per cluster ----
+// Each warp takes the cluster's members in turn (warp w the members w, w + kWarps, ... in query
+// order); a member's kk scores are a lane per key, their softmax a warp's reductions, and its
+// output row a lane per column. The cluster's rows of K and V (its top-k set T_j) are read from
+// shared memory when they fit (staged once for all members), else in place through T_j.
+
+constexpr int kMemberWarps = 4;
+constexpr unsigned kMemberThreads = 32 * kMemberWarps;
+constexpr size_t kStageBytes = 32 * 1024;  // the most shared memory the staged rows take
+
+struct MaxFloat {
+  CLUSTR_HD float operator()(float a, float b) const { return math::Maximum{}(a, b); }
+};
+
+// Whether a call's top-k rows of K and V are staged in shared memory, and its bytes: rows of
+// E + 1 and M + 1 floats (lanes reading 32 rows at one column hit 32 different banks).
+bool staged(int64_t kw, int64_t E, int64_t M) {
+  return static_cast<size_t>(kw * (E + 1 + M + 1)) * sizeof(float) <= kStageBytes;
+}
+size_t stage_bytes(int64_t kw, int64_t E, int64_t M) {
+  return staged(kw, E, M) ? static_cast<size_t>(kw * (E + 1 + M + 1)) * sizeof(float) : 0;
+}
+
+// The rows of K and V that a cluster's members read: row c of T_j, staged or in place.
+struct TopkRows {
+  const float *k, *v;  // the staged rows, or the pair's K and V
+  int64_t k_stride, v_stride;
+  const int32_t* T;
+  bool staged;
+  CLUSTR_DEVICE const float* krow(int64_t c) const {
+    return k + (staged ? c : static_cast<int64_t>(T[c])) * k_stride;
+  }
+  CLUSTR_DEVICE const float* vrow(int64_t c) const {
+    return v + (staged ? c : static_cast<int64_t>(T[c])) * v_stride;
+  }
+};
+
+// The cluster's top-k rows (kk of them), copied into shared memory when `stage` (every thread
+// of the block takes part; ends with a barrier), else read in place.
+CLUSTR_DEVICE TopkRows topk_rows(const Thread& t, bool stage, const float* K, const float* V,
+                                 const int32_t* T, int64_t kk, int64_t E, int64_t M) {
+  if (!stage) return {K, V, E, M, T, false};
+  float* sk = t.shared<float>();
+  float* sv = sk + kk * (E + 1);
+  for (int64_t x = t.thread_idx().x; x < kk * E; x += t.block_dim().x)
+    sk[x / E * (E + 1) + x % E] = K[static_cast<int64_t>(T[x / E]) * E + x % E];
+  for (int64_t x = t.thread_idx().x; x < kk * M; x += t.block_dim().x)
+    sv[x / M * (M + 1) + x % M] = V[static_cast<int64_t>(T[x / M]) * M + x % M];
+  t.sync();
+  return {sk, sv, E + 1, M + 1, T, true};
+}
+
+// P (kk, a row of global scratch) = softmax over c of t q . krow(c) (the exact member weights
+// on T_j, eq. 11), kk >= 1, computed by one warp (a lane per key); the warp's lanes see P after
+// the closing t.sync_warp().
+CLUSTR_DEVICE void member_weights(const Thread& t, const float* q, const TopkRows& rows,
+                                  int64_t kk, int64_t E, float temperature, float* P) {
+  const unsigned lane = t.thread_idx().x % 32;
+  float mx = -INFINITY;
+  for (int64_t c = lane; c < kk; c += 32) {
+    const float* kr = rows.krow(c);
     float dot = 0.0f;
     for (int64_t e = 0; e < E; ++e) dot += q[e] * kr[e];
     P[c] = temperature * dot;
+    mx = math::Maximum{}(mx, P[c]);
   }
-  t.sync();
-  float mx = P[0];
-  for (int64_t c = tid; c < kk; c += nt) mx = math::Maximum{}(mx, P[c]);
-  mx = block_reduce(t, mx, t.shared<float>(), math::Maximum{});
+  mx = warp_reduce(t, mx, MaxFloat{});
   double acc = 0.0;
-  for (int64_t c = tid; c < kk; c += nt) {
+  for (int64_t c = lane; c < kk; c += 32) {
     P[c] = math::exp(P[c] - mx);
     acc += P[c];
   }
-  const float inv =
-      1.0f / static_cast<float>(block_reduce(t, acc, t.shared<double>(), AddDouble{}));
-  for (int64_t c = tid; c < kk; c += nt) P[c] *= inv;
-  t.sync();
+  const float inv = 1.0f / static_cast<float>(warp_reduce(t, acc, AddDouble{}));
+  for (int64_t c = lane; c < kk; c += 32) P[c] *= inv;
 }
 
-// eq. 11 for each query, one CUDA block per row (pair bh, query i), striding over the rows:
-// out_i = m_j (P_i D_i / (1 - p)) V_T + rc_j; 0 for padded queries and when L = 0. pw (kw) of
-// the row holds P_i.
+// The Philox word of element x of a member's dropout mask (improved_clustered.h).
+CLUSTR_DEVICE uint32_t mask_word(const Dropout& d, uint64_t x) {
+  const Philox4 w = philox4x32(d.seed, d.offset + x / 4);
+  const uint64_t k = x % 4;
+  return k == 0 ? w.v[0] : k == 1 ? w.v[1] : k == 2 ? w.v[2] : w.v[3];
+}
+
+// Rows of padded queries (assignment -1), zeroed by the first cluster's block of each pair
+// (no cluster holds them): y (B, H, N, w) and, when not null, rowdot (B, H, N).
+CLUSTR_DEVICE void zero_padded(const Thread& t, const int32_t* assignment, int64_t bh, int64_t N,
+                               float* y, int64_t w, float* rowdot) {
+  for (int64_t x = t.thread_idx().x; x < N * w; x += t.block_dim().x) {
+    const int64_t row = bh * N + x / w;
+    if (assignment[row] >= 0) continue;
+    y[row * w + x % w] = 0.0f;
+    if (rowdot && x % w == 0) rowdot[row] = 0.0f;
+  }
+}
+
+// eq. 11 for the members of one cluster, one block per (pair bh, cluster j) = block bh C + j:
+// out_i = m_j (P_i D_i / (1 - p)) V_T + rc_j; members of a sequence without keys get 0 (and
+// padded queries, by the pair's first block). pw (kw) of each member's row holds P_i.
 struct MemberForwardKernel {
   static constexpr bool kUsesBarrier = true;
   const float *Q, *K, *V, *rc, *mass;
-  const int32_t *assignment, *tk, *lengths;
+  const int32_t *assignment, *count, *start, *order, *tk, *lengths;
   float* pw;
   float* out;
-  int64_t rows_, H, N, S, E, M, C, kw, BHCS;
+  int64_t H, N, S, E, M, C, kw, BHCS;
   float temperature;
+  bool stage;
   Dropout drop;
   CLUSTR_DEVICE void operator()(const Thread& t) const {
-    const unsigned tid = t.thread_idx().x, nt = t.block_dim().x;
-    for (int64_t row = t.block_idx().x; row < rows_; row += t.grid_dim().x) {
-      const int64_t bh = row / N;
-      const int32_t j = assignment[row];
-      float* o = out + row * M;
-      if (j < 0 || keys_of(lengths, bh, H, S) == 0) {  // the same for the whole block
-        for (int64_t e = tid; e < M; e += nt) o[e] = 0.0f;
-        continue;
-      }
-      const int64_t cl = bh * C + j;
-      const int32_t* T = tk + cl * kw;
-      const int64_t kk = topk_size(T, kw);
+    const unsigned lane = t.thread_idx().x % 32, w = t.thread_idx().x / 32;
+    const int64_t cl = t.block_idx().x, bh = cl / C, j = cl % C;
+    if (j == 0) zero_padded(t, assignment, bh, N, out, M, nullptr);
+    const int64_t n = count[cl], L = keys_of(lengths, bh, H, S);
+    const int32_t* members = order + bh * N + start[bh * (C + 1) + j];
+    if (n == 0) return;  // the same for the whole block
+    if (L == 0) {
+      for (int64_t x = t.thread_idx().x; x < n * M; x += t.block_dim().x)
+        out[(bh * N + members[x / M]) * M + x % M] = 0.0f;
+      return;
+    }
+    const int32_t* T = tk + cl * kw;
+    const int64_t kk = topk_size(T, kw);
+    const TopkRows rows = topk_rows(t, stage, K + bh * S * E, V + bh * S * M, T, kk, E, M);
+    const float m = mass[cl];
+    for (int64_t r = w; r < n; r += kMemberWarps) {
+      const int64_t row = bh * N + members[r];
       float* P = pw + row * kw;
-      member_weights(t, Q + row * E, K + bh * S * E, T, kk, E, temperature, P);
-      if (drop.on()) {
-        const float p = drop.p, scale = drop.scale;
-        for_each_word(t, drop, member_mask(BHCS, kw, row), kk, [&](int64_t c, uint32_t word) {
-          P[c] = math::dropout_value(P[c], word, p, scale);
-        });
-        t.sync();
-      }
-      const float* v = V + bh * S * M;
-      const float m = mass[cl];
-      for (int64_t e = tid; e < M; e += nt) {
+      member_weights(t, Q + row * E, rows, kk, E, temperature, P);
+      if (drop.on())
+        for (int64_t c = lane; c < kk; c += 32)
+          P[c] = math::dropout_value(P[c], mask_word(drop, member_mask(BHCS, kw, row) + c),
+                                     drop.p, drop.scale);
+      t.sync_warp();  // P whole before the lanes read it by column
+      float* o = out + row * M;
+      for (int64_t e = lane; e < M; e += 32) {
         float acc = 0.0f;
-        for (int64_t c = 0; c < kk; ++c) acc += P[c] * v[static_cast<int64_t>(T[c]) * M + e];
+        for (int64_t c = 0; c < kk; ++c) acc += P[c] * rows.vrow(c)[e];
         o[e] = m * acc + rc[cl * M + e];
       }
-      t.sync();  // P is reused by the block's next row
     }
   }
 };
 
-// The exact part of eq. 11's backward for each query, one CUDA block per row (pair bh, query
-// i): P_i again, G_i[c] = dO_i . V[T[c]], with dropout pv = P D r and G = G D r, then
-// rowdot_i = P_i . G_i, dZ_i = m_j P_i (G_i - rowdot_i) (in gw) and dQ_i = t dZ_i K_T (=); 0 rows
-// for padded queries and when L = 0.
+// The exact part of eq. 11's backward for the members of one cluster, one block per (pair bh,
+// cluster j): per member (a warp each) P_i again, G_i[c] = dO_i . V[T[c]], with dropout
+// pv = P D r and G = G D r, then rowdot_i = P_i . G_i, dZ_i = m_j P_i (G_i - rowdot_i) (in gw)
+// and dQ_i = t dZ_i K_T (=); 0 rows for members of a sequence without keys (and padded queries,
+// by the pair's first block). Then, the members done, the cluster's share of dK_T and dV_T:
+// dkt (B, H, C, kw, E) = t sum_{i in j} dZ_i[c] q_i and dvt (B, H, C, kw, M) = m_j sum_{i in j}
+// pv_i[c] dO_i, the members in query order (a thread per element), which KeyGradKernel adds up
+// per key.
 struct MemberBackwardKernel {
   static constexpr bool kUsesBarrier = true;
   const float *Q, *K, *V, *dout, *mass;
-  const int32_t *assignment, *tk, *lengths;
-  float *pw, *gw, *pv, *rowdot, *dQ;
-  int64_t rows_, H, N, S, E, M, C, kw, BHCS;
+  const int32_t *assignment, *count, *start, *order, *tk, *lengths;
+  float *pw, *gw, *pv, *rowdot, *dQ, *dkt, *dvt;
+  int64_t H, N, S, E, M, C, kw, BHCS;
   float temperature;
+  bool stage;
   Dropout drop;
   CLUSTR_DEVICE void operator()(const Thread& t) const {
-    const unsigned tid = t.thread_idx().x, nt = t.block_dim().x;
-    for (int64_t row = t.block_idx().x; row < rows_; row += t.grid_dim().x) {
-      const int64_t bh = row / N;
-      const int32_t j = assignment[row];
-      float* dq = dQ + row * E;
-      if (j < 0 || keys_of(lengths, bh, H, S) == 0) {  // the same for the whole block
-        for (int64_t e = tid; e < E; e += nt) dq[e] = 0.0f;
-        if (tid == 0) rowdot[row] = 0.0f;
-        continue;
+    const unsigned tid = t.thread_idx().x, lane = tid % 32, w = tid / 32, nt = t.block_dim().x;
+    const int64_t cl = t.block_idx().x, bh = cl / C, j = cl % C;
+    if (j == 0) zero_padded(t, assignment, bh, N, dQ, E, rowdot);
+    const int64_t n = count[cl], L = keys_of(lengths, bh, H, S);
+    const int32_t* members = order + bh * N + start[bh * (C + 1) + j];
+    if (n == 0) return;  // the same for the whole block
+    if (L == 0) {
+      for (int64_t x = tid; x < n * E; x += nt) {
+        const int64_t row = bh * N + members[x / E];
+        dQ[row * E + x % E] = 0.0f;
+        if (x % E == 0) rowdot[row] = 0.0f;
       }
-      const int64_t cl = bh * C + j;
-      const int32_t* T = tk + cl * kw;
-      const int64_t kk = topk_size(T, kw);
-      const float* k = K + bh * S * E;
-      const float* v = V + bh * S * M;
-      const float* go = dout + row * M;
+      return;
+    }
+    const int32_t* T = tk + cl * kw;
+    const int64_t kk = topk_size(T, kw);
+    const TopkRows rows = topk_rows(t, stage, K + bh * S * E, V + bh * S * M, T, kk, E, M);
+    const float m = mass[cl];
+    for (int64_t r = w; r < n; r += kMemberWarps) {
+      const int64_t row = bh * N + members[r];
       float *P = pw + row * kw, *G = gw + row * kw;
-      member_weights(t, Q + row * E, k, T, kk, E, temperature, P);
-      for (int64_t c = tid; c < kk; c += nt) {
-        const float* vr = v + static_cast<int64_t>(T[c]) * M;
+      member_weights(t, Q + row * E, rows, kk, E, temperature, P);
+      const float* go = dout + row * M;
+      double acc = 0.0;
+      for (int64_t c = lane; c < kk; c += 32) {
+        const float* vr = rows.vrow(c);
         float dot = 0.0f;
         for (int64_t e = 0; e < M; ++e) dot += go[e] * vr[e];
-        G[c] = dot;
+        float g = dot;
+        if (drop.on()) {
+          const uint32_t word = mask_word(drop, member_mask(BHCS, kw, row) + c);
+          pv[row * kw + c] = math::dropout_value(P[c], word, drop.p, drop.scale);
+          g = math::dropout_value(g, word, drop.p, drop.scale);
+        }
+        acc += double(P[c]) * g;
+        G[c] = g;
       }
-      t.sync();
-      if (drop.on()) {
-        float* Pd = pv + row * kw;
-        const float p = drop.p, scale = drop.scale;
-        for_each_word(t, drop, member_mask(BHCS, kw, row), kk, [&](int64_t c, uint32_t word) {
-          Pd[c] = math::dropout_value(P[c], word, p, scale);
-          G[c] = math::dropout_value(G[c], word, p, scale);
-        });
-        t.sync();
-      }
-      double acc = 0.0;
-      for (int64_t c = tid; c < kk; c += nt) acc += double(P[c]) * G[c];
-      const float dot = static_cast<float>(block_reduce(t, acc, t.shared<double>(), AddDouble{}));
-      if (tid == 0) rowdot[row] = dot;
-      const float m = mass[cl];
-      for (int64_t c = tid; c < kk; c += nt) G[c] = m * P[c] * (G[c] - dot);
-      t.sync();
-      for (int64_t e = tid; e < E; e += nt) {
+      const float dot = static_cast<float>(warp_reduce(t, acc, AddDouble{}));
+      if (lane == 0) rowdot[row] = dot;
+      for (int64_t c = lane; c < kk; c += 32) G[c] = m * P[c] * (G[c] - dot);
+      t.sync_warp();  // dZ whole before the lanes read it by column
+      for (int64_t e = lane; e < E; e += 32) {
         float acc_e = 0.0f;
-        for (int64_t c = 0; c < kk; ++c) acc_e += G[c] * k[static_cast<int64_t>(T[c]) * E + e];
-        dq[e] = temperature * acc_e;
+        for (int64_t c = 0; c < kk; ++c) acc_e += G[c] * rows.krow(c)[e];
+        dQ[row * E + e] = temperature * acc_e;
       }
-      t.sync();  // P and G are reused by the block's next row
+    }
+    t.sync();  // every member's dZ and dropped P before the sums over members
+    const float* pd = drop.on() ? pv : pw;
+    const int64_t width = E > M ? E : M;
+    for (int64_t x = tid; x < kk * width; x += nt) {
+      const int64_t c = x / width, e = x % width;
+      float ks = 0.0f, vs = 0.0f;
+      for (int64_t r = 0; r < n; ++r) {
+        const int64_t i = bh * N + members[r];
+        if (e < E) ks += gw[i * kw + c] * Q[i * E + e];
+        if (e < M) vs += pd[i * kw + c] * dout[i * M + e];
+      }
+      if (e < E) dkt[(cl * kw + c) * E + e] = temperature * ks;
+      if (e < M) dvt[(cl * kw + c) * M + e] = m * vs;
     }
   }
 };
@@ -331,44 +419,50 @@ CLUSTR_DEVICE int64_t slot_of(const int32_t* T, int64_t kw, int32_t l) {
   return lo < kw && T[lo] == l ? lo : -1;
 }
 
-// dK_T and dV_T of eq. 11's exact part, one CUDA block per key row (pair bh, key l), striding
-// over the rows, threads over the columns: dK[l] = sum over the clusters j with l = T_j[c], in
-// cluster order, of t sum_{i in j} dZ_i[c] q_i (=, the members in query order); dV[l] += the
-// same sums of m_j pv_i[c] dO_i (accumulated onto the remainder's GEMM). Masked keys: dK 0.
+// dK_T and dV_T of eq. 11's exact part per key, a warp per key row (pair bh, key l), striding
+// over the rows: dK[l] = the sum, over the clusters j whose T_j holds l in cluster order, of
+// their shares dkt (=); dV[l] += the same sums of dvt (onto the remainder's GEMM). Masked keys:
+// dK 0. For each 32 columns, the lanes find in which slot (if any) 32 clusters at a time hold
+// the key (a binary search each), then add up those clusters' shares column by column. Shared:
+// 32 ints a warp.
 struct KeyGradKernel {
-  static constexpr bool kUsesBarrier = false;
-  const float *Q, *dout, *gw, *pv, *mass;
-  const int32_t *tk, *count, *start, *order, *lengths;
+  static constexpr bool kUsesBarrier = true;
+  const float *dkt, *dvt;
+  const int32_t *tk, *count, *lengths;
   float *dK, *dV;
-  int64_t rows_, H, N, S, E, M, C, kw;
-  float temperature;
+  int64_t rows_, H, S, E, M, C, kw;
   CLUSTR_DEVICE void operator()(const Thread& t) const {
-    const unsigned tid = t.thread_idx().x, nt = t.block_dim().x;
+    const unsigned lane = t.thread_idx().x % 32, w = t.thread_idx().x / 32;
+    const unsigned warps = t.block_dim().x / 32;
+    int32_t* slots = t.shared<int32_t>() + 32 * w;
     const int64_t width = E > M ? E : M;
-    for (int64_t row = t.block_idx().x; row < rows_; row += t.grid_dim().x) {
+    for (int64_t row = int64_t{t.block_idx().x} * warps + w; row < rows_;
+         row += int64_t{t.grid_dim().x} * warps) {
       const int64_t bh = row / S, l = row % S;
       float* dk = dK + row * E;
       float* dv = dV + row * M;
-      if (l >= keys_of(lengths, bh, H, S)) {
-        for (int64_t e = tid; e < E; e += nt) dk[e] = 0.0f;
+      if (l >= keys_of(lengths, bh, H, S)) {  // the same for the whole warp
+        for (int64_t e = lane; e < E; e += 32) dk[e] = 0.0f;
         continue;
       }
-      const int32_t* st = start + bh * (C + 1);
-      const int32_t* ord = order + bh * N;
-      for (int64_t e = tid; e < width; e += nt) {
+      for (int64_t e0 = 0; e0 < width; e0 += 32) {
+        const int64_t e = e0 + lane;
         float k_acc = 0.0f, v_acc = e < M ? dv[e] : 0.0f;
-        for (int64_t j = 0; j < C; ++j) {
-          if (count[bh * C + j] == 0) continue;
-          const int64_t c = slot_of(tk + (bh * C + j) * kw, kw, static_cast<int32_t>(l));
-          if (c < 0) continue;
-          float ks = 0.0f, vs = 0.0f;
-          for (int32_t r = st[j]; r < st[j + 1]; ++r) {
-            const int64_t i = bh * N + ord[r];
-            if (e < E) ks += gw[i * kw + c] * Q[i * E + e];
-            if (e < M) vs += pv[i * kw + c] * dout[i * M + e];
+        for (int64_t j0 = 0; j0 < C; j0 += 32) {
+          const int64_t j = j0 + lane;
+          slots[lane] = j < C && count[bh * C + j] > 0
+                            ? static_cast<int32_t>(
+                                  slot_of(tk + (bh * C + j) * kw, kw, static_cast<int32_t>(l)))
+                            : -1;
+          t.sync_warp();
+          for (int64_t x = 0; x < 32 && j0 + x < C; ++x) {
+            const int32_t c = slots[x];
+            if (c < 0) continue;
+            const int64_t at = (bh * C + j0 + x) * kw + c;
+            if (e < E) k_acc += dkt[at * E + e];
+            if (e < M) v_acc += dvt[at * M + e];
           }
-          k_acc += temperature * ks;
-          v_acc += mass[bh * C + j] * vs;
+          t.sync_warp();  // the slots read before the next 32 clusters overwrite them
         }
         if (e < E) dk[e] = k_acc;
         if (e < M) dv[e] = v_acc;
@@ -396,8 +490,6 @@ struct CentroidGradKernel {
   }
 };
 
-unsigned strided_blocks(int64_t rows) { return row_blocks(rows); }
-
 }  // namespace
 
 int64_t improved_clustered_attention_forward_workspace(const ClusteredDims& d, int64_t kw,
@@ -409,7 +501,7 @@ int64_t improved_clustered_attention_backward_workspace(const ClusteredDims& d, 
                                                         const ClusteredParams& p) {
   const int64_t pairs_c = d.B * d.H * d.C, rows = d.B * d.H * d.N;
   return pairs_c * (d.M + 2 * d.S + d.E) + rows * (2 * kw + 1) +
-         (p.dropout > 0.0f ? rows * kw : 0);
+         (p.dropout > 0.0f ? rows * kw : 0) + pairs_c * kw * (d.E + d.M);
 }
 
 void improved_clustered_attention_forward(const ClusteredDims& d, const ClusteredParams& p,
@@ -448,13 +540,12 @@ void improved_clustered_attention_forward(const ClusteredDims& d, const Clustere
     product(p.bf16, false, false, C, M, L, 1.0f, acr + b0 * H * C * S, S, C * S,
             V + b0 * H * S * M, M, S * M, rc + b0 * H * C * M, M, C * M, nb * H);
   });
-  // eq. 11, first term, and the sum of the two
-  const int64_t rows = BH * N;
-  const unsigned mt = row_threads(kw > M ? kw : M);
-  launch("cuda::improved_clustered_attention_forward (members)", {strided_blocks(rows)}, {mt},
-         mt * sizeof(double),
-         MemberForwardKernel{Q, K, V, rc, mass, p.assignment, tk, p.lengths, pw, out, rows, H, N,
-                             S, E, M, C, kw, BH * C * S, p.temperature, drop});
+  // eq. 11, first term, and the sum of the two: a block per cluster
+  launch("cuda::improved_clustered_attention_forward (members)", {grid_of(BH * C)},
+         {kMemberThreads}, stage_bytes(kw, E, M),
+         MemberForwardKernel{Q, K, V, rc, mass, p.assignment, p.count, p.start, p.order, tk,
+                             p.lengths, pw, out, H, N, S, E, M, C, kw, BH * C * S, p.temperature,
+                             staged(kw, E, M), drop});
 }
 
 void improved_clustered_attention_backward(const ClusteredDims& d, const ClusteredParams& p,
@@ -478,6 +569,8 @@ void improved_clustered_attention_backward(const ClusteredDims& d, const Cluster
   float* gw = pw + rows * kw;
   float* rowdot = gw + rows * kw;
   float* pv = drop.on() ? rowdot + rows : pw;  // the weights that multiply V and dO
+  float* dkt = (drop.on() ? pv + rows * kw : rowdot + rows);
+  float* dvt = dkt + BH * C * kw * E;
   const float t = p.temperature;
   // dVc_j = sum_{i in j} dO_i; dAc = dVc V^T off T_j (masked); dV = (Ac off T_j, masked)^T dVc
   cluster_value_grads("cuda::improved_clustered_attention_backward (member sums)", d, p, dout, V,
@@ -491,18 +584,20 @@ void improved_clustered_attention_backward(const ClusteredDims& d, const Cluster
     product(p.bf16, true, false, L, M, C, 1.0f, acr + bc * S, S, C * S, dvc + bc * M, M, C * M,
             dV + b0 * H * S * M, M, S * M, nb * H);
   });
-  // The exact top-k part: dZ_i, rowdot_i and dQ_i = t dZ_i K_T per query
-  const unsigned mt = row_threads(kw > M ? (kw > E ? kw : E) : (M > E ? M : E));
-  launch("cuda::improved_clustered_attention_backward (members)", {strided_blocks(rows)}, {mt},
-         mt * sizeof(double),
-         MemberBackwardKernel{Q, K, V, dout, mass, p.assignment, tk, p.lengths, pw, gw, pv,
-                              rowdot, dQ, rows, H, N, S, E, M, C, kw, BH * C * S, t, drop});
+  // The exact top-k part, a block per cluster: dZ_i, rowdot_i and dQ_i = t dZ_i K_T per
+  // member, then the cluster's shares of dK_T and dV_T
+  launch("cuda::improved_clustered_attention_backward (members)", {grid_of(BH * C)},
+         {kMemberThreads}, stage_bytes(kw, E, M),
+         MemberBackwardKernel{Q, K, V, dout, mass, p.assignment, p.count, p.start, p.order, tk,
+                              p.lengths, pw, gw, pv, rowdot, dQ, dkt, dvt, H, N, S, E, M, C, kw,
+                              BH * C * S, t, staged(kw, E, M), drop});
   // dK_T (=) and dV_T (+=) gathered per key, clusters in order
   const int64_t key_rows = BH * S;
-  launch("cuda::improved_clustered_attention_backward (keys)", {strided_blocks(key_rows)},
-         {row_threads(E > M ? E : M)}, 0,
-         KeyGradKernel{Q, dout, gw, pv, mass, tk, p.count, p.start, p.order, p.lengths, dK, dV,
-                       key_rows, H, N, S, E, M, C, kw, t});
+  constexpr unsigned kKeyWarps = 4;
+  const unsigned key_blocks = row_blocks((key_rows + kKeyWarps - 1) / kKeyWarps);
+  launch("cuda::improved_clustered_attention_backward (keys)", {key_blocks}, {32 * kKeyWarps},
+         32 * kKeyWarps * sizeof(int32_t),
+         KeyGradKernel{dkt, dvt, tk, p.count, p.lengths, dK, dV, key_rows, H, S, E, M, C, kw});
   // dm_j onto the T_j columns of dAc, then the softmax backward of eq. 3
   if (S > 0) {
     launch("cuda::improved_clustered_attention_backward (mass)", {grid_of(BH * C)}, {threads},
