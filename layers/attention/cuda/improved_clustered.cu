@@ -13,7 +13,8 @@
 // member sums in query order, the masked softmax rows of Ac (eq. 3-5), their backward, and the
 // per-sequence batched GEMMs sized by L, so masked keys never enter a product. Own kernels:
 //  - eq. 9-10, one CUDA block per row of Ac: a radix select over the order-preserving bits of
-//    the weights finds the kk-th largest value (32 block-wide counts), then the threads split
+//    the weights finds the kk-th largest value (four passes of 256-bin histograms), then the
+//    threads split
 //    the row into spans and write, in key order, the keys above it and the lowest-indexed keys
 //    equal to it (offsets from a scan of the spans' counts), and one thread sums m_j over them
 //    in ascending key order, as the CPU does: given the same Ac, T_j and m_j are the CPU's bit
@@ -38,10 +39,6 @@ namespace clustr::cuda {
 using namespace clustered_kernels;
 
 namespace {
-
-struct AddInt {
-  CLUSTR_HD int operator()(int a, int b) const { return a + b; }
-};
 
 // The first query-mask element of query i of pair bh (improved_clustered.h): after the B H C S
 // elements of the clusters' masks, kw per query.
@@ -74,20 +71,38 @@ struct TopkKernel {
     const int64_t L = keys_of(lengths, bh, H, S);
     const int64_t kk = count[row] == 0 ? 0 : (k < L ? k : L);
     const float* w = ac + row * S;
-    // The kk-th largest key, bit by bit from the top: the largest bar with >= kk keys at or
-    // above it (every thread reaches the same bar).
+    // The kk-th largest key, 8 bits at a time from the top: among the keys that share the bits
+    // found so far, a histogram of the next 8 (shared integer atomics: exact in any order), then
+    // the largest digit that leaves >= kk keys at or above it; `above` counts the keys already
+    // known to be larger. Every thread reaches the same bar.
     uint32_t bar = 0;
     int64_t take_equal = L;  // kk == L: every valid key, whatever its weight
     if (kk > 0 && kk < L) {
-      for (int bit = 31; bit >= 0; --bit) {
-        const uint32_t trial = bar | (1u << bit);
-        int n = 0;
-        for (int64_t c = tid; c < L; c += nt) n += math::order_key(w[c]) >= trial ? 1 : 0;
-        if (block_reduce(t, n, t.shared<int>(), AddInt{}) >= kk) bar = trial;
+      int* hist = t.shared<int>() + nt;  // 256 bins, after block_exclusive_sum's scratch
+      int64_t* chosen = reinterpret_cast<int64_t*>(hist + 256);  // the digit's bar and above
+      int64_t above = 0;
+      for (int shift = 24; shift >= 0; shift -= 8) {
+        for (unsigned x = tid; x < 256; x += nt) hist[x] = 0;
+        t.sync();
+        for (int64_t c = tid; c < L; c += nt) {
+          const uint32_t key = math::order_key(w[c]);
+          if (shift == 24 || (key ^ bar) >> (shift + 8) == 0)
+            atomic_add(hist + ((key >> shift) & 255u), 1);
+        }
+        t.sync();
+        if (tid == 0) {
+          int64_t at_or_above = above;
+          int d = 255;
+          for (; d > 0 && at_or_above + hist[d] < kk; --d) at_or_above += hist[d];
+          chosen[0] = static_cast<int64_t>(bar | (static_cast<uint32_t>(d) << shift));
+          chosen[1] = at_or_above;  // the keys above the digit: above it, or above the prefix
+        }
+        t.sync();
+        bar = static_cast<uint32_t>(chosen[0]);
+        above = chosen[1];
+        t.sync();  // chosen read before the next pass's thread 0 writes it
       }
-      int above = 0;
-      for (int64_t c = tid; c < L; c += nt) above += math::order_key(w[c]) > bar ? 1 : 0;
-      take_equal = kk - block_reduce(t, above, t.shared<int>(), AddInt{});
+      take_equal = kk - above;
     }
     // The write-out, in key order: each thread takes a contiguous span of the row, counts what
     // it takes (the keys above the bar, and equal ones while the row's first take_equal last),
@@ -529,7 +544,7 @@ void improved_clustered_attention_forward(const ClusteredDims& d, const Clustere
   // eq. 9-10: T_j, m_j
   if (S > 0)
     launch("cuda::improved_clustered_attention_forward (top-k)", {grid_of(BH * C)}, {threads},
-           threads * sizeof(int),
+           (threads + 256) * sizeof(int) + 2 * sizeof(int64_t),
            TopkKernel{weights, p.count, p.lengths, tk, mass, H, C, S, topk, kw});
   // eq. 11, second term once per cluster: rc = (Ac with T_j zeroed, cluster mask) V
   if (S > 0)
