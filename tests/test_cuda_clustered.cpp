@@ -458,3 +458,29 @@ TEST_CASE("cuda improved clustered attention: attention_matrix() stays on the cp
                                                 Tensor(), a, 1, 2),
                        doctest::Contains("no CUDA kernel"), clustr::Error);
 }
+
+TEST_CASE("cuda clustered types: the launches of a forward + backward do not grow with B, H or "
+          "N") {
+  // The clustering, the member sums, the softmax rows and the products (one batched call for all
+  // pairs without lengths): a fixed number whatever the shape, past one Lloyd block's chunk.
+  for (clustr::AttentionType type :
+       {clustr::AttentionType::clustered, clustr::AttentionType::improved_clustered}) {
+    clustr::AttentionConfig config;
+    config.type = type;
+    config.clusters = 8;
+    config.bits = 15;
+    config.iterations = 3;
+    config.topk = 4;
+    auto launches = [&](int64_t B, int64_t H, int64_t N) {
+      const Tensor q = random_tensor({B, H, N, 4}, 51).to(Device::cuda);
+      Variable Q(q, true), K(q, true), V(q, true);
+      clustr::Generator gen(3);
+      const clustr::cuda::LaunchCounts before = clustr::cuda::launch_counts();
+      clustr::attention(config, Q, K, V, Tensor(), gen, /*training=*/true).backward(q);
+      const clustr::cuda::LaunchCounts after = clustr::cuda::launch_counts();
+      return std::vector<uint64_t>{after.kernels - before.kernels, after.blas - before.blas};
+    };
+    CAPTURE(static_cast<int>(type));
+    CHECK(launches(1, 1, 1100) == launches(2, 3, 2100));
+  }
+}
