@@ -205,7 +205,9 @@ void gemm_bf16_strided_batched(bool trans_a, bool trans_b, int64_t M, int64_t N,
 // from the CPU's by about 1e-3 relative, several times faster. A process-wide setting
 // (cublasSetMathMode on the one cuBLAS handle), changed under the lock every GEMM holds while
 // it is queued, so each GEMM runs wholly in one mode; tf32() reports it. set_tf32 throws
-// without a usable GPU. (core/cuda/blas.cu)
+// without a usable GPU. (core/cuda/blas.cu) Full attention's tensor-core kernels read it too
+// (layers/attention/cuda/flash.h): on, their f32 products are single TF32 products; off, three
+// (3xTF32, f32's accuracy).
 void set_tf32(bool on);
 bool tf32();
 

@@ -496,9 +496,9 @@ void cluster_seed(const ClusteringDims& d, const uint64_t* codes, const int32_t*
   if (BH == 0) return;
   require("cuda::cluster_seed");
   Scratch<int32_t> dist(BH * d.N > 0 ? BH * d.N : 1);
-  // A warp per 64 queries or more, from one warp to 32.
+  // A thread per two queries or more, from one warp to 32.
   unsigned threads = 32;
-  while (threads < 1024 && threads * 2 <= d.N) threads *= 2;
+  while (threads < 1024 && threads * 4 <= d.N) threads *= 2;
   launch("cuda::cluster_seed", {static_cast<unsigned>(BH)}, {threads},
          32 * sizeof(uint64_t) + sizeof(SeedKernel::Pick),
          SeedKernel{codes, lengths, dist.get(), centroids, active, d.H, d.N, d.C, seed,
