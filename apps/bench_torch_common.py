@@ -15,11 +15,13 @@ def child_env():
     return env
 
 
-def run_worker(script, worker_args):
+def run_worker(script, worker_args, show_stderr=False):
     """Runs `script --worker ...` with this Python in a fresh process; returns the JSON object
-    its last output line holds."""
+    its last output line holds. show_stderr: the worker's stderr goes to this process's (its
+    warnings, and its traceback when it fails) instead of being dropped."""
     cmd = [sys.executable, os.path.abspath(script)] + [str(a) for a in worker_args]
-    out = subprocess.run(cmd, check=True, env=child_env(), capture_output=True, text=True)
+    out = subprocess.run(cmd, check=True, env=child_env(), stdout=subprocess.PIPE,
+                         stderr=None if show_stderr else subprocess.PIPE, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

@@ -7,6 +7,17 @@
 
 namespace clustr {
 
+namespace detail {
+thread_local bool t_host_draws_frozen = false;
+void freeze_host_draws(bool frozen) { t_host_draws_frozen = frozen; }
+void refuse_frozen_draw() {
+  throw Error("a random draw from the host's generator while a CUDA graph is being captured: "
+              "the graph would repeat the numbers drawn at capture at every replay (attention "
+              "dropout, the clustered types' hash planes and seeding); run such a step without "
+              "a graph");
+}
+}  // namespace detail
+
 uint32_t Generator::next_u32() { return philox4x32(seed_, reserve(1)).v[0]; }
 float Generator::next_unit() { return uint_to_unit(next_u32()); }
 

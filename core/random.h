@@ -9,6 +9,15 @@
 
 namespace clustr {
 
+namespace detail {
+// While a CUDA graph is being captured on this thread (cuda::Graph), a graph would repeat at
+// every replay the numbers drawn once at capture: every draw from a Generator then throws,
+// naming it (freeze_host_draws is cuda::Graph::capture's).
+extern thread_local bool t_host_draws_frozen;
+void freeze_host_draws(bool frozen);
+[[noreturn]] void refuse_frozen_draw();
+}  // namespace detail
+
 class Generator {
  public:
   explicit Generator(uint64_t seed = 0) : seed_(seed) {}
@@ -20,6 +29,7 @@ class Generator {
 
   // Reserves `blocks` counter blocks (4 x 32 random bits each); returns the first.
   uint64_t reserve(uint64_t blocks) {
+    if (detail::t_host_draws_frozen) detail::refuse_frozen_draw();
     uint64_t first = offset_;
     offset_ += blocks;
     return first;

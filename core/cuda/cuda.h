@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "core/ops.h"
@@ -16,6 +17,7 @@
 // CUevent_st* (in the toolkit, and in device emulation's core/cuda/emulation.h).
 struct CUstream_st;
 struct CUevent_st;
+struct CUgraphExec_st;
 
 namespace clustr::cuda {
 
@@ -52,8 +54,10 @@ const DeviceInfo& device_info();
 // (each one or a few kernels of cuBLAS's own). A training step's count (the difference across
 // it) says how launch-bound it is on a GPU, where each launch costs a few microseconds of host
 // time however small its kernel. Zero in a build without the CUDA backend.
+// A launch or call made while this thread captures a graph (cuda::Graph) queues nothing and is
+// not counted; each replay of a graph counts as one in `graphs`.
 struct LaunchCounts {
-  uint64_t kernels = 0, blas = 0;
+  uint64_t kernels = 0, blas = 0, graphs = 0;
 };
 LaunchCounts launch_counts();
 namespace counting {
@@ -151,6 +155,57 @@ class Event {
  private:
   ::CUevent_st* h_ = nullptr;  // null: moved from
 };
+
+// ---- CUDA graphs (core/cuda/runtime.cu) --------------------------------------------------------
+//
+// A Graph records what a piece of host code queues on the current stream (kernel launches,
+// cuBLAS products, device-to-device copies) without running it, then replays all of it with one
+// launch, which is what a training step of small kernels needs: the host's cost per launch,
+// not the work, bounds such a step.
+//
+//   cuda::Stream side;
+//   cuda::StreamGuard on_side(side);   // the legacy default stream cannot capture
+//   cuda::Graph step;
+//   step.capture([&] { train_step(); });  // nothing runs on the device yet
+//   for (...) { refill_inputs(); step.replay(); }
+//
+// The body must be free of host work that depends on the device: a copy to or from host memory
+// (item(), to_vector(), a tensor moved to the cpu), a synchronization, or a random draw on the
+// host (dropout masks and clustering planes come from the host's generator: a graph would draw
+// the same numbers at every replay). Each is refused during capture with a clustr::Error that
+// names it, the capture is abandoned and the stream usable again. Inputs that change between
+// replays must live in device buffers made before capture and refilled in place; outputs stay
+// at their addresses and each replay overwrites them.
+// Memory: while capturing, allocations on the capturing stream come from the graph's own pool,
+// and blocks freed during capture go back to it; the pool keeps its blocks until the graph is
+// destroyed (tensors the body made and the caller kept hold theirs), so every replay finds its
+// scratch where the capture put it, and nothing else is handed those blocks meanwhile.
+class Graph {
+ public:
+  Graph() = default;
+  ~Graph();
+  Graph(Graph&& other) noexcept;
+  Graph& operator=(Graph&& other) noexcept;
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+
+  // Records body() on the current stream, which must be a cuda::Stream's (throws otherwise,
+  // and when already captured). On an error in body() or in the capture, throws it, prefixed
+  // by what was being captured, and leaves this Graph empty.
+  void capture(const std::function<void()>& body);
+  // Runs the recorded work on the current stream; throws when nothing was captured.
+  void replay();
+  bool captured() const { return exec_ != nullptr; }
+  size_t pool_bytes() const;  // device memory the graph's pool holds (its scratch)
+
+ private:
+  void release() noexcept;
+  ::CUgraphExec_st* exec_ = nullptr;
+  uint64_t pool_ = 0;  // the allocator's pool of this graph (0: none)
+};
+
+// Whether this host thread is capturing a graph now (inside Graph::capture's body).
+bool capturing();
 
 // ---- memory and copies (core/cuda/runtime.cu) --------------------------------------------------
 

@@ -308,6 +308,8 @@ const char* cudaGetErrorName(cudaError_t e) {
     case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
     case cudaErrorNotReady: return "cudaErrorNotReady";
     case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
+    case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
   }
   return "cudaErrorUnknown";
 }
@@ -322,6 +324,10 @@ const char* cudaGetErrorString(cudaError_t e) {
     case cudaErrorInvalidResourceHandle: return "invalid resource handle";
     case cudaErrorNotReady: return "device not ready";
     case cudaErrorLaunchFailure: return "unspecified launch failure";
+    case cudaErrorStreamCaptureUnsupported:
+      return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated:
+      return "operation failed due to a previous error during capture";
   }
   return "unknown error";
 }
@@ -390,6 +396,12 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
   if (!live_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
   if (bytes == 0) return cudaSuccess;
   if (dst == nullptr || src == nullptr) return fail(cudaErrorInvalidValue);
+  namespace st = clustr::cuda::emulation::state;
+  if (st::capturing(stream) && kind != cudaMemcpyDeviceToDevice)
+    return st::refuse_in_capture(stream, "cudaMemcpyAsync",
+                                 kind == cudaMemcpyDeviceToHost
+                                     ? "a copy of device memory to the host (a host read)"
+                                     : "a copy from host memory");
   DeviceMemory& m = device_memory();
   const bool dst_device = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
   const bool src_device = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
@@ -414,7 +426,15 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
       return fail(cudaErrorInvalidValue);
     }
   }
-  clustr::cuda::emulation::state::DeviceAccess open;
+  if (st::capturing(stream)) {  // recorded, copied when the graph runs
+    st::record(stream, [dst, src, bytes] {
+      st::DeviceAccess open;
+      std::memcpy(dst, src, bytes);
+      return true;
+    });
+    return cudaSuccess;
+  }
+  st::DeviceAccess open;
   std::memcpy(dst, src, bytes);
   return cudaSuccess;
 }
@@ -428,8 +448,15 @@ cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
   return cudaSuccess;
 }
 
-// Every emulated launch and copy completes before it returns: nothing is ever pending.
-cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+// Every emulated launch and copy completes before it returns: nothing is ever pending. (Not
+// while a stream captures: the host would wait for work that is only recorded.)
+cudaError_t cudaDeviceSynchronize() {
+  namespace st = clustr::cuda::emulation::state;
+  if (st::capturing_any())
+    return st::refuse_in_capture(nullptr, "cudaDeviceSynchronize",
+                                 "the host waits for the device (a host read of a result)");
+  return cudaSuccess;
+}
 
 cudaError_t cudaGetLastError() {
   const cudaError_t e = last_error;
@@ -457,12 +484,21 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
-  return live_stream(stream) ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
+  if (!live_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
+  namespace st = clustr::cuda::emulation::state;
+  if (st::capturing(stream))
+    return st::refuse_in_capture(stream, "cudaStreamSynchronize",
+                                 "the host waits for the stream (a host read of a result)");
+  return cudaSuccess;
 }
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned flags) {
   if (flags != 0) return fail(cudaErrorInvalidValue);  // cudaEventWaitDefault is all we know
   if (!live_stream(stream) || !live_event(event)) return fail(cudaErrorInvalidResourceHandle);
+  namespace st = clustr::cuda::emulation::state;
+  if (st::capturing(stream))
+    return st::refuse_in_capture(stream, "cudaStreamWaitEvent", "events are not emulated in "
+                                 "a captured graph");
   return cudaSuccess;
 }
 
@@ -484,6 +520,10 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
 
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   if (!live_event(event) || !live_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
+  namespace st = clustr::cuda::emulation::state;
+  if (st::capturing(stream))
+    return st::refuse_in_capture(stream, "cudaEventRecord", "events are not emulated in a "
+                                 "captured graph");
   return cudaSuccess;
 }
 

@@ -17,6 +17,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 
 // ---- the CUDA runtime subset ---------------------------------------------------------------------
 // Values as in the toolkit's driver_types.h, so that messages read the same.
@@ -29,6 +30,8 @@ enum cudaError_t {
   cudaErrorInvalidResourceHandle = 400,
   cudaErrorNotReady = 600,
   cudaErrorLaunchFailure = 719,
+  cudaErrorStreamCaptureUnsupported = 900,
+  cudaErrorStreamCaptureInvalidated = 901,
 };
 enum cudaMemcpyKind {
   cudaMemcpyHostToHost = 0,
@@ -73,6 +76,35 @@ cudaError_t cudaEventQuery(cudaEvent_t event);
 cudaError_t cudaEventSynchronize(cudaEvent_t event);
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
                             cudaStream_t stream = nullptr);
+
+// Stream capture and graphs (emulation_graph.cpp). Work queued on a capturing stream is recorded
+// instead of run: kernel launches (a copy of the kernel's arguments), cuBLAS products and copies
+// between device buffers; cudaGraphLaunch runs the record in order. What a GPU refuses during
+// capture fails here too and invalidates the capture (cudaErrorStreamCaptureUnsupported): a copy
+// to or from host memory, synchronizing the stream or the device, events on the stream; the
+// legacy default stream cannot capture. A message on stderr says which call it was.
+struct CUgraph_st;
+struct CUgraphExec_st;
+typedef CUgraph_st* cudaGraph_t;
+typedef CUgraphExec_st* cudaGraphExec_t;
+enum cudaStreamCaptureMode {
+  cudaStreamCaptureModeGlobal = 0,
+  cudaStreamCaptureModeThreadLocal = 1,
+  cudaStreamCaptureModeRelaxed = 2,
+};
+enum cudaStreamCaptureStatus {
+  cudaStreamCaptureStatusNone = 0,
+  cudaStreamCaptureStatusActive = 1,
+  cudaStreamCaptureStatusInvalidated = 2,
+};
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph);
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph,
+                                 unsigned long long flags = 0);
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec);
+cudaError_t cudaGraphDestroy(cudaGraph_t graph);
 
 // ---- the cuBLAS subset ---------------------------------------------------------------------------
 // Values as in the toolkit's cublas_api.h.
@@ -207,6 +239,9 @@ struct Launch {
   bool uses_barrier = false;
   const void* kernel = nullptr;
   void (*run)(const void* kernel, const ThreadState& s) = nullptr;
+  // A heap copy of the kernel's arguments (for a launch recorded into a graph), which the
+  // returned pointer owns.
+  std::shared_ptr<const void> (*clone)(const void* kernel) = nullptr;
 };
 
 // Runs every thread of every block; a bad configuration or stream is recorded for

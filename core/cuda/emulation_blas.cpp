@@ -179,9 +179,16 @@ void gemm_one(bool ta, bool tb, int m, int n, int k, float alpha, const void* A,
   }
 }
 
+cublasStatus_t run_batched(const char* call, Operand kind, cublasOperation_t transa,
+                           cublasOperation_t transb, int m, int n, int k, float alpha,
+                           const void* A, int lda, long long stride_a, const void* B, int ldb,
+                           long long stride_b, float beta, float* C, int ldc, long long stride_c,
+                           int batch);
+
 // Strided batches of column-major products. A and B hold elements of `kind` (float32 for tf32
 // too), C floats; strides are in elements. The arguments have been checked except the stream,
-// the batch count and where the matrices lie.
+// the batch count and where the matrices lie. On a capturing stream the call is recorded, and
+// where its matrices lie is checked when it runs.
 cublasStatus_t gemm_batched(const char* call, cublasHandle_t handle, Operand kind,
                             cublasOperation_t transa, cublasOperation_t transb, int m, int n,
                             int k, float alpha, const void* A, int lda, long long stride_a,
@@ -194,6 +201,23 @@ cublasStatus_t gemm_batched(const char* call, cublasHandle_t handle, Operand kin
     return CUBLAS_STATUS_EXECUTION_FAILED;
   }
   if (m == 0 || n == 0 || batch == 0) return CUBLAS_STATUS_SUCCESS;
+  if (state::capturing(handle->stream)) {  // recorded (its arguments as they are now), run later
+    state::record(handle->stream, [=] {
+      return run_batched(call, kind, transa, transb, m, n, k, alpha, A, lda, stride_a, B, ldb,
+                         stride_b, beta, C, ldc, stride_c, batch) == CUBLAS_STATUS_SUCCESS;
+    });
+    return CUBLAS_STATUS_SUCCESS;
+  }
+  return run_batched(call, kind, transa, transb, m, n, k, alpha, A, lda, stride_a, B, ldb,
+                     stride_b, beta, C, ldc, stride_c, batch);
+}
+
+// The products of a checked gemm_batched call, now.
+cublasStatus_t run_batched(const char* call, Operand kind, cublasOperation_t transa,
+                           cublasOperation_t transb, int m, int n, int k, float alpha,
+                           const void* A, int lda, long long stride_a, const void* B, int ldb,
+                           long long stride_b, float beta, float* C, int ldc, long long stride_c,
+                           int batch) {
   const size_t elem = kind == Operand::bf16 ? sizeof(uint16_t) : sizeof(float);
   const bool ta = transa != CUBLAS_OP_N, tb = transb != CUBLAS_OP_N;
   const bool reads_ab = k > 0 && alpha != 0.0f;

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -778,6 +779,8 @@ void run_fibers(const Launch& l, uint64_t blocks, const Schedule& sched, uint64_
 
 }  // namespace
 
+void run_launch(const Launch& l);  // runs every thread of a checked launch now
+
 void launch(const Launch& l) {
   for (int d = 0; d < 3; ++d)
     if (l.grid[d] == 0 || l.block[d] == 0) return;
@@ -789,6 +792,26 @@ void launch(const Launch& l) {
     state::record_error(cudaErrorInvalidResourceHandle);
     return;
   }
+  if (state::capturing(l.stream)) {  // recorded with a copy of its arguments, run at replay
+    std::shared_ptr<const void> copy = l.clone(l.kernel);
+    Launch stored = l;
+    stored.kernel = copy.get();
+    state::record(l.stream, [stored, copy] {
+      try {
+        run_launch(stored);
+        return true;
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "clustr device emulation: a launch of a CUDA graph failed: %s\n",
+                     e.what());
+        return false;
+      }
+    });
+    return;
+  }
+  run_launch(l);
+}
+
+void run_launch(const Launch& l) {
   const uint64_t blocks = uint64_t(l.grid[0]) * l.grid[1] * l.grid[2];
   const Schedule sched = current_schedule();
   const uint64_t id = launch_counter.fetch_add(1, std::memory_order_relaxed);

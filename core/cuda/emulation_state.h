@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,14 @@ class DeviceAccess {
 };
 
 bool no_devices();  // CLUSTR_CUDA_EMULATION_DEVICES=0
+// Stream capture (emulation_graph.cpp): whether `s` is capturing; recording one piece of work
+// (run in order when the graph is launched; a piece that fails returns false and has said why
+// on stderr); and failing the capture of `s` for a call a GPU refuses there (its name and why,
+// on stderr): returns cudaErrorStreamCaptureUnsupported, also recorded as the last error.
+bool capturing(cudaStream_t s);
+bool capturing_any();
+void record(cudaStream_t s, std::function<bool()> work);
+cudaError_t refuse_in_capture(cudaStream_t s, const char* call, const char* why);
 void record_error(cudaError_t e);  // what the host thread's next cudaGetLastError returns
 bool live_stream(cudaStream_t s);
 bool in_one_allocation(const void* p, size_t bytes);

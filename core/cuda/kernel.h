@@ -38,6 +38,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 
 #include "core/hostdevice.h"
 
@@ -188,6 +189,9 @@ void launch(const char* name, Dim3 grid, Dim3 block, size_t shared_bytes, const 
     t.fibers_ = s.fibers;
     t.kernel_ = s.kernel_name;
     (*static_cast<const K*>(kernel))(t);
+  };
+  l.clone = [](const void* kernel) -> std::shared_ptr<const void> {
+    return std::make_shared<const K>(*static_cast<const K*>(kernel));
   };
   if (grid.x && grid.y && grid.z && block.x && block.y && block.z)  // as the GPU's launch above
     counting::kernel_launch();

@@ -52,6 +52,15 @@ void cuda::Event::wait(const Stream&) const { no_backend("cuda::Event::wait"); }
 bool cuda::Event::query() const { no_backend("cuda::Event::query"); }
 void cuda::Event::synchronize() const { no_backend("cuda::Event::synchronize"); }
 
+cuda::Graph::~Graph() {}
+cuda::Graph::Graph(Graph&& other) noexcept : exec_(other.exec_), pool_(other.pool_) {}
+cuda::Graph& cuda::Graph::operator=(Graph&&) noexcept { return *this; }
+void cuda::Graph::release() noexcept {}
+void cuda::Graph::capture(const std::function<void()>&) { no_backend("cuda::Graph::capture"); }
+void cuda::Graph::replay() { no_backend("cuda::Graph::replay"); }
+size_t cuda::Graph::pool_bytes() const { return 0; }
+bool cuda::capturing() { return false; }
+
 void* cuda::alloc(size_t) { no_backend("cuda::alloc"); }
 void cuda::free(void*, size_t) {}
 MemoryStats cuda::memory_stats() { return {}; }

@@ -17,6 +17,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
+#include <exception>
 #include <map>
 #include <mutex>
 #include <string>
@@ -27,6 +28,7 @@
 #include "core/size_class.h"
 #include "core/cuda/cuda.h"
 #include "core/error.h"
+#include "core/random.h"
 
 namespace clustr::cuda {
 
@@ -109,20 +111,36 @@ const DeviceInfo& device_info() {
 // ---- launch counts -----------------------------------------------------------------------------
 
 namespace {
-std::atomic<uint64_t> g_kernel_launches{0}, g_blas_calls{0};
+std::atomic<uint64_t> g_kernel_launches{0}, g_blas_calls{0}, g_graph_launches{0};
+thread_local bool t_capturing = false;  // inside Graph::capture's body on this thread
+
+// Throws when this thread captures a graph: `what` would need the host to wait for the device.
+void refuse_if_capturing(const char* call, const char* what) {
+  if (t_capturing)
+    throw Error(detail::cat(call, " while a CUDA graph is being captured: ", what, ", which a "
+                            "graph cannot hold (it would run once, at capture, not at each "
+                            "replay)"));
+}
 }  // namespace
 
 namespace counting {
-void kernel_launch() { g_kernel_launches.fetch_add(1, std::memory_order_relaxed); }
-void blas_call() { g_blas_calls.fetch_add(1, std::memory_order_relaxed); }
+void kernel_launch() {
+  if (!t_capturing) g_kernel_launches.fetch_add(1, std::memory_order_relaxed);
+}
+void blas_call() {
+  if (!t_capturing) g_blas_calls.fetch_add(1, std::memory_order_relaxed);
+}
 }  // namespace counting
 
 LaunchCounts launch_counts() {
   LaunchCounts c;
   c.kernels = g_kernel_launches.load(std::memory_order_relaxed);
   c.blas = g_blas_calls.load(std::memory_order_relaxed);
+  c.graphs = g_graph_launches.load(std::memory_order_relaxed);
   return c;
 }
+
+bool capturing() { return t_capturing; }
 
 // ---- the current stream ------------------------------------------------------------------------
 
@@ -147,9 +165,16 @@ struct Block {
   size_t size;          // rounded, as cudaMalloc'ed
   size_t requested;     // what the caller asked for: counted in live bytes
   StreamHandle stream;  // current at alloc(): the free list the block goes back to
+  uint64_t pool = 0;    // a graph's pool that owns it (0: none)
 };
 
 using FreeList = std::map<size_t, std::vector<void*>>;  // rounded size -> free blocks
+
+// A graph's private pool (Graph): its free blocks, and the bytes of all its blocks.
+struct Pool {
+  FreeList free;
+  size_t bytes = 0;
+};
 
 struct Allocator {
   std::mutex mu;
@@ -160,6 +185,9 @@ struct Allocator {
   std::unordered_map<void*, Block> live;  // blocks handed out
   size_t cached = 0;                      // bytes in the free lists
   MemoryStats stats;
+  std::unordered_map<uint64_t, Pool> pools;            // the live graphs' pools
+  std::unordered_map<StreamHandle, uint64_t> capture;  // stream -> the pool it captures into
+  uint64_t next_pool = 1;
 };
 
 // Never destroyed: tensors held in static objects are freed during static destruction, perhaps
@@ -272,6 +300,7 @@ Stream& Stream::operator=(Stream&& other) noexcept {
 StreamHandle Stream::handle() const { return held(h_, "cuda::Stream::handle"); }
 
 void Stream::synchronize() const {
+  refuse_if_capturing("cuda::Stream::synchronize", "the host waits for a stream");
   CLUSTR_CUDA_CHECK(cudaStreamSynchronize(held(h_, "cuda::Stream::synchronize")));
 }
 
@@ -337,6 +366,7 @@ bool Event::query() const {
 }
 
 void Event::synchronize() const {
+  refuse_if_capturing("cuda::Event::synchronize", "the host waits for an event");
   CLUSTR_CUDA_CHECK(cudaEventSynchronize(held(h_, "cuda::Event::synchronize")));
 }
 
@@ -357,11 +387,15 @@ void* alloc(size_t bytes) {
                "cuda::Stream)");
 
   void* p = nullptr;
-  auto it = list->second.find(size);
-  if (it != list->second.end() && !it->second.empty()) {
+  // While the stream captures a graph, blocks come from (and new ones join) the graph's pool.
+  auto capture = a.capture.find(stream);
+  Pool* pool = capture == a.capture.end() ? nullptr : &a.pools.at(capture->second);
+  FreeList& from = pool ? pool->free : list->second;
+  auto it = from.find(size);
+  if (it != from.end() && !it->second.empty()) {
     p = it->second.back();  // the most recently freed block: likeliest to be in L2
     it->second.pop_back();
-    a.cached -= size;
+    if (!pool) a.cached -= size;
 #if defined(CLUSTR_CUDA_EMULATION)
     emulation::poison(p, size);  // the previous owner's values: NaN now, as fresh blocks
 #endif
@@ -387,9 +421,10 @@ void* alloc(size_t bytes) {
       }
     }
     if (e != cudaSuccess) checks::throw_cuda_error(e, "cudaMalloc(&p, size)", __FILE__, __LINE__);
+    if (pool) pool->bytes += size;
   }
 
-  a.live[p] = Block{size, bytes, stream};
+  a.live[p] = Block{size, bytes, stream, pool ? capture->second : 0};
   a.stats.live_bytes += static_cast<int64_t>(bytes);
   a.stats.peak_bytes = std::max(a.stats.peak_bytes, a.stats.live_bytes);
   a.stats.allocations += 1;
@@ -414,6 +449,10 @@ void free(void* ptr, size_t bytes) {
     Block b = it->second;
     a.live.erase(it);
     a.stats.live_bytes -= static_cast<int64_t>(b.requested);
+    if (b.pool != 0) {  // kept for its graph (Graph::release retags the blocks of a dead one)
+      a.pools.at(b.pool).free[b.size].push_back(ptr);
+      return;
+    }
     // Always found: destroy_stream retags the live blocks of a stream it destroys.
     auto list = a.free_lists.find(b.stream);
     if (list == a.free_lists.end()) list = a.free_lists.find(kDefaultStream);
@@ -460,6 +499,7 @@ size_t cached_bytes() {
 void copy_h2d(void* dst, const void* src_host, size_t bytes) {
   if (bytes == 0) return;
   require("cuda::copy_h2d");
+  refuse_if_capturing("cuda::copy_h2d", "a copy from host memory (a tensor moved to the device)");
   const StreamHandle s = current;
   CLUSTR_CUDA_CHECK(cudaMemcpyAsync(dst, src_host, bytes, cudaMemcpyHostToDevice, s));
   CLUSTR_CUDA_CHECK(cudaStreamSynchronize(s));
@@ -468,6 +508,8 @@ void copy_h2d(void* dst, const void* src_host, size_t bytes) {
 void copy_d2h(void* dst_host, const void* src, size_t bytes) {
   if (bytes == 0) return;
   require("cuda::copy_d2h");
+  refuse_if_capturing("cuda::copy_d2h", "a host read of device memory (item(), to_vector(), a "
+                      "tensor moved to the cpu)");
   const StreamHandle s = current;
   CLUSTR_CUDA_CHECK(cudaMemcpyAsync(dst_host, src, bytes, cudaMemcpyDeviceToHost, s));
   CLUSTR_CUDA_CHECK(cudaStreamSynchronize(s));
@@ -483,7 +525,150 @@ void copy_d2d(void* dst, const void* src, size_t bytes) {
 // no_cuda.cpp).
 void synchronize() {
   if (!available()) return;
+  refuse_if_capturing("cuda::synchronize", "the host waits for the device");
   CLUSTR_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+// ---- CUDA graphs -------------------------------------------------------------------------------
+
+Graph::~Graph() { release(); }
+
+Graph::Graph(Graph&& other) noexcept : exec_(other.exec_), pool_(other.pool_) {
+  other.exec_ = nullptr;
+  other.pool_ = 0;
+}
+
+Graph& Graph::operator=(Graph&& other) noexcept {
+  if (this != &other) {
+    release();
+    exec_ = other.exec_;
+    pool_ = other.pool_;
+    other.exec_ = nullptr;
+    other.pool_ = 0;
+  }
+  return *this;
+}
+
+// Destroys the executable and gives the pool's blocks back: the free ones to the default
+// stream's cache, the live ones (tensors the body made that are still held) retagged so that
+// they go there when freed. Replays may still be queued, so the device is synchronized first.
+// Never throws: an error can only come from earlier work that faulted, reported on stderr.
+void Graph::release() noexcept {
+  if (exec_ == nullptr && pool_ == 0) return;
+  cudaError_t e = cudaDeviceSynchronize();
+  if (exec_ != nullptr) {
+    const cudaError_t d = cudaGraphExecDestroy(exec_);
+    if (e == cudaSuccess) e = d;
+    exec_ = nullptr;
+  }
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "clustr: destroying a cuda::Graph: %s (%s)\n", cudaGetErrorName(e),
+                 cudaGetErrorString(e));
+    cudaGetLastError();
+  }
+  if (pool_ == 0) return;
+  try {
+    Allocator& a = allocator();
+    std::lock_guard<std::mutex> lock(a.mu);
+    auto it = a.pools.find(pool_);
+    if (it != a.pools.end()) {
+      FreeList& to = a.free_lists[kDefaultStream];
+      for (auto& [size, blocks] : it->second.free) {
+        to[size].insert(to[size].end(), blocks.begin(), blocks.end());
+        a.cached += size * blocks.size();
+      }
+      for (auto& entry : a.live)
+        if (entry.second.pool == pool_) {
+          entry.second.pool = 0;
+          entry.second.stream = kDefaultStream;
+        }
+      a.pools.erase(it);
+    }
+  } catch (...) {
+    // Out of host memory while moving the lists: the pool's free blocks are leaked.
+  }
+  pool_ = 0;
+}
+
+size_t Graph::pool_bytes() const {
+  if (pool_ == 0) return 0;
+  Allocator& a = allocator();
+  std::lock_guard<std::mutex> lock(a.mu);
+  auto it = a.pools.find(pool_);
+  return it == a.pools.end() ? 0 : it->second.bytes;
+}
+
+void Graph::capture(const std::function<void()>& body) {
+  require("cuda::Graph::capture");
+  CLUSTR_CHECK(!captured(), "cuda::Graph::capture: this graph holds a capture already");
+  CLUSTR_CHECK(!t_capturing, "cuda::Graph::capture: another graph is being captured on this "
+               "host thread");
+  const StreamHandle s = current;
+  CLUSTR_CHECK(s != kDefaultStream, "cuda::Graph::capture: the current stream is the legacy "
+               "default stream, which cannot capture; make a cuda::Stream current (StreamGuard)");
+  {
+    Allocator& a = allocator();
+    std::lock_guard<std::mutex> lock(a.mu);
+    pool_ = a.next_pool++;
+    a.pools[pool_];
+    a.capture[s] = pool_;
+  }
+  // Relaxed: the allocator may take a new block (cudaMalloc) during capture; what must not
+  // happen in a graph (host copies, synchronization) is refused by this runtime itself.
+  cudaError_t begun = cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed);
+  std::exception_ptr failed;
+  if (begun == cudaSuccess) {
+    t_capturing = true;
+    detail::freeze_host_draws(true);
+    try {
+      body();
+    } catch (...) {
+      failed = std::current_exception();
+    }
+    detail::freeze_host_draws(false);
+    t_capturing = false;
+  }
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended =
+      begun == cudaSuccess ? cudaStreamEndCapture(s, &graph) : cudaSuccess;
+  {
+    Allocator& a = allocator();
+    std::lock_guard<std::mutex> lock(a.mu);
+    a.capture.erase(s);
+  }
+  cudaError_t instantiated = cudaSuccess;
+  if (begun == cudaSuccess && ended == cudaSuccess && !failed)
+    instantiated = cudaGraphInstantiate(&exec_, graph, 0);
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  if (begun != cudaSuccess || ended != cudaSuccess || instantiated != cudaSuccess || failed) {
+    cudaGetLastError();  // reported here, not again by the next launch check
+    exec_ = nullptr;
+    release();
+    if (failed) {
+      try {
+        std::rethrow_exception(failed);
+      } catch (const std::exception& e) {
+        throw Error(detail::cat("capturing a CUDA graph: ", e.what()));
+      }
+    }
+    const cudaError_t e = begun != cudaSuccess ? begun : ended != cudaSuccess ? ended
+                                                                               : instantiated;
+    throw Error(detail::cat("capturing a CUDA graph: ",
+                            begun != cudaSuccess    ? "cudaStreamBeginCapture"
+                            : ended != cudaSuccess ? "cudaStreamEndCapture"
+                                                   : "cudaGraphInstantiate",
+                            " failed: ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")"));
+  }
+}
+
+void Graph::replay() {
+  CLUSTR_CHECK(captured(), "cuda::Graph::replay: nothing was captured");
+  refuse_if_capturing("cuda::Graph::replay", "a graph launched inside another's capture");
+  g_graph_launches.fetch_add(1, std::memory_order_relaxed);
+  CLUSTR_CUDA_CHECK(cudaGraphLaunch(exec_, current));
+#ifdef CLUSTR_CUDA_DEBUG_SYNC
+  CLUSTR_CUDA_CHECK(cudaStreamSynchronize(current));
+#endif
 }
 
 }  // namespace clustr::cuda
