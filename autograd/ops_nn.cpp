@@ -100,17 +100,15 @@ class CrossEntropyNode : public Node {
  public:
   const char* name() const override { return "cross_entropy"; }
   std::vector<Tensor> backward(const Tensor& g) override {
-    Tensor d = cross_entropy_backward(g, logits_, target_, weight_, lse_, ignore_index_,
-                                      reduction_, total_weight_);
+    Tensor d = cross_entropy_backward(g, logits_, target_, weight_, lse_, loss_scale_,
+                                      ignore_index_);
     return {d.reshape(logits_shape_)};
   }
-  void release() override { logits_ = target_ = weight_ = lse_ = Tensor(); }
+  void release() override { logits_ = target_ = weight_ = lse_ = loss_scale_ = Tensor(); }
 
-  Tensor logits_, target_, weight_, lse_;
+  Tensor logits_, target_, weight_, lse_, loss_scale_;
   Shape logits_shape_;
   int ignore_index_ = -100;
-  Reduction reduction_ = Reduction::mean;
-  double total_weight_ = 0;
 };
 
 }  // namespace
@@ -178,8 +176,7 @@ Variable cross_entropy(const Variable& logits, const Tensor& target, const Tenso
   node->lse_ = std::move(out.logsumexp);
   node->logits_shape_ = z.shape();
   node->ignore_index_ = ignore_index;
-  node->reduction_ = reduction;
-  node->total_weight_ = out.total_weight;
+  node->loss_scale_ = std::move(out.loss_scale);
   return attach(std::move(out.loss), std::move(node), {&logits});
 }
 

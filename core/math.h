@@ -308,7 +308,20 @@ CLUSTR_HD float cross_entropy_lse(float m, double log_s) { return static_cast<fl
 CLUSTR_HD double cross_entropy_row_loss(double w, float m, float x_t, double log_s) {
   return w * ((double(m) - x_t) + log_s);
 }
-// d loss / d logit_j of one cross-entropy row, scale = dloss * w_r / norm:
+// The results of a cross-entropy from its row sums (loss, weight: in double): mean divides by
+// the weight, and is 0 over no weight at all (every row ignored or weighted 0: nothing to
+// learn); loss_scale = d loss / d (sum of the row losses), which backward multiplies by dloss.
+struct CrossEntropyTotals {
+  float loss, weight_sum, loss_scale;
+};
+CLUSTR_HD CrossEntropyTotals cross_entropy_totals(double loss, double weight, bool mean) {
+  if (!mean) return {static_cast<float>(loss), static_cast<float>(weight), 1.0f};
+  if (!(weight > 0.0)) return {0.0f, static_cast<float>(weight), 0.0f};
+  return {static_cast<float>(loss / weight), static_cast<float>(weight),
+          static_cast<float>(1.0 / weight)};
+}
+CLUSTR_HD float cross_entropy_scale(float dloss, float loss_scale) { return dloss * loss_scale; }
+// d loss / d logit_j of one cross-entropy row, scale = dloss * loss_scale * w_r:
 // scale (softmax_j - [j == target]), softmax_j = exp(x_j - logsumexp).
 CLUSTR_HD float cross_entropy_dlogit(float x, float lse, bool is_target, float scale) {
   return scale * (exp(x - lse) - select(is_target, 1.0f, 0.0f));

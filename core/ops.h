@@ -105,12 +105,16 @@ LayerNormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, const Tens
 // w_r * (logsumexp(logits_r) - logits_r[target_r]), where w_r is weight[r] (f32 (R); an
 // undefined tensor means 1) and 0 when target_r == ignore_index. Targets outside [0, V) (other
 // than ignore_index) and negative weights are errors. mean divides by sum(w_r) (0 when every
-// row is ignored, as there is nothing to learn); sum does not.
+// row is ignored, as there is nothing to learn); sum does not. Every output stays on the
+// logits' device, so a device step reads nothing back (when the checks of the targets and
+// weights are deferred, cuda.h's DeferredChecks, not even those).
 enum class Reduction { mean, sum };
 struct CrossEntropyOutput {
-  Tensor loss;       // shape ()
-  Tensor logsumexp;  // (R), saved for backward
-  double total_weight = 0;
+  Tensor loss;        // shape ()
+  Tensor logsumexp;   // (R), saved for backward
+  Tensor weight_sum;  // shape (): sum of w_r over the counted rows (the tokens, unweighted)
+  Tensor loss_scale;  // shape (): d loss / d (sum of the row losses): 1 / weight_sum for mean
+                      // (0 when weight_sum is 0), 1 for sum; saved for backward
 };
 CrossEntropyOutput cross_entropy(const Tensor& logits, const Tensor& target, const Tensor& weight,
                                  int ignore_index, Reduction reduction);
@@ -120,10 +124,11 @@ struct CrossEntropySums {
   double loss = 0;    // sum of w_r * (lse_r - logits[r, target_r]) over counted rows
   double weight = 0;  // sum of w_r over counted rows
 };
-// dlogits = dloss * w_r / norm * (softmax(logits_r) - onehot(target_r)); dloss is shape ().
+// dlogits = dloss * loss_scale * w_r * (softmax(logits_r) - onehot(target_r)), 0 where
+// loss_scale is 0; dloss and loss_scale (the forward's) are shape ().
 Tensor cross_entropy_backward(const Tensor& dloss, const Tensor& logits, const Tensor& target,
-                              const Tensor& weight, const Tensor& logsumexp, int ignore_index,
-                              Reduction reduction, double total_weight);
+                              const Tensor& weight, const Tensor& logsumexp,
+                              const Tensor& loss_scale, int ignore_index);
 
 // Inverted dropout with a mask drawn from Philox counter blocks starting at `offset` of stream
 // `seed` (element i keeps with probability 1 - p, from block offset + i/4, word i%4): y = x *

@@ -5,6 +5,7 @@
 
 #include <vector>
 
+#include "core/cuda/cuda.h"
 #include "core/error.h"
 #include "core/tensor.h"
 
@@ -77,6 +78,25 @@ inline void check_lengths(const char* op, const Tensor& lengths, int64_t batch, 
     CLUSTR_CHECK(len[b] >= 0 && len[b] <= limit, op, ": lengths[", b, "] = ", len[b],
                  " is outside [0, ", limit_name, " = ", limit, "] (", like_name, " ",
                  describe(like), ")");
+}
+
+// As check_lengths, but checked by a kernel when the device's checks are deferred (cuda.h's
+// DeferredChecks): for ops whose device kernels read the lengths on the device and keep within
+// [0, limit] (and that check any host copy they make themselves).
+inline void check_lengths_deferrable(const char* op, const Tensor& lengths, int64_t batch,
+                                     int64_t limit, const char* limit_name,
+                                     const char* like_name, const Tensor& like) {
+  if (lengths.device() != Device::cuda || !cuda::deferring_checks() || limit >= INT32_MAX) {
+    check_lengths(op, lengths, batch, limit, limit_name, like_name, like);
+    return;
+  }
+  check_dtype(op, "lengths", lengths, DType::i32);
+  check_same_device(op, like, lengths);
+  CLUSTR_CHECK(lengths.shape() == Shape{batch}, op, ": expected lengths of shape (", batch,
+               ",) (one per sequence of ", like_name, " ", describe(like), "), got ",
+               describe(lengths));
+  cuda::check_range_on_device(op, "lengths", lengths.i32(), batch, 0,
+                              static_cast<int32_t>(limit + 1));
 }
 
 }  // namespace clustr::detail

@@ -38,9 +38,18 @@ bool on_cuda(const Tensor& t) { return t.device() == Device::cuda; }
 
 // Every index in [0, V); otherwise names the first bad one, where it is and what it is. The
 // values are read on the host: from a copy when the index is on the device (n numbers, small
-// next to the n x D rows they select).
+// next to the n x D rows they select), or, when the device's checks are deferred (cuda.h's
+// DeferredChecks), by a kernel that records the first bad one (the kernels then keep within
+// the table).
 void check_indices(const char* op, const Tensor& table, const Tensor& index) {
   const int64_t V = table.shape()[0];
+  if (on_cuda(index) && cuda::deferring_checks()) {
+    CLUSTR_CHECK(V <= INT32_MAX, op, ": table ", describe(table), " has more rows than an i32 "
+                 "index can name");
+    cuda::check_range_on_device(op, "index", index.i32(), index.numel(), 0,
+                                static_cast<int32_t>(V));
+    return;
+  }
   std::vector<int32_t> copy;
   const int32_t* p = detail::host_i32(index, copy);
   for (int64_t i = 0; i < index.numel(); ++i)
@@ -111,8 +120,11 @@ Tensor gather_rows(const Tensor& table, const Tensor& index) {
   Shape out_shape = index.shape();
   out_shape.push_back(D);
   Tensor out = Tensor::empty(out_shape, DType::f32, table.device());
-  auto fn = on_cuda(table) ? cuda::gather_rows : cpu::gather_rows;
-  if (out.numel() > 0) fn(table.f32(), D, index.i32(), index.numel(), out.f32());
+  if (out.numel() == 0) return out;
+  if (on_cuda(table))
+    cuda::gather_rows(table.f32(), table.shape()[0], D, index.i32(), index.numel(), out.f32());
+  else
+    cpu::gather_rows(table.f32(), D, index.i32(), index.numel(), out.f32());
   return out;
 }
 

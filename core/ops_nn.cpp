@@ -12,6 +12,7 @@
 #include "core/cpu/nn.h"
 #include "core/cuda/cuda.h"
 #include "core/error.h"
+#include "core/math.h"
 #include "core/ops.h"
 #include "core/ops_check.h"
 
@@ -45,7 +46,7 @@ void check_rows(const char* op, const char* what, const Tensor& x) {
 // Cross-entropy arguments: logits (R, V) with V >= 1, target i32 (R) with every value in
 // [0, V) or ignore_index, weight undefined or f32 (R) (>= 0 when check_weight_values). The
 // values are read on the host: from a copy when the tensors are on the device (R numbers, small
-// next to the R x V logits).
+// next to the R x V logits), or, when the device's checks are deferred, checked by a kernel.
 void check_cross_entropy(const char* op, const Tensor& logits, const Tensor& target,
                          const Tensor& weight, int ignore_index, bool check_weight_values) {
   check_f32(op, "logits", logits);
@@ -56,6 +57,15 @@ void check_cross_entropy(const char* op, const Tensor& logits, const Tensor& tar
   detail::check_same_device(op, logits, target);
   CLUSTR_CHECK(target.shape() == Shape{R}, op, ": expected target of shape (", R,
                ",) to match logits ", describe(logits), ", got ", describe(target));
+  const bool deferred = on_cuda(logits) && cuda::deferring_checks();
+  if (deferred) {
+    cuda::check_range_on_device(op, "target", target.i32(), R, 0, static_cast<int32_t>(V),
+                                ignore_index);
+    if (weight.defined()) check_arg(op, "weight", weight, logits, Shape{R});
+    if (weight.defined() && check_weight_values)
+      cuda::check_not_below_on_device(op, "weight", weight.f32(), R, 0.0f);
+    return;
+  }
   std::vector<int32_t> target_copy;
   const int32_t* t = detail::host_i32(target, target_copy);
   for (int64_t r = 0; r < R; ++r)
@@ -172,39 +182,49 @@ CrossEntropyOutput cross_entropy(const Tensor& logits, const Tensor& target, con
   check_reduction(op, reduction);
   check_cross_entropy(op, logits, target, weight, ignore_index, true);
   const int64_t R = logits.size(0), V = logits.size(1);
+  const bool mean = reduction == Reduction::mean;
+  const float* w = weight.defined() ? weight.f32() : nullptr;
   CrossEntropyOutput out;
   out.logsumexp = Tensor::empty({R}, DType::f32, logits.device());
-  auto fn = on_cuda(logits) ? cuda::cross_entropy : cpu::cross_entropy;
-  const CrossEntropySums sums = fn(logits.f32(), target.i32(),
-                                  weight.defined() ? weight.f32() : nullptr, ignore_index,
-                                  out.logsumexp.f32(), R, V);
-  out.total_weight = sums.weight;
-  // Mean over no weight at all (every row ignored or weighted 0) is 0: nothing to learn.
-  double loss = sums.loss;
-  if (reduction == Reduction::mean) loss = sums.weight > 0 ? sums.loss / sums.weight : 0.0;
-  out.loss = Tensor::scalar(static_cast<float>(loss), logits.device());
+  if (on_cuda(logits)) {  // the sums stay on the device
+    out.loss = Tensor::empty({}, DType::f32, logits.device());
+    out.weight_sum = Tensor::empty({}, DType::f32, logits.device());
+    out.loss_scale = Tensor::empty({}, DType::f32, logits.device());
+    cuda::cross_entropy(logits.f32(), target.i32(), w, ignore_index, out.logsumexp.f32(), R, V,
+                        mean, out.loss.f32(), out.weight_sum.f32(), out.loss_scale.f32());
+    return out;
+  }
+  const CrossEntropySums sums =
+      cpu::cross_entropy(logits.f32(), target.i32(), w, ignore_index, out.logsumexp.f32(), R, V);
+  const math::CrossEntropyTotals t = math::cross_entropy_totals(sums.loss, sums.weight, mean);
+  out.loss = Tensor::scalar(t.loss, logits.device());
+  out.weight_sum = Tensor::scalar(t.weight_sum, logits.device());
+  out.loss_scale = Tensor::scalar(t.loss_scale, logits.device());
   return out;
 }
 
-// dloss (), logits (R, V), target (R), weight (R) or undefined, logsumexp (R) -> dlogits (R, V).
+// dloss (), logits (R, V), target (R), weight (R) or undefined, logsumexp (R), loss_scale ()
+// -> dlogits (R, V).
 Tensor cross_entropy_backward(const Tensor& dloss, const Tensor& logits, const Tensor& target,
-                              const Tensor& weight, const Tensor& logsumexp, int ignore_index,
-                              Reduction reduction, double total_weight) {
+                              const Tensor& weight, const Tensor& logsumexp,
+                              const Tensor& loss_scale, int ignore_index) {
   const char* op = "cross_entropy_backward";
-  check_reduction(op, reduction);
   check_cross_entropy(op, logits, target, weight, ignore_index, false);
   const int64_t R = logits.size(0), V = logits.size(1);
   check_arg(op, "dloss", dloss, logits, Shape{});
   check_arg(op, "logsumexp", logsumexp, logits, Shape{R});
-  CLUSTR_CHECK(total_weight >= 0, op, ": expected total_weight >= 0, got ", total_weight);
-  const double norm = reduction == Reduction::mean ? total_weight : 1.0;
-  if (norm == 0.0) return Tensor::zeros(logits.shape(), DType::f32, logits.device());
+  check_arg(op, "loss_scale", loss_scale, logits, Shape{});
   Tensor dlogits = Tensor::empty(logits.shape(), DType::f32, logits.device());
-  // item() reads the one element on any device (a host copy of dloss on the device).
-  const float scale = static_cast<float>(double(dloss.item()) / norm);
-  auto fn = on_cuda(logits) ? cuda::cross_entropy_backward : cpu::cross_entropy_backward;
-  fn(scale, logits.f32(), target.i32(), weight.defined() ? weight.f32() : nullptr,
-     logsumexp.f32(), ignore_index, dlogits.f32(), R, V);
+  const float* w = weight.defined() ? weight.f32() : nullptr;
+  if (on_cuda(logits)) {  // the scale is read by the kernel, on the device
+    cuda::cross_entropy_backward(dloss.f32(), loss_scale.f32(), logits.f32(), target.i32(), w,
+                                 logsumexp.f32(), ignore_index, dlogits.f32(), R, V);
+    return dlogits;
+  }
+  const float scale = math::cross_entropy_scale(dloss.item(), loss_scale.item());
+  if (scale == 0.0f) return Tensor::zeros(logits.shape(), DType::f32, logits.device());
+  cpu::cross_entropy_backward(scale, logits.f32(), target.i32(), w, logsumexp.f32(),
+                              ignore_index, dlogits.f32(), R, V);
   return dlogits;
 }
 

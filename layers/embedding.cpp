@@ -59,7 +59,10 @@ Variable PositionalEncoding::forward(const Variable& x) const {
   CLUSTR_CHECK(x.defined(), "PositionalEncoding(", dim_, "): x is undefined");
   CLUSTR_CHECK(x.rank() == 3 && x.size(2) == dim_, "PositionalEncoding(", dim_,
                "): expected x (B, N, ", dim_, "), got ", describe(x.data()));
-  const Variable pe(sinusoidal_positional_encoding(x.size(1), dim_, x.device()));
+  const int64_t N = x.size(1);
+  if (!table_.defined() || table_.device() != x.device() || table_.size(0) < N)
+    table_ = sinusoidal_positional_encoding(N, dim_, x.device());
+  const Variable pe(table_.size(0) == N ? table_ : table_.rows(0, N));
   return add(x, pe);  // (B, N, D) + (N, D)
 }
 

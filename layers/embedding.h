@@ -37,8 +37,9 @@ class Embedding : public Module {
 Tensor sinusoidal_positional_encoding(int64_t positions, int64_t dim, Device device = Device::cpu);
 
 // Adds the sinusoidal table to a batch of sequences: x (B, N, D) -> x + PE[:N] (broadcast over
-// B). No parameters; the table is computed for each call's N (its cost, N x D sines, is small
-// next to the layer that follows), so any length works.
+// B). No parameters; the table is kept on x's device for the longest N seen so far (a longer N
+// or another device computes it again), so a step copies nothing to the device once it has
+// seen its length, and any length works.
 class PositionalEncoding : public Module {
  public:
   explicit PositionalEncoding(int64_t dim);
@@ -50,6 +51,7 @@ class PositionalEncoding : public Module {
 
  private:
   int64_t dim_;
+  mutable Tensor table_;  // (M, D) on the last forward's device, M the longest N seen
 };
 
 }  // namespace clustr

@@ -220,15 +220,16 @@ TEST_CASE("cuda nn: cross-entropy forward and backward match the cpu") {
           {{"loss", close(1e-6, 1e-6)}, {"logsumexp", close(1e-6, 1e-6)}});
       REQUIRE(out.size() == 2);
       const clustr::CrossEntropyOutput& e = out[0];
-      CHECK(out[1].total_weight == doctest::Approx(e.total_weight).epsilon(1e-12));
+      CHECK(out[1].weight_sum.item() == doctest::Approx(e.weight_sum.item()).epsilon(1e-6));
+      CHECK(out[1].loss_scale.item() == doctest::Approx(e.loss_scale.item()).epsilon(1e-6));
 
-      // The cpu's logsumexp and total weight, so that only backward differs.
+      // The cpu's logsumexp and loss scale, so that only backward differs.
       compare_devices(
           [&](const Inputs& v) {
-            return clustr::cross_entropy_backward(v[0], v[1], v[2], v[3], v[4], c.ignore_index,
-                                                  red, e.total_weight);
+            return clustr::cross_entropy_backward(v[0], v[1], v[2], v[3], v[4], v[5],
+                                                  c.ignore_index);
           },
-          {Tensor::scalar(0.75f), logits, target, weight, e.logsumexp}, formula());
+          {Tensor::scalar(0.75f), logits, target, weight, e.logsumexp, e.loss_scale}, formula());
     }
   }
   // Every row ignored: mean is 0, and so is the gradient.
@@ -237,10 +238,10 @@ TEST_CASE("cuda nn: cross-entropy forward and backward match the cpu") {
   const clustr::CrossEntropyOutput g =
       clustr::cross_entropy(logits, target, Tensor(), -100, clustr::Reduction::mean);
   CHECK(g.loss.item() == 0.0f);
-  CHECK(g.total_weight == 0.0);
+  CHECK(g.weight_sum.item() == 0.0f);
+  CHECK(g.loss_scale.item() == 0.0f);
   CHECK(clustr::cross_entropy_backward(Tensor::scalar(1.0f, Device::cuda), logits, target,
-                                       Tensor(), g.logsumexp, -100, clustr::Reduction::mean,
-                                       g.total_weight)
+                                       Tensor(), g.logsumexp, g.loss_scale, -100)
             .to_vector() == std::vector<float>(12, 0.0f));
 }
 

@@ -151,9 +151,9 @@ void check_cross_entropy(const std::vector<float>& z, const std::vector<int32_t>
   CHECK(out.loss.shape() == Shape{});
   CHECK_CLOSE(out.loss.to_vector(), want.loss, 1e-6, 1e-6);
   CHECK_CLOSE(out.logsumexp.to_vector(), want.lse, 0.0, 1e-6);
-  CHECK(out.total_weight == doctest::Approx(want.total_weight).epsilon(1e-12));
+  CHECK(out.weight_sum.item() == doctest::Approx(want.total_weight).epsilon(1e-6));
   const Tensor d = cross_entropy_backward(Tensor::scalar(float(dloss)), Z, T, W, out.logsumexp,
-                                          ignore, red, out.total_weight);
+                                          out.loss_scale, ignore);
   CHECK_CLOSE(d.to_vector(), want.dlogits, 1e-7, grad_rtol);
 }
 
@@ -341,7 +341,8 @@ TEST_CASE("cross_entropy with all but one row ignored is that row's loss") {
   }
   const CrossEntropyOutput out = cross_entropy(vec(z, {R, V}), Tensor::from_int_vector(t, {R}),
                                                vec(w, {R}), -1, Reduction::mean);
-  CHECK(out.total_weight == 2.0);
+  CHECK(out.weight_sum.item() == 2.0f);
+  CHECK(out.loss_scale.item() == 0.5f);
   const std::vector<float> row2(z.begin() + 2 * V, z.begin() + 3 * V);
   const CrossEntropyOutput one = cross_entropy(vec(row2, {1, V}), Tensor::from_int_vector({4}, {1}),
                                                Tensor(), -1, Reduction::mean);
@@ -360,9 +361,9 @@ TEST_CASE("cross_entropy with every row ignored or weighted 0 gives loss 0 and z
     for (Reduction red : {Reduction::mean, Reduction::sum}) {
       const CrossEntropyOutput out = cross_entropy(z, c.target, c.weight, -100, red);
       CHECK(out.loss.item() == 0.0f);
-      CHECK(out.total_weight == 0.0);
+      CHECK(out.weight_sum.item() == 0.0f);
       const Tensor d = cross_entropy_backward(Tensor::scalar(1.0f), z, c.target, c.weight,
-                                              out.logsumexp, -100, red, out.total_weight);
+                                              out.logsumexp, out.loss_scale, -100);
       for (float v : d.to_vector()) CHECK(v == 0.0f);
     }
   }
@@ -377,8 +378,8 @@ TEST_CASE("cross_entropy results do not depend on the thread count") {
   for (int threads : {1, 2}) {
     ThreadCount tc(threads);
     const CrossEntropyOutput out = cross_entropy(z, t, w, -100, Reduction::mean);
-    const Tensor d = cross_entropy_backward(Tensor::scalar(1.0f), z, t, w, out.logsumexp, -100,
-                                            Reduction::mean, out.total_weight);
+    const Tensor d = cross_entropy_backward(Tensor::scalar(1.0f), z, t, w, out.logsumexp,
+                                            out.loss_scale, -100);
     runs[threads - 1] = {out.loss.to_vector(), out.logsumexp.to_vector(), d.to_vector()};
   }
   CHECK(runs[0] == runs[1]);
@@ -405,9 +406,12 @@ TEST_CASE("cross_entropy rejects bad targets, weights and shapes") {
   CHECK_ERROR(cross_entropy(z, t, Tensor::zeros({2}), -100, Reduction::mean),
               "expected weight of shape (3,)");
   const CrossEntropyOutput out = cross_entropy(z, t, Tensor(), -100, Reduction::mean);
-  CHECK_ERROR(cross_entropy_backward(Tensor::zeros({1}), z, t, Tensor(), out.logsumexp, -100,
-                                     Reduction::mean, 3.0),
+  CHECK_ERROR(cross_entropy_backward(Tensor::zeros({1}), z, t, Tensor(), out.logsumexp,
+                                     out.loss_scale, -100),
               "cross_entropy_backward", "expected dloss of shape ()");
+  CHECK_ERROR(cross_entropy_backward(Tensor::scalar(1.0f), z, t, Tensor(), out.logsumexp,
+                                     Tensor::zeros({1}), -100),
+              "cross_entropy_backward", "expected loss_scale of shape ()");
 }
 
 TEST_CASE("dropout uses the Philox mask: keep when uint_to_unit(word) >= p, scale 1/(1-p)") {

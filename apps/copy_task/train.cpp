@@ -111,7 +111,7 @@ Evaluation Trainer::evaluate(const std::vector<CopyTaskBatch>& batches) const {
     const CrossEntropyOutput ce =
         cross_entropy(logits.reshape({-1, V}), b.target.reshape({-1}), Tensor(),
                       kCopyTaskIgnoreIndex, Reduction::sum);
-    const auto counted = static_cast<int64_t>(std::llround(ce.total_weight));
+    const auto counted = static_cast<int64_t>(std::llround(ce.weight_sum.item()));
     loss_sum += double(ce.loss.item());
     correct += masked_accuracy(argmax(logits, -1), b.target) * double(counted);
     tokens += counted;

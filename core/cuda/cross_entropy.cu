@@ -6,8 +6,12 @@
 //
 // Forward gives each row to one block (max, then the sum of exp(x - max) in double over a
 // block_reduce), which writes the row's logsumexp and its weighted loss and weight; one more
-// block adds the R row terms in a fixed tree (double), and the two sums come back to the host,
-// as the CPU kernel returns them. Backward is element-wise.
+// block adds the R row terms in a fixed tree (double) and writes the loss, the weight sum and
+// the loss scale (math::cross_entropy_totals) to device scalars: nothing comes back to the
+// host. Backward is element-wise and reads dloss and the loss scale on the device.
+//
+// A target outside [0, V) that is not ignore_index (possible only when the front door's check
+// was deferred to the device, cuda.h's DeferredChecks) reads no logit: its row's loss is NaN.
 #include <cmath>
 #include <cstdint>
 
@@ -66,19 +70,23 @@ struct CrossEntropyRowsKernel {
         lse[r] = math::cross_entropy_lse(m, log_s);
         const int32_t tr = target[r];
         const double w = math::cross_entropy_weight(tr, ignore_index, weight, r);
+        const bool bad = tr != ignore_index && (tr < 0 || tr >= V);
         row_weight[r] = w;
-        row_loss[r] = w == 0.0 ? 0.0 : math::cross_entropy_row_loss(w, m, xr[tr], log_s);
+        row_loss[r] = bad        ? double(NAN)
+                      : w == 0.0 ? 0.0
+                                 : math::cross_entropy_row_loss(w, m, xr[tr], log_s);
       }
     }
   }
 };
 
-// sums[0], sums[1] = the sums of row_loss and row_weight (R), by one block.
+// The sums of row_loss and row_weight (R), by one block -> loss, weight_sum, loss_scale ().
 struct CrossEntropyTotalKernel {
   static constexpr bool kUsesBarrier = true;
   const double* row_loss;
   const double* row_weight;
-  double* sums;
+  bool mean;
+  float *loss, *weight_sum, *loss_scale;
   int64_t R;
   CLUSTR_DEVICE void operator()(const Thread& t) const {
     const unsigned tid = t.thread_idx().x, nt = t.block_dim().x;
@@ -89,16 +97,20 @@ struct CrossEntropyTotalKernel {
     }
     const Sums2 s = block_reduce(t, acc, t.shared<Sums2>(), AddSums2{});
     if (tid == 0) {
-      sums[0] = s.loss;
-      sums[1] = s.weight;
+      const math::CrossEntropyTotals totals = math::cross_entropy_totals(s.loss, s.weight, mean);
+      *loss = totals.loss;
+      *weight_sum = totals.weight_sum;
+      *loss_scale = totals.loss_scale;
     }
   }
 };
 
-// dlogits (R, V) = scale * w_r * (softmax(logits_r) - onehot(target_r)), 0 on rows with w_r = 0.
+// dlogits (R, V) = dloss * loss_scale * w_r * (softmax(logits_r) - onehot(target_r)), 0 on rows
+// with w_r = 0 and everywhere when the scale is 0.
 struct CrossEntropyBackwardKernel {
   static constexpr bool kUsesBarrier = false;
-  float scale;
+  const float* dloss;
+  const float* loss_scale;
   const float* logits;
   const int32_t* target;
   const float* weight;
@@ -107,48 +119,48 @@ struct CrossEntropyBackwardKernel {
   float* dlogits;
   int64_t R, V;
   CLUSTR_DEVICE void operator()(const Thread& t) const {
+    const float scale = math::cross_entropy_scale(*dloss, *loss_scale);
     for (int64_t i = global_x(t); i < R * V; i += grid_stride_x(t)) {
       const int64_t r = i / V, j = i - r * V;
       const int32_t tr = target[r];
       const float w = math::cross_entropy_weight(tr, ignore_index, weight, r);
-      dlogits[i] =
-          w == 0.0f ? 0.0f : math::cross_entropy_dlogit(logits[i], lse[r], j == tr, scale * w);
+      dlogits[i] = w == 0.0f || scale == 0.0f
+                       ? 0.0f
+                       : math::cross_entropy_dlogit(logits[i], lse[r], j == tr, scale * w);
     }
   }
 };
 
 }  // namespace
 
-// logits (R, V); target (R), checked by the caller; weight (R) or null; lse (R) (=).
-CrossEntropySums cross_entropy(const float* logits, const int32_t* target, const float* weight,
-                               int32_t ignore_index, float* lse, int64_t R, int64_t V) {
-  CrossEntropySums out;
-  if (R == 0) return out;
+// logits (R, V); target (R), checked by the caller; weight (R) or null; lse (R) (=); loss,
+// weight_sum, loss_scale () (=).
+void cross_entropy(const float* logits, const int32_t* target, const float* weight,
+                   int32_t ignore_index, float* lse, int64_t R, int64_t V, bool mean, float* loss,
+                   float* weight_sum, float* loss_scale) {
   require("cuda::cross_entropy");
-  Scratch<double> row_loss(R), row_weight(R), sums(2);
+  Scratch<double> row_loss(R), row_weight(R);
   const unsigned threads = row_threads(V);
-  launch("cuda::cross_entropy (rows)", {row_blocks(R)}, {threads}, threads * sizeof(double),
-         CrossEntropyRowsKernel{logits, target, weight, ignore_index, lse, row_loss.get(),
-                                row_weight.get(), R, V});
+  if (R > 0)
+    launch("cuda::cross_entropy (rows)", {row_blocks(R)}, {threads}, threads * sizeof(double),
+           CrossEntropyRowsKernel{logits, target, weight, ignore_index, lse, row_loss.get(),
+                                  row_weight.get(), R, V});
   const unsigned total_threads = row_threads(R);
   launch("cuda::cross_entropy (total)", {1}, {total_threads}, total_threads * sizeof(Sums2),
-         CrossEntropyTotalKernel{row_loss.get(), row_weight.get(), sums.get(), R});
-  double host[2];
-  copy_d2h(host, sums.get(), sizeof host);
-  out.loss = host[0];
-  out.weight = host[1];
-  return out;
+         CrossEntropyTotalKernel{row_loss.get(), row_weight.get(), mean, loss, weight_sum,
+                                 loss_scale, R});
 }
 
-// logits, dlogits (R, V); target, weight (or null), lse (R); dlogits overwritten (=).
-void cross_entropy_backward(float scale, const float* logits, const int32_t* target,
-                            const float* weight, const float* lse, int32_t ignore_index,
-                            float* dlogits, int64_t R, int64_t V) {
+// logits, dlogits (R, V); target, weight (or null), lse (R); dloss, loss_scale (); dlogits
+// overwritten (=).
+void cross_entropy_backward(const float* dloss, const float* loss_scale, const float* logits,
+                            const int32_t* target, const float* weight, const float* lse,
+                            int32_t ignore_index, float* dlogits, int64_t R, int64_t V) {
   if (R * V == 0) return;
   require("cuda::cross_entropy_backward");
   launch("cuda::cross_entropy_backward", {elementwise_blocks(R * V)}, {kElementwiseThreads}, 0,
-         CrossEntropyBackwardKernel{scale, logits, target, weight, lse, ignore_index, dlogits, R,
-                                    V});
+         CrossEntropyBackwardKernel{dloss, loss_scale, logits, target, weight, lse, ignore_index,
+                                    dlogits, R, V});
 }
 
 }  // namespace clustr::cuda

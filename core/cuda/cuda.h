@@ -207,6 +207,38 @@ class Graph {
 // Whether this host thread is capturing a graph now (inside Graph::capture's body).
 bool capturing();
 
+// ---- checks made on the device (core/cuda/device_checks.cu) ------------------------------------
+//
+// The ops check values that live in device memory (indices, lengths, class targets) on a host
+// copy, which makes the host wait for the device. In a step that must not wait (while a graph
+// is being captured, or inside a DeferredChecks scope) such a check is a kernel instead: it
+// records the first value out of range in a device word, and raise_device_errors(), which
+// waits for the device, throws it as a clustr::Error naming the op, what was checked, the
+// element and the range. The kernels that index with such values clamp them meanwhile, so a bad
+// value reads no memory outside its tensor (the result is then wrong, and the error says so).
+class DeferredChecks {
+ public:
+  DeferredChecks();
+  ~DeferredChecks();
+  DeferredChecks(const DeferredChecks&) = delete;
+  DeferredChecks& operator=(const DeferredChecks&) = delete;
+
+ private:
+  bool previous_;
+};
+// Whether the checks of device values are deferred on this thread (capturing, or a scope).
+bool deferring_checks();
+// values[0, n) each in [lo, hi) or equal to `also` (e.g. an ignore index; INT32_MIN: none),
+// checked on the device; `op` and `what` (string literals) name them in the error.
+void check_range_on_device(const char* op, const char* what, const int32_t* values, int64_t n,
+                           int32_t lo, int32_t hi, int32_t also = INT32_MIN);
+// values[0, n) each >= lo (a NaN fails), checked on the device.
+void check_not_below_on_device(const char* op, const char* what, const float* values, int64_t n,
+                               float lo);
+// Throws the first failure the device checks have recorded (and clears it); waits for the
+// device. Nothing recorded: returns.
+void raise_device_errors();
+
 // ---- memory and copies (core/cuda/runtime.cu) --------------------------------------------------
 
 // Caching allocator: freed blocks are kept for reuse (by rounded size) instead of cudaFree, in
@@ -324,23 +356,29 @@ void layer_norm_backward(const float* dy, const float* x, const float* mean, con
 void bias_activation(float* y, const float* bias, bool relu, int64_t R, int64_t N);
 
 // Cross-entropy (core/cuda/cross_entropy.cu). logits (R, V); target (R), each in [0, V) or
-// ignore_index (checked by the caller); weight (R) or null; lse (R) = logsumexp of each row (=).
-// Returns the row sums to the host. Backward: dlogits (R, V) (=) = scale * w_r *
-// (softmax(logits_r) - onehot(target_r)), 0 on rows with w_r = 0.
-CrossEntropySums cross_entropy(const float* logits, const int32_t* target, const float* weight,
-                               int32_t ignore_index, float* lse, int64_t R, int64_t V);
-void cross_entropy_backward(float scale, const float* logits, const int32_t* target,
-                            const float* weight, const float* lse, int32_t ignore_index,
-                            float* dlogits, int64_t R, int64_t V);
+// ignore_index (checked by the caller, maybe on the device: a bad one makes the loss NaN);
+// weight (R) or null; lse (R) = logsumexp of each row (=); loss, weight_sum, loss_scale () (=),
+// as math::cross_entropy_totals gives them (mean or sum). Backward: dlogits (R, V) (=) =
+// dloss * loss_scale * w_r * (softmax(logits_r) - onehot(target_r)), 0 on rows with w_r = 0
+// and everywhere when the scale is 0; dloss and loss_scale are read on the device.
+void cross_entropy(const float* logits, const int32_t* target, const float* weight,
+                   int32_t ignore_index, float* lse, int64_t R, int64_t V, bool mean, float* loss,
+                   float* weight_sum, float* loss_scale);
+void cross_entropy_backward(const float* dloss, const float* loss_scale, const float* logits,
+                            const int32_t* target, const float* weight, const float* lse,
+                            int32_t ignore_index, float* dlogits, int64_t R, int64_t V);
 
 // Layout (core/cuda/layout.cu), the twins of core/cpu/kernels.h's. y = x with axes permuted:
 // y.shape[i] = in_shape[perm[i]], 4-byte words (f32 and i32 alike); in_shape and perm are host
 // arrays.
 void permute(const uint32_t* x, uint32_t* y, int rank, const int64_t* in_shape, const int* perm);
-// out (n, D) = table[index[i], :] (=); table (V, D). Indices are checked by the caller.
-void gather_rows(const float* table, int64_t D, const int32_t* index, int64_t n, float* out);
+// out (n, D) = table[index[i], :] (=); table (V, D). Indices are checked by the caller (maybe
+// on the device: a row whose index is outside [0, V) is then NaN).
+void gather_rows(const float* table, int64_t V, int64_t D, const int32_t* index, int64_t n,
+                 float* out);
 // table[index[i], :] += src[i, :] (accumulated, each element's sources in index order, as on
-// the cpu); table (V, D), src (n, D). Reads the index on the host.
+// the cpu); table (V, D), src (n, D). Groups the indices on the device (nothing read back);
+// an index outside [0, V) (a check deferred to the device) is left out.
 void scatter_add_rows(float* table, int64_t V, int64_t D, const int32_t* index, int64_t n,
                       const float* src);
 

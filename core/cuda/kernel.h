@@ -21,6 +21,7 @@
 //                          in a block whose size is a multiple of 32; kUsesBarrier true)
 //   (and, for sm_80 and later, the tensor-core instructions of core/cuda/mma.h)
 //   atomic_add(p, v)       atomicAdd on a float or an int32 in global or shared memory
+//   atomic_cas(p, e, d)    atomicCAS on an int32: *p = d if *p == e; returns the old *p
 //   block_reduce(t, v, scratch, op)   a reduction over the block (built on shared memory and
 //                          t.sync(), so no warp shuffles are needed)
 //   block_exclusive_sum(t, v, scratch) the sum of v over the threads before this one
@@ -87,6 +88,9 @@ struct Thread {
 
 CLUSTR_DEVICE float atomic_add(float* p, float v) { return atomicAdd(p, v); }
 CLUSTR_DEVICE int32_t atomic_add(int32_t* p, int32_t v) { return atomicAdd(p, v); }
+CLUSTR_DEVICE int32_t atomic_cas(int32_t* p, int32_t expected, int32_t desired) {
+  return atomicCAS(p, expected, desired);
+}
 
 template <class K>
 __global__ void kernel_entry(K k) {
@@ -164,6 +168,10 @@ struct Thread {
 inline float atomic_add(float* p, float v) { return emulation::atomic_add_f32(p, v); }
 inline int32_t atomic_add(int32_t* p, int32_t v) {
   return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
+}
+inline int32_t atomic_cas(int32_t* p, int32_t expected, int32_t desired) {
+  __atomic_compare_exchange_n(p, &expected, desired, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+  return expected;  // the old value, whether or not it was replaced
 }
 
 template <class K>

@@ -10,13 +10,14 @@
 // block transposes kTile x kTile tiles through shared memory: it reads a tile along the input's
 // rows and writes it along the output's rows.
 //
-// scatter_add_rows is deterministic and adds in the CPU's order, without atomics: the index is
-// copied to the host (the front door has just copied it there for its range check; it is n
-// numbers, small next to the n x D rows) and sorted by destination row, stably, and each
-// destination row is then given to one block whose threads add, column by column, the source
-// rows in index order. An element therefore receives the same float additions in the same order
-// as on the CPU, so the two agree bit for bit and a run is reproducible; atomic_add would add
-// repeated tokens in whatever order the threads arrive.
+// scatter_add_rows is deterministic and adds in the CPU's order, without atomics: the indices
+// are grouped by destination row on the device, stably (see the kernels below; nothing is read
+// back, so a step that must not wait for the host can use it), and each destination row is
+// then given to one block whose threads add, column by column, the source rows in index order.
+// An element therefore receives the same float additions in the same order as on the CPU, so
+// the two agree bit for bit and a run is reproducible; atomic_add would add repeated tokens in
+// whatever order the threads arrive.
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -77,44 +78,129 @@ struct TransposeTilesKernel {
   }
 };
 
-// out (n, D) = table[index[i], :].
+// out (n, D) = table[index[i], :]; a row whose index is outside [0, V) (possible only when the
+// front door's check was deferred to the device) is NaN, and nothing outside the table is read.
 struct GatherRowsKernel {
   static constexpr bool kUsesBarrier = false;
   const float* table;
-  int64_t D;
+  int64_t V, D;
   const int32_t* index;
   int64_t n;
   float* out;
   CLUSTR_DEVICE void operator()(const Thread& t) const {
     for (int64_t e = global_x(t); e < n * D; e += grid_stride_x(t)) {
       const int64_t i = e / D, c = e - i * D;
-      out[e] = table[static_cast<int64_t>(index[i]) * D + c];
+      const int64_t v = index[i];
+      out[e] = v >= 0 && v < V ? table[v * D + c] : NAN;
     }
   }
 };
 
-// For each touched destination row u (rows[u]): table[rows[u], c] += src[order[k], c] for k in
-// [starts[u], starts[u + 1]), k increasing, i.e. the sources in index order. One block per row,
-// its threads over the columns.
-struct ScatterAddRowsKernel {
+// scatter_add_rows groups the n indices by destination row on the device, stably (within a row
+// in index order), in three launches, then adds:
+//   1. count: the indices in chunks of kScatterChunk, a block per chunk. Each index's rank
+//      among the equal indices before it in its chunk, and, written by the first of them, how
+//      many the chunk holds: counts (V, chunks), row-major, so that
+//   2. scan: one block's exclusive sum over counts in that order gives where each (row, chunk)
+//      group starts, i.e. rows in order, and within a row the chunks in order;
+//   3. place: order[start(row, chunk) + rank] = i;
+//   4. add: a block per destination row adds its sources in order, as the CPU does.
+// Indices outside [0, V) (a check deferred to the device) are left out.
+constexpr int64_t kScatterChunk = 1024;
+constexpr unsigned kScatterThreads = 256;
+
+CLUSTR_DEVICE bool in_table(int32_t v, int64_t V) { return v >= 0 && v < V; }
+
+struct ScatterCountKernel {
+  static constexpr bool kUsesBarrier = true;
+  const int32_t* index;
+  int64_t n, V, chunks;
+  int32_t* counts;  // (V, chunks)
+  int32_t* rank;    // (n)
+  CLUSTR_DEVICE void operator()(const Thread& t) const {
+    int32_t* keys = t.shared<int32_t>();  // kScatterChunk
+    const unsigned tid = t.thread_idx().x, nt = t.block_dim().x;
+    for (int64_t c = t.block_idx().x; c < chunks; c += t.grid_dim().x) {
+      const int64_t begin = c * kScatterChunk;
+      const int64_t len = n - begin < kScatterChunk ? n - begin : kScatterChunk;
+      for (int64_t v = tid; v < V; v += nt) counts[v * chunks + c] = 0;
+      for (int64_t k = tid; k < len; k += nt) keys[k] = index[begin + k];
+      t.sync();  // the zeros and the keys are in place for every thread of the block
+      for (int64_t k = tid; k < len; k += nt) {
+        const int32_t key = keys[k];
+        if (!in_table(key, V)) continue;
+        int32_t before = 0, total = 0;
+        for (int64_t j = 0; j < len; ++j) {
+          const int32_t same = keys[j] == key ? 1 : 0;
+          before += j < k ? same : 0;
+          total += same;
+        }
+        rank[begin + k] = before;
+        if (before == 0) counts[key * chunks + c] = total;
+      }
+      t.sync();  // the keys are read before the next chunk overwrites them
+    }
+  }
+};
+
+// counts (m) -> their exclusive sums, in place, and counts[m] = the total. One block: each
+// thread sums its contiguous span, the spans' sums are scanned, then each thread writes its
+// span's.
+struct ScatterScanKernel {
+  static constexpr bool kUsesBarrier = true;
+  int32_t* counts;
+  int64_t m;
+  CLUSTR_DEVICE void operator()(const Thread& t) const {
+    const Span s = block_span(t, m);
+    int mine = 0;
+    for (int64_t k = s.begin; k < s.end; ++k) mine += counts[k];
+    int before = block_exclusive_sum(t, mine, t.shared<int>());
+    for (int64_t k = s.begin; k < s.end; ++k) {
+      const int c = counts[k];
+      counts[k] = before;
+      before += c;
+    }
+    if (t.thread_idx().x == t.block_dim().x - 1) counts[m] = before;
+  }
+};
+
+struct ScatterPlaceKernel {
+  static constexpr bool kUsesBarrier = false;
+  const int32_t* index;
+  const int32_t* starts;  // the scanned counts
+  const int32_t* rank;
+  int64_t n, V, chunks;
+  int32_t* order;
+  CLUSTR_DEVICE void operator()(const Thread& t) const {
+    for (int64_t i = global_x(t); i < n; i += grid_stride_x(t)) {
+      const int32_t key = index[i];
+      if (!in_table(key, V)) continue;
+      order[starts[key * chunks + i / kScatterChunk] + rank[i]] = static_cast<int32_t>(i);
+    }
+  }
+};
+
+// table[v, c] += src[order[k], c] for k in row v's range of order, k increasing: the sources in
+// index order. A block per row (rows without sources are skipped), its threads over the
+// columns.
+struct ScatterAddKernel {
   static constexpr bool kUsesBarrier = false;
   float* table;
-  int64_t D;
+  int64_t V, D, chunks;
   const float* src;
-  const int64_t* order;
-  const int64_t* rows;
-  const int64_t* starts;
-  int64_t U;
+  const int32_t* starts;  // (V * chunks + 1)
+  const int32_t* order;
   CLUSTR_DEVICE void operator()(const Thread& t) const {
-    for (int64_t u = t.block_idx().x; u < U; u += t.grid_dim().x) {
-      float* dst = table + rows[u] * D;
+    for (int64_t v = t.block_idx().x; v < V; v += t.grid_dim().x) {
+      const int64_t begin = starts[v * chunks], end = starts[(v + 1) * chunks];
+      if (begin == end) continue;
+      float* dst = table + v * D;
       for (int64_t c = t.thread_idx().x; c < D; c += t.block_dim().x) {
         // In k order, as the CPU adds them; four rows' loads in flight before their additions
         // (a row that occurs thousands of times, as a small vocabulary's do, was otherwise one
         // load's latency per occurrence).
         float acc = dst[c];
-        const int64_t end = starts[u + 1];
-        int64_t k = starts[u];
+        int64_t k = begin;
         for (; k + 3 < end; k += 4) {
           const float v0 = src[order[k] * D + c], v1 = src[order[k + 1] * D + c];
           const float v2 = src[order[k + 2] * D + c], v3 = src[order[k + 3] * D + c];
@@ -179,42 +265,38 @@ void permute(const uint32_t* x, uint32_t* y, int rank, const int64_t* in_shape, 
          kTile * (kTile + 1) * sizeof(uint32_t), k);
 }
 
-// table (V, D), index (n) -> out (n, D) (=). Indices were checked by the front door.
-void gather_rows(const float* table, int64_t D, const int32_t* index, int64_t n, float* out) {
+// table (V, D), index (n) -> out (n, D) (=). Indices were checked by the front door (on the
+// device, when deferred: a bad one gives a NaN row).
+void gather_rows(const float* table, int64_t V, int64_t D, const int32_t* index, int64_t n,
+                 float* out) {
   if (n * D == 0) return;
   require("cuda::gather_rows");
   launch("cuda::gather_rows", {elementwise_blocks(n * D)}, {kElementwiseThreads}, 0,
-         GatherRowsKernel{table, D, index, n, out});
+         GatherRowsKernel{table, V, D, index, n, out});
 }
 
 // table (V, D) += rows of src (n, D) at index (n) (accumulated). Indices were checked by the
-// front door.
+// front door (on the device, when deferred: a bad one is left out).
 void scatter_add_rows(float* table, int64_t V, int64_t D, const int32_t* index, int64_t n,
                       const float* src) {
   if (n * D == 0) return;
   require("cuda::scatter_add_rows");
-  std::vector<int32_t> idx(static_cast<size_t>(n));
-  copy_d2h(idx.data(), index, idx.size() * sizeof(int32_t));
-  // A stable counting sort by destination row: order lists i by row, and by i within a row.
-  std::vector<int64_t> next(static_cast<size_t>(V) + 1, 0);
-  for (int32_t v : idx) ++next[static_cast<size_t>(v) + 1];
-  for (int64_t v = 0; v < V; ++v) next[v + 1] += next[v];
-  // plan = order (n), then the touched rows (U), then their starts in order (U + 1).
-  std::vector<int64_t> plan(static_cast<size_t>(n));
-  std::vector<int64_t> rows, starts;
-  for (int64_t v = 0; v < V; ++v)
-    if (next[v + 1] > next[v]) rows.push_back(v), starts.push_back(next[v]);
-  starts.push_back(n);
-  for (int64_t i = 0; i < n; ++i) plan[next[idx[i]]++] = i;
-  const int64_t U = static_cast<int64_t>(rows.size());
-  plan.insert(plan.end(), rows.begin(), rows.end());
-  plan.insert(plan.end(), starts.begin(), starts.end());
-  Scratch<int64_t> dplan(static_cast<int64_t>(plan.size()));
-  copy_h2d(dplan.get(), plan.data(), plan.size() * sizeof(int64_t));
-  const unsigned threads = row_threads(D);
-  launch("cuda::scatter_add_rows", {row_blocks(U)}, {threads}, 0,
-         ScatterAddRowsKernel{table, D, src, dplan.get(), dplan.get() + n, dplan.get() + n + U,
-                              U});
+  CLUSTR_CHECK(n <= INT32_MAX && V <= INT32_MAX, "cuda::scatter_add_rows: ", n, " indices into ",
+               V, " rows; at most ", INT32_MAX, " of each");
+  const int64_t chunks = (n + kScatterChunk - 1) / kScatterChunk, m = V * chunks;
+  // counts, then the starts (m + 1), rank (n), order (n).
+  Scratch<int32_t> work(m + 1 + 2 * n);
+  int32_t* const counts = work.get();
+  int32_t* const rank = counts + m + 1;
+  int32_t* const order = rank + n;
+  launch("cuda::scatter_add_rows (count)", {row_blocks(chunks)}, {kScatterThreads},
+         kScatterChunk * sizeof(int32_t), ScatterCountKernel{index, n, V, chunks, counts, rank});
+  launch("cuda::scatter_add_rows (scan)", {1}, {1024}, 1024 * sizeof(int),
+         ScatterScanKernel{counts, m});
+  launch("cuda::scatter_add_rows (place)", {elementwise_blocks(n)}, {kElementwiseThreads}, 0,
+         ScatterPlaceKernel{index, counts, rank, n, V, chunks, order});
+  launch("cuda::scatter_add_rows (add)", {row_blocks(V)}, {row_threads(D)}, 0,
+         ScatterAddKernel{table, V, D, chunks, src, counts, order});
 }
 
 }  // namespace clustr::cuda

@@ -60,6 +60,17 @@ void cuda::Graph::capture(const std::function<void()>&) { no_backend("cuda::Grap
 void cuda::Graph::replay() { no_backend("cuda::Graph::replay"); }
 size_t cuda::Graph::pool_bytes() const { return 0; }
 bool cuda::capturing() { return false; }
+cuda::DeferredChecks::DeferredChecks() : previous_(false) { no_backend("cuda::DeferredChecks"); }
+cuda::DeferredChecks::~DeferredChecks() {}
+bool cuda::deferring_checks() { return false; }
+void cuda::check_range_on_device(const char*, const char*, const int32_t*, int64_t, int32_t,
+                                 int32_t, int32_t) {
+  no_backend("cuda::check_range_on_device");
+}
+void cuda::check_not_below_on_device(const char*, const char*, const float*, int64_t, float) {
+  no_backend("cuda::check_not_below_on_device");
+}
+void cuda::raise_device_errors() {}
 
 void* cuda::alloc(size_t) { no_backend("cuda::alloc"); }
 void cuda::free(void*, size_t) {}
@@ -137,18 +148,18 @@ void cuda::layer_norm_backward(const float*, const float*, const float*, const f
 void cuda::bias_activation(float*, const float*, bool, int64_t, int64_t) {
   no_backend("cuda::bias_activation");
 }
-CrossEntropySums cuda::cross_entropy(const float*, const int32_t*, const float*, int32_t, float*,
-                                     int64_t, int64_t) {
+void cuda::cross_entropy(const float*, const int32_t*, const float*, int32_t, float*, int64_t,
+                         int64_t, bool, float*, float*, float*) {
   no_backend("cuda::cross_entropy");
 }
-void cuda::cross_entropy_backward(float, const float*, const int32_t*, const float*, const float*,
-                                  int32_t, float*, int64_t, int64_t) {
+void cuda::cross_entropy_backward(const float*, const float*, const float*, const int32_t*,
+                                  const float*, const float*, int32_t, float*, int64_t, int64_t) {
   no_backend("cuda::cross_entropy_backward");
 }
 void cuda::permute(const uint32_t*, uint32_t*, int, const int64_t*, const int*) {
   no_backend("cuda::permute");
 }
-void cuda::gather_rows(const float*, int64_t, const int32_t*, int64_t, float*) {
+void cuda::gather_rows(const float*, int64_t, int64_t, const int32_t*, int64_t, float*) {
   no_backend("cuda::gather_rows");
 }
 void cuda::scatter_add_rows(float*, int64_t, int64_t, const int32_t*, int64_t, const float*) {

@@ -60,7 +60,7 @@ cpu::FullAttentionDims check_inputs(const char* op, const Tensor& Q, const Tenso
                ": causal masking needs as many queries as keys (N == S), got Q ", describe(Q),
                " and K ", describe(K));
   check_options(op, options);
-  if (lengths.defined()) detail::check_lengths(op, lengths, d.B, d.S, "S", "K", K);
+  if (lengths.defined()) detail::check_lengths_deferrable(op, lengths, d.B, d.S, "S", "K", K);
   return d;
 }
 
@@ -75,7 +75,8 @@ cpu::FullAttentionDims check_qkv(const char* op, const Tensor& qkv, int64_t head
   cpu::FullAttentionDims d;
   d.B = qkv.size(0), d.H = heads, d.N = d.S = qkv.size(1), d.E = d.M = qkv.size(2) / 3 / heads;
   check_options(op, options);
-  if (lengths.defined()) detail::check_lengths(op, lengths, d.B, d.N, "N", "qkv", qkv);
+  if (lengths.defined())
+    detail::check_lengths_deferrable(op, lengths, d.B, d.N, "N", "qkv", qkv);
   return d;
 }
 
@@ -87,13 +88,13 @@ cpu::FullAttentionLayout qkv_layout(const cpu::FullAttentionDims& d) {
   return {in, in, in, cpu::heads_interleaved(d.N, d.E, D)};
 }
 
-// The kernels' parameters. lengths are passed as a host array (both devices' kernels read them
-// on the host; for device lengths a copy is kept in host_copy).
-cpu::FullAttentionParams params_of(const cpu::FullAttentionDims& d, const Tensor& lengths,
-                                   const FullAttentionOptions& options,
-                                   std::vector<int32_t>& host_copy) {
+// The kernels' parameters, without the lengths: the CPU's and the blocked device kernels read
+// them on the host (with_host_lengths), the tensor-core ones on the device, so that their step
+// reads nothing back.
+cpu::FullAttentionParams params_of(const cpu::FullAttentionDims& d,
+                                   const FullAttentionOptions& options) {
   cpu::FullAttentionParams p;
-  p.lengths = lengths.defined() ? detail::host_i32(lengths, host_copy) : nullptr;
+  p.lengths = nullptr;
   p.causal = options.causal;
   p.temperature = options.temperature > 0.0f
                       ? options.temperature
@@ -132,6 +133,18 @@ Tensor merge_heads(const Tensor& x, const cpu::FullAttentionDims& d) {
   return permute(x, {0, 2, 1, 3}).reshape({d.B, d.N, d.H * d.E});
 }
 
+// p with the lengths as a host array (for device lengths a copy, kept in host_copy), checked
+// here when the front door's check went to the device (check_lengths_deferrable).
+cpu::FullAttentionParams with_host_lengths(cpu::FullAttentionParams p, const Tensor& lengths,
+                                           std::vector<int32_t>& host_copy,
+                                           const cpu::FullAttentionDims& d) {
+  p.lengths = lengths.defined() ? detail::host_i32(lengths, host_copy) : nullptr;
+  for (int64_t b = 0; p.lengths && b < d.B; ++b)
+    CLUSTR_CHECK(p.lengths[b] >= 0 && p.lengths[b] <= d.S, "full_attention: lengths[", b,
+                 "] = ", p.lengths[b], " is outside [0, S = ", d.S, "]");
+  return p;
+}
+
 // Scratch for a kernel: `floats` floats (an undefined tensor when none are needed).
 Tensor workspace(int64_t floats, Device device) {
   return floats > 0 ? Tensor::empty({floats}, DType::f32, device) : Tensor();
@@ -156,7 +169,9 @@ void device_forward(const cpu::FullAttentionDims& d, const cpu::FullAttentionLay
     return;
   }
   Tensor ws = workspace(cuda::full_attention_forward_workspace(d), Device::cuda);
-  cuda::full_attention_forward(d, p, Q, K, V, out, logsumexp, data_of(ws));
+  std::vector<int32_t> host_lengths;
+  cuda::full_attention_forward(d, with_host_lengths(p, lengths, host_lengths, d), Q, K, V, out,
+                               logsumexp, data_of(ws));
 }
 void device_backward(const cpu::FullAttentionDims& d, const cpu::FullAttentionLayout& lay,
                      const cpu::FullAttentionParams& p, const Tensor& lengths, const float* Q,
@@ -169,7 +184,9 @@ void device_backward(const cpu::FullAttentionDims& d, const cpu::FullAttentionLa
     return;
   }
   Tensor ws = workspace(cuda::full_attention_backward_workspace(d), Device::cuda);
-  cuda::full_attention_backward(d, p, Q, K, V, out, logsumexp, dout, dQ, dK, dV, data_of(ws));
+  std::vector<int32_t> host_lengths;
+  cuda::full_attention_backward(d, with_host_lengths(p, lengths, host_lengths, d), Q, K, V, out,
+                                logsumexp, dout, dQ, dK, dV, data_of(ws));
 }
 
 // The options of a differentiable op: bf16 products when the options or this thread's
@@ -217,8 +234,7 @@ FullAttentionOutput full_attention_forward(const Tensor& Q, const Tensor& K, con
   r.out = Tensor::empty({d.B, d.H, d.N, d.M}, DType::f32, Q.device());
   r.logsumexp = Tensor::empty({d.B, d.H, d.N}, DType::f32, Q.device());
   if (d.B * d.H * d.N == 0) return r;
-  std::vector<int32_t> host_lengths;
-  const cpu::FullAttentionParams p = params_of(d, lengths, options, host_lengths);
+  const cpu::FullAttentionParams p = params_of(d, options);
   if (Q.device() == Device::cuda) {
     device_forward(d, cpu::contiguous_layout(d), p, lengths, Q.f32(), K.f32(), V.f32(),
                    r.out.f32(), r.logsumexp.f32());
@@ -226,7 +242,9 @@ FullAttentionOutput full_attention_forward(const Tensor& Q, const Tensor& K, con
   }
   const int threads = num_threads();
   Tensor ws = workspace(cpu::full_attention_forward_workspace(d, threads), Q.device());
-  cpu::full_attention_forward(d, cpu::contiguous_layout(d), p, Q.f32(), K.f32(), V.f32(),
+  std::vector<int32_t> host_lengths;
+  cpu::full_attention_forward(d, cpu::contiguous_layout(d),
+                              with_host_lengths(p, lengths, host_lengths, d), Q.f32(), K.f32(), V.f32(),
                               r.out.f32(), r.logsumexp.f32(), ws.defined() ? ws.f32() : nullptr,
                               threads);
   return r;
@@ -250,8 +268,7 @@ FullAttentionGrads full_attention_backward(const Tensor& dout, const Tensor& Q, 
     g.dV.fill(0.0f);
     return g;
   }
-  std::vector<int32_t> host_lengths;
-  const cpu::FullAttentionParams p = params_of(d, lengths, options, host_lengths);
+  const cpu::FullAttentionParams p = params_of(d, options);
   if (Q.device() == Device::cuda) {
     device_backward(d, cpu::contiguous_layout(d), p, lengths, Q.f32(), K.f32(), V.f32(),
                     out.f32(), logsumexp.f32(), dout.f32(), g.dQ.f32(), g.dK.f32(), g.dV.f32());
@@ -259,7 +276,9 @@ FullAttentionGrads full_attention_backward(const Tensor& dout, const Tensor& Q, 
   }
   const int threads = num_threads();
   Tensor ws = workspace(cpu::full_attention_backward_workspace(d, threads), Q.device());
-  cpu::full_attention_backward(d, cpu::contiguous_layout(d), p, Q.f32(), K.f32(), V.f32(),
+  std::vector<int32_t> host_lengths;
+  cpu::full_attention_backward(d, cpu::contiguous_layout(d),
+                               with_host_lengths(p, lengths, host_lengths, d), Q.f32(), K.f32(), V.f32(),
                                out.f32(), logsumexp.f32(), dout.f32(), g.dQ.f32(), g.dK.f32(),
                                g.dV.f32(), ws.defined() ? ws.f32() : nullptr, threads);
   return g;
@@ -294,8 +313,7 @@ FullAttentionOutput full_attention_qkv_forward(const Tensor& qkv, int64_t heads,
       r.out = Tensor::empty({d.B, d.N, D}, DType::f32, Device::cuda);
       return r;
     }
-    std::vector<int32_t> host_lengths;
-    const cpu::FullAttentionParams p = params_of(d, lengths, options, host_lengths);
+    const cpu::FullAttentionParams p = params_of(d, options);
     Tensor merged = Tensor::empty({d.B, d.N, D}, DType::f32, Device::cuda);
     const float* x = qkv.f32();
     if (cuda::flash_attention_applies(d, qkv_layout(d), p, {x, x + D, x + 2 * D,
@@ -322,7 +340,8 @@ FullAttentionOutput full_attention_qkv_forward(const Tensor& qkv, int64_t heads,
   Tensor ws = workspace(cpu::full_attention_forward_workspace(d, threads), Device::cpu);
   const float* q = qkv.f32();
   std::vector<int32_t> host_lengths;
-  cpu::full_attention_forward(d, qkv_layout(d), params_of(d, lengths, options, host_lengths), q,
+  cpu::full_attention_forward(d, qkv_layout(d),
+                              with_host_lengths(params_of(d, options), lengths, host_lengths, d), q,
                               q + D, q + 2 * D, r.out.f32(), r.logsumexp.f32(),
                               ws.defined() ? ws.f32() : nullptr, threads);
   return r;
@@ -339,8 +358,7 @@ Tensor full_attention_qkv_backward(const Tensor& dout, const Tensor& qkv, int64_
   check_shape(op, "logsumexp", logsumexp, qkv, {d.B, d.H, d.N});
   if (qkv.device() == Device::cuda) {
     if (d.B * d.N == 0) return Tensor::empty(qkv.shape(), DType::f32, Device::cuda);
-    std::vector<int32_t> host_lengths;
-    const cpu::FullAttentionParams p = params_of(d, lengths, options, host_lengths);
+    const cpu::FullAttentionParams p = params_of(d, options);
     Tensor dqkv = Tensor::empty(qkv.shape(), DType::f32, Device::cuda);
     const float* x = qkv.f32();
     float* dx = dqkv.f32();
@@ -369,7 +387,8 @@ Tensor full_attention_qkv_backward(const Tensor& dout, const Tensor& qkv, int64_
   const float* q = qkv.f32();
   float* dq = dqkv.f32();
   std::vector<int32_t> host_lengths;
-  cpu::full_attention_backward(d, qkv_layout(d), params_of(d, lengths, options, host_lengths), q,
+  cpu::full_attention_backward(d, qkv_layout(d),
+                               with_host_lengths(params_of(d, options), lengths, host_lengths, d), q,
                                q + D, q + 2 * D, out.f32(), logsumexp.f32(), dout.f32(), dq,
                                dq + D, dq + 2 * D, ws.defined() ? ws.f32() : nullptr, threads);
   return dqkv;

@@ -97,12 +97,15 @@ Heads<T> heads_of(T* base, const cpu::HeadStrides& s) {
 }
 
 // The rows of sequence b: keys j < length are valid, query rows i < live see a key (with N == S
-// and lengths the rows past the length are padding; with no valid key no row sees one).
+// and lengths the rows past the length are padding; with no valid key no row sees one). A
+// length outside [0, S] (possible only when the front door's check was deferred to the device,
+// which then reports it) is clamped, so no kernel reads past its sequence.
 struct Sequence {
   int64_t length, live;
 };
 CLUSTR_DEVICE Sequence sequence_of(const int32_t* lengths, int64_t b, int64_t N, int64_t S) {
-  const int64_t length = lengths ? lengths[b] : S;
+  const int64_t given = lengths ? lengths[b] : S;
+  const int64_t length = given < 0 ? 0 : given > S ? S : given;
   return {length, length == 0 ? 0 : (lengths && N == S) ? length : N};
 }
 
