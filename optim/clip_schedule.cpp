@@ -81,7 +81,7 @@ double clip_grad_norm(const std::vector<Variable>& params, double max_norm) {
   const double norm = norm_of(grads);
   // As torch.nn.utils.clip_grad_norm_: the 1e-6 keeps the factor finite for a zero norm and
   // makes the clipped norm land just below max_norm.
-  const double coef = max_norm / (norm + 1e-6);
+  const double coef = math::clip_coefficient(max_norm, norm);
   if (coef < 1.0) {  // also false for a NaN norm, which is returned for the caller to see
     const float c = static_cast<float>(coef);
     std::vector<cuda::TensorSlots> device_grads;  // scaled together, a launch per 24

@@ -204,9 +204,19 @@ std::vector<cuda::TensorSlots> tensor_slots(const std::vector<Optimizer::ParamUp
 }
 }  // namespace
 
+math::StepScalars Sgd::scalars_at(int64_t t, float lr) const {
+  math::StepScalars s{};
+  s.sgd = {lr, options_.momentum, options_.weight_decay, options_.nesterov, t == 1};
+  return s;
+}
+
+void Sgd::update_on_device(const std::vector<ParamUpdate>& params,
+                           const math::DeviceStepState* state) {
+  cuda::sgd_update_many(tensor_slots(params), state);
+}
+
 void Sgd::update(Device device, int64_t t, const std::vector<ParamUpdate>& params) {
-  const math::SgdScalars s{lr(), options_.momentum, options_.weight_decay, options_.nesterov,
-                           t == 1};
+  const math::SgdScalars s = scalars_at(t, lr()).sgd;
   if (device == Device::cuda) return cuda::sgd_update_many(tensor_slots(params), s);
   for (const ParamUpdate& u : params) {
     float* p = u.p;
@@ -242,7 +252,7 @@ AdamBase::AdamBase(const char* name, AdamVariant variant, NamedParameters params
   // With beta2 this small rho_inf <= 5 and R-Adam would never rectify (PyTorch accepts it).
 }
 
-void AdamBase::update(Device device, int64_t t, const std::vector<ParamUpdate>& params) {
+math::StepScalars AdamBase::scalars_at(int64_t t, float lr) const {
   const AdamOptions& o = options_;
   const double td = static_cast<double>(t);
   const double bc1 = 1.0 - std::pow(static_cast<double>(o.beta1), td);
@@ -252,8 +262,8 @@ void AdamBase::update(Device device, int64_t t, const std::vector<ParamUpdate>& 
   s.beta1 = o.beta1;
   s.beta2 = o.beta2;
   s.l2 = decoupled ? 0.0f : o.weight_decay;
-  s.decay_factor = decoupled ? static_cast<float>(1.0 - double(lr()) * o.weight_decay) : 1.0f;
-  s.step_size = static_cast<float>(lr() / bc1);
+  s.decay_factor = decoupled ? static_cast<float>(1.0 - double(lr) * o.weight_decay) : 1.0f;
+  s.step_size = static_cast<float>(lr / bc1);
   s.sqrt_bc2 = static_cast<float>(std::sqrt(bc2));
   s.eps = o.eps;
   const bool radam = variant_ == AdamVariant::radam;
@@ -266,6 +276,19 @@ void AdamBase::update(Device device, int64_t t, const std::vector<ParamUpdate>& 
                                                         ((rho_inf - 4) * (rho_inf - 2) * rho_t)))
                          : 1.0f;
   }
+  math::StepScalars out{};
+  out.adam = s;
+  return out;
+}
+
+void AdamBase::update_on_device(const std::vector<ParamUpdate>& params,
+                                const math::DeviceStepState* state) {
+  cuda::adam_update_many(tensor_slots(params), state, variant_ == AdamVariant::radam);
+}
+
+void AdamBase::update(Device device, int64_t t, const std::vector<ParamUpdate>& params) {
+  const math::AdamScalars s = scalars_at(t, lr()).adam;
+  const bool radam = variant_ == AdamVariant::radam;
   if (device == Device::cuda) return cuda::adam_update_many(tensor_slots(params), s, radam);
   for (const ParamUpdate& u : params) {
     float* p = u.p;

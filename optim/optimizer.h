@@ -24,6 +24,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -31,6 +32,7 @@
 
 #include "autograd/variable.h"
 #include "core/tensor.h"
+#include "optim/update_math.h"
 
 namespace clustr::optim {
 
@@ -76,8 +78,16 @@ class Optimizer {
   // on the CUDA device a few launches for all of them (the multi-tensor kernels of
   // optim/cuda/update.h), on the CPU one loop per parameter.
   virtual void update(Device device, int64_t t, const std::vector<ParamUpdate>& params) = 0;
+  // The scalars of update number t (counted from 1) at learning rate lr (the field of this
+  // optimizer's kind; update() uses the same).
+  virtual math::StepScalars scalars_at(int64_t t, float lr) const = 0;
+  // update() on the CUDA device with the scalars, and the decision to skip, read from `state`
+  // (device memory; DeviceSteps).
+  virtual void update_on_device(const std::vector<ParamUpdate>& params,
+                                const math::DeviceStepState* state) = 0;
 
  private:
+  friend class DeviceSteps;
   struct ParamState {
     int64_t step = 0;           // 0: no state yet
     std::vector<Tensor> slots;  // one per slot name, shaped like the parameter
@@ -105,6 +115,9 @@ class Sgd : public Optimizer {
 
  protected:
   void update(Device device, int64_t t, const std::vector<ParamUpdate>& params) override;
+  math::StepScalars scalars_at(int64_t t, float lr) const override;
+  void update_on_device(const std::vector<ParamUpdate>& params,
+                        const math::DeviceStepState* state) override;
 
  private:
   SgdOptions options_;
@@ -130,6 +143,9 @@ class AdamBase : public Optimizer {
   AdamBase(const char* name, AdamVariant variant, NamedParameters params,
            const AdamOptions& options);
   void update(Device device, int64_t t, const std::vector<ParamUpdate>& params) override;
+  math::StepScalars scalars_at(int64_t t, float lr) const override;
+  void update_on_device(const std::vector<ParamUpdate>& params,
+                        const math::DeviceStepState* state) override;
 
  private:
   AdamVariant variant_;
@@ -174,6 +190,55 @@ double clip_grad_norm(const std::vector<Variable>& params, double max_norm);
 double clip_grad_norm(const NamedParameters& params, double max_norm);
 // The same global norm without clipping (a run without clipping still checks it is finite).
 double grad_norm(const std::vector<Variable>& params);
+
+// ---- steps decided on the device -------------------------------------------------------------
+// A training step that must not wait for the host (one captured into a CUDA graph,
+// core/cuda/cuda.h) cannot read its loss or its gradient norm there. DeviceSteps keeps them on
+// the device with everything that depends on them: the decision to skip a step whose loss or
+// norm is not finite, the clipping, and the update with the scalars of its step number and
+// learning rate. Each step does what clip_grad_norm (or grad_norm) and Optimizer::step() do in
+// the eager loop, with the same sums in the same order, so the two give the same bits.
+//
+//   optim::DeviceSteps steps(opt, clip, window);   // every parameter on the CUDA device
+//   steps.prepare([&](int64_t done) { return schedule.lr_at(done); });
+//   ... up to `window` times: forward, backward, steps.queue_step(loss)  (or a graph's replay)
+//   for (const math::StepRecord& r : steps.collect()) ...   // waits; one record per step
+//
+// The host works out the scalars of the window's updates when it prepares it (so a schedule
+// and its numerics stay the host's); collect() brings the optimizer's step count and learning
+// rate up to date. Every parameter must have a gradient at every step (else queue_step throws).
+class DeviceSteps {
+ public:
+  // clip > 0 clips the global gradient norm to it; 0 only measures it. Makes the optimizer's
+  // state (zeros, as its first step would) so that no step allocates it.
+  DeviceSteps(Optimizer& opt, float clip, int32_t window);
+  DeviceSteps(const DeviceSteps&) = delete;
+  DeviceSteps& operator=(const DeviceSteps&) = delete;
+
+  int32_t window() const { return window_; }
+  // Starts a window: the learning rate of the update after `done` updates is lr_at(done).
+  // Not while capturing (it copies the window's scalars to the device).
+  void prepare(const std::function<float(int64_t done)>& lr_at);
+  // Queues one step after backward (capturable): the norm, the decision, the clipping and the
+  // update, all on the device. loss: the step's loss, shape () on the device. A step run
+  // outside a prepared window (a graph replayed before prepare() or after collect()) makes no
+  // update, and the next collect() says so.
+  void queue_step(const Tensor& loss);
+  // Waits for the device and returns one record per step queued since prepare(); sets the
+  // optimizer's step count and learning rate to where the window left them. Throws when more
+  // steps were queued than the window holds (those made no update).
+  std::vector<math::StepRecord> collect();
+
+ private:
+  Optimizer& opt_;
+  double clip_;
+  int32_t window_;
+  int64_t base_ = 0;        // the optimizer's step count at prepare()
+  std::vector<float> lrs_;  // the lr of each update of the window
+  bool prepared_ = false;
+  std::vector<int64_t> first_;  // the norm's block partials of each parameter
+  Tensor state_, table_, records_, partial_, first_device_;  // device memory, as bytes
+};
 
 // ---- learning-rate schedules ------------------------------------------------------------------
 // The learning rate for the step after `steps_done` steps: set it with

@@ -74,4 +74,32 @@ CLUSTR_HD void radam_update(float& p, float g, float& m, float& v, const AdamSca
     p -= s.step_size * m;
 }
 
+// The scalars of one step of any optimizer (the one that steps uses its own), and what a step
+// decided on the device (optim::DeviceSteps) keeps there.
+struct StepScalars {
+  SgdScalars sgd;
+  AdamScalars adam;
+};
+struct DeviceStepState {
+  StepScalars scalars;  // the current step's (when it is not skipped)
+  double sum_sq;        // the current step's sum of the squared gradients
+  float clip_scale;     // gradients *= clip_scale before the update (1: not clipped)
+  int32_t skip;         // 1: the current step's loss or gradient norm is not finite
+  int32_t queued;       // steps queued since the window was prepared
+  int32_t taken;        // updates made since then (the scalars table's index)
+  int32_t overflow;     // 1: more steps were queued than the window holds
+};
+// What the host reads back of each step of a window.
+struct StepRecord {
+  double norm;  // the gradient norm before clipping
+  float loss;
+  int32_t skipped;  // 1: no update (a non-finite loss or norm)
+};
+
+// clip_grad_norm's factor (as torch.nn.utils.clip_grad_norm_: the 1e-6 keeps it finite for a
+// zero norm): the gradients are scaled by it when it is below 1 (also false for a NaN norm).
+CLUSTR_HD double clip_coefficient(double max_norm, double norm) { return max_norm / (norm + 1e-6); }
+// Neither infinite nor NaN (x - x is NaN for both), on the host and the device alike.
+CLUSTR_HD bool finite(double x) { return x - x == 0.0; }
+
 }  // namespace clustr::optim::math

@@ -238,6 +238,8 @@ void check_not_below_on_device(const char* op, const char* what, const float* va
 // Throws the first failure the device checks have recorded (and clears it); waits for the
 // device. Nothing recorded: returns.
 void raise_device_errors();
+// Makes the device record of those checks (once; Graph::capture and DeferredChecks call it).
+void make_device_check_record();
 
 // ---- memory and copies (core/cuda/runtime.cu) --------------------------------------------------
 

@@ -43,7 +43,7 @@ thread_local bool t_deferred = false;
 int32_t* record_locked(Checks& c) {
   if (c.record == nullptr) {
     CLUSTR_CHECK(!capturing(), "cuda: the device checks' record must exist before a graph is "
-                 "captured (make a DeferredChecks scope first)");
+                 "captured (Graph::capture makes it)");
     void* p = nullptr;
     CLUSTR_CUDA_CHECK(cudaMalloc(&p, kWords * sizeof(int32_t)));
     c.record = static_cast<int32_t*>(p);
@@ -122,6 +122,12 @@ DeferredChecks::DeferredChecks() : previous_(t_deferred) {
 DeferredChecks::~DeferredChecks() { t_deferred = previous_; }
 
 bool deferring_checks() { return t_deferred || capturing(); }
+
+void make_device_check_record() {
+  Checks& c = registry();
+  std::lock_guard<std::mutex> lock(c.mu);
+  record_locked(c);
+}
 
 void check_range_on_device(const char* op, const char* what, const int32_t* values, int64_t n,
                            int32_t lo, int32_t hi, int32_t also) {

@@ -71,6 +71,7 @@ void cuda::check_not_below_on_device(const char*, const char*, const float*, int
   no_backend("cuda::check_not_below_on_device");
 }
 void cuda::raise_device_errors() {}
+void cuda::make_device_check_record() {}
 
 void* cuda::alloc(size_t) { no_backend("cuda::alloc"); }
 void cuda::free(void*, size_t) {}

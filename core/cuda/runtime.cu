@@ -606,6 +606,7 @@ void Graph::capture(const std::function<void()>& body) {
   const StreamHandle s = current;
   CLUSTR_CHECK(s != kDefaultStream, "cuda::Graph::capture: the current stream is the legacy "
                "default stream, which cannot capture; make a cuda::Stream current (StreamGuard)");
+  make_device_check_record();  // the checks made on the device inside the body write there
   {
     Allocator& a = allocator();
     std::lock_guard<std::mutex> lock(a.mu);

@@ -32,23 +32,29 @@ struct TensorList {
 // One update per element of every tensor of the list (grid-stride over them all; a thread's
 // indices grow, so it finds each one's tensor by walking forward). Op(slots, j) updates element
 // j of one tensor.
+// With dev (a step decided on the device) the scalars come from there, and a skipped step
+// changes nothing.
 template <class Op>
 struct ManyKernel {
   static constexpr bool kUsesBarrier = false;
   TensorList list;
   Op op;
+  const math::DeviceStepState* dev;
   CLUSTR_DEVICE void operator()(const Thread& t) const {
+    if (dev && dev->skip) return;
+    const Op o = dev ? Op::from(*dev) : op;
     int k = 0;
     const int64_t total = list.start[list.count];
     for (int64_t i = global_x(t); i < total; i += grid_stride_x(t)) {
       while (i >= list.start[k + 1]) ++k;
-      op(list.t[k], i - list.start[k]);
+      o(list.t[k], i - list.start[k]);
     }
   }
 };
 
 struct SgdOp {
   math::SgdScalars s;
+  CLUSTR_DEVICE static SgdOp from(const math::DeviceStepState& d) { return {d.scalars.sgd}; }
   CLUSTR_DEVICE void operator()(const TensorSlots& x, int64_t j) const {
     float unused = 0.0f;
     math::sgd_update(x.p[j], x.g[j], x.a ? x.a[j] : unused, s);
@@ -58,6 +64,7 @@ struct SgdOp {
 template <bool kRAdam>
 struct AdamOp {
   math::AdamScalars s;
+  CLUSTR_DEVICE static AdamOp from(const math::DeviceStepState& d) { return {d.scalars.adam}; }
   CLUSTR_DEVICE void operator()(const TensorSlots& x, int64_t j) const {
     if (kRAdam)
       math::radam_update(x.p[j], x.g[j], x.a[j], x.b[j], s);
@@ -116,6 +123,7 @@ int64_t sum_blocks(int64_t n) {
 // x *= c for every element of every tensor of a list (the slots' p).
 struct ScaleOp {
   float c;
+  CLUSTR_DEVICE static ScaleOp from(const math::DeviceStepState& d) { return {d.clip_scale}; }
   CLUSTR_DEVICE void operator()(const TensorSlots& x, int64_t j) const { x.p[j] *= c; }
 };
 
@@ -142,12 +150,13 @@ namespace {
 
 // One launch per kTensorsPerLaunch tensors (empty ones left out).
 template <class Op>
-void launch_many(const char* name, const std::vector<TensorSlots>& tensors, const Op& op) {
+void launch_many(const char* name, const std::vector<TensorSlots>& tensors, const Op& op,
+                 const math::DeviceStepState* dev = nullptr) {
   TensorList list{};
   auto flush = [&] {
     if (list.count == 0) return;
     core_cuda::launch(name, grid_for(list.start[list.count]), kBlock, 0,
-                      ManyKernel<Op>{list, op});
+                      ManyKernel<Op>{list, op, dev});
     list = TensorList{};
   };
   for (const TensorSlots& x : tensors) {
@@ -177,20 +186,20 @@ void adam_update_many(const std::vector<TensorSlots>& tensors, const math::AdamS
     launch_many("optim::cuda::adam_update_many", tensors, AdamOp<false>{s});
 }
 
-std::vector<double> sum_squares(const std::vector<const float*>& xs,
-                                const std::vector<int64_t>& ns) {
+int64_t sum_square_blocks(const std::vector<int64_t>& ns, std::vector<int64_t>* first) {
+  first->assign(ns.size() + 1, 0);  // array i's block sums: [first[i], first[i + 1])
+  for (size_t i = 0; i < ns.size(); ++i) {
+    CLUSTR_CHECK(ns[i] >= 0, "optim::cuda::sum_squares: array ", i, " has length ", ns[i]);
+    (*first)[i + 1] = (*first)[i] + sum_blocks(ns[i]);
+  }
+  return first->back();
+}
+
+void sum_squares_partials(const std::vector<const float*>& xs, const std::vector<int64_t>& ns,
+                          double* partial) {
   CLUSTR_CHECK(xs.size() == ns.size(), "optim::cuda::sum_squares: ", xs.size(),
                " arrays but ", ns.size(), " lengths");
-  std::vector<int64_t> first(xs.size() + 1, 0);  // array i's block sums: [first[i], first[i+1])
-  for (size_t i = 0; i < xs.size(); ++i) {
-    CLUSTR_CHECK(ns[i] >= 0, "optim::cuda::sum_squares: array ", i, " has length ", ns[i]);
-    first[i + 1] = first[i] + sum_blocks(ns[i]);
-  }
-  std::vector<double> sums(xs.size(), 0.0);
-  if (first.back() == 0) return sums;
   core_cuda::require("optim::cuda::sum_squares");
-  Scratch partial(size_t(first.back()) * sizeof(double));
-  double* d_partial = static_cast<double*>(partial.get());
   // One launch per kTensorsPerLaunch non-empty arrays; each block writes the partial sum of
   // its array's slot range.
   SquaresList list{};
@@ -200,7 +209,7 @@ std::vector<double> sum_squares(const std::vector<const float*>& xs,
     const int64_t blocks = list.first[list.count];
     core_cuda::launch("optim::cuda::sum_squares", {static_cast<unsigned>(blocks)},
                       {kSumThreads}, kSumThreads * sizeof(double),
-                      SumSquaresKernel{list, d_partial + base});
+                      SumSquaresKernel{list, partial + base});
     base += blocks;
     list = SquaresList{};
   };
@@ -212,7 +221,18 @@ std::vector<double> sum_squares(const std::vector<const float*>& xs,
     if (++list.count == kTensorsPerLaunch) flush();
   }
   flush();
-  std::vector<double> host(size_t(first.back()));
+}
+
+std::vector<double> sum_squares(const std::vector<const float*>& xs,
+                                const std::vector<int64_t>& ns) {
+  std::vector<int64_t> first;
+  const int64_t blocks = sum_square_blocks(ns, &first);
+  std::vector<double> sums(xs.size(), 0.0);
+  if (blocks == 0) return sums;
+  Scratch partial(size_t(blocks) * sizeof(double));
+  double* d_partial = static_cast<double*>(partial.get());
+  sum_squares_partials(xs, ns, d_partial);
+  std::vector<double> host(static_cast<size_t>(blocks));
   core_cuda::copy_d2h(host.data(), d_partial, host.size() * sizeof(double));
   for (size_t i = 0; i < xs.size(); ++i)
     for (int64_t b = first[i]; b < first[i + 1]; ++b) sums[i] += host[size_t(b)];
@@ -223,6 +243,86 @@ void scale_many(const std::vector<TensorSlots>& tensors, float c) {
   if (tensors.empty()) return;
   core_cuda::require("optim::cuda::scale_many");
   launch_many("optim::cuda::scale_many", tensors, ScaleOp{c});
+}
+
+namespace {
+
+// One thread: the step's norm from the partial sums (array i's [first[i], first[i + 1]) added in
+// order, then the arrays in order: clip_grad_norm's additions), its decision, its clip scale,
+// its scalars (table[taken]) and its record.
+struct DecideStepKernel {
+  static constexpr bool kUsesBarrier = false;
+  const double* partial;
+  const int64_t* first;
+  int64_t arrays;
+  const float* loss;
+  double max_norm;  // 0: measure only
+  const math::StepScalars* table;
+  int32_t window;
+  math::DeviceStepState* state;
+  math::StepRecord* records;
+  CLUSTR_DEVICE void operator()(const Thread& t) const {
+    if (t.thread_idx().x != 0 || t.block_idx().x != 0) return;
+    double sum_sq = 0.0;
+    for (int64_t i = 0; i < arrays; ++i) {
+      double s = 0.0;
+      for (int64_t b = first[i]; b < first[i + 1]; ++b) s += partial[b];
+      sum_sq += s;
+    }
+    const double norm = ::sqrt(sum_sq);
+    const float l = *loss;
+    const bool finite = math::finite(l) && math::finite(norm);
+    math::DeviceStepState& st = *state;
+    st.sum_sq = sum_sq;
+    const int32_t q = st.queued;
+    if (q >= window || st.taken >= window) {  // more steps than prepared: no update
+      st.overflow = 1;
+      st.skip = 1;
+      return;
+    }
+    records[q] = {norm, l, finite ? 0 : 1};
+    st.queued = q + 1;
+    st.skip = finite ? 0 : 1;
+    if (!finite) return;
+    const double coef = max_norm > 0.0 ? math::clip_coefficient(max_norm, norm) : 1.0;
+    st.clip_scale = coef < 1.0 ? static_cast<float>(coef) : 1.0f;
+    st.scalars = table[st.taken];
+    st.taken += 1;
+  }
+};
+
+}  // namespace
+
+void decide_step(const double* partial, const int64_t* first, int64_t arrays, const float* loss,
+                 double max_norm, const math::StepScalars* table, int32_t window,
+                 math::DeviceStepState* state, math::StepRecord* records) {
+  core_cuda::require("optim::cuda::decide_step");
+  core_cuda::launch("optim::cuda::decide_step", {1}, {32}, 0,
+                    DecideStepKernel{partial, first, arrays, loss, max_norm, table, window,
+                                     state, records});
+}
+
+void scale_many(const std::vector<TensorSlots>& tensors, const math::DeviceStepState* state) {
+  if (tensors.empty()) return;
+  core_cuda::require("optim::cuda::scale_many");
+  launch_many("optim::cuda::scale_many", tensors, ScaleOp{1.0f}, state);
+}
+
+void sgd_update_many(const std::vector<TensorSlots>& tensors,
+                     const math::DeviceStepState* state) {
+  if (tensors.empty()) return;
+  core_cuda::require("optim::cuda::sgd_update_many");
+  launch_many("optim::cuda::sgd_update_many", tensors, SgdOp{}, state);
+}
+
+void adam_update_many(const std::vector<TensorSlots>& tensors,
+                      const math::DeviceStepState* state, bool radam) {
+  if (tensors.empty()) return;
+  core_cuda::require("optim::cuda::adam_update_many");
+  if (radam)
+    launch_many("optim::cuda::radam_update_many", tensors, AdamOp<true>{}, state);
+  else
+    launch_many("optim::cuda::adam_update_many", tensors, AdamOp<false>{}, state);
 }
 
 }  // namespace clustr::optim::cuda

@@ -43,4 +43,27 @@ void scale_many(const std::vector<TensorSlots>& tensors, float c);
 std::vector<double> sum_squares(const std::vector<const float*>& xs,
                                 const std::vector<int64_t>& ns);
 
+// ---- steps decided on the device (optim::DeviceSteps) ----
+// The block partial sums behind sum_squares: sum_square_blocks gives their number for arrays of
+// ns floats and where array i's start (first, ns.size() + 1 entries); sum_squares_partials
+// launches the kernels that write them to `partial` (device), reading nothing back.
+int64_t sum_square_blocks(const std::vector<int64_t>& ns, std::vector<int64_t>* first);
+void sum_squares_partials(const std::vector<const float*>& xs, const std::vector<int64_t>& ns,
+                          double* partial);
+// One thread on the device: the norm from the partials (first: a device copy of
+// sum_square_blocks's), whether the step is finite (its loss, a device scalar, and the norm),
+// the clip scale for max_norm (0: no clipping), the scalars of update number state->taken from
+// table (window entries), and the step's record (records[state->queued]). Queued past the
+// window, it sets state->overflow and skips.
+void decide_step(const double* partial, const int64_t* first, int64_t arrays, const float* loss,
+                 double max_norm, const math::StepScalars* table, int32_t window,
+                 math::DeviceStepState* state, math::StepRecord* records);
+// The multi-tensor launches with their scalars read from the device state (and nothing done
+// when it says the step is skipped): the clip scale, SGD's and the Adam family's scalars.
+void scale_many(const std::vector<TensorSlots>& tensors, const math::DeviceStepState* state);
+void sgd_update_many(const std::vector<TensorSlots>& tensors,
+                     const math::DeviceStepState* state);
+void adam_update_many(const std::vector<TensorSlots>& tensors,
+                      const math::DeviceStepState* state, bool radam);
+
 }  // namespace clustr::optim::cuda
