@@ -21,10 +21,14 @@ drawing the batch, forward, loss, backward, clipping, the optimizer update. Prin
 by row (a run cut short keeps its finished rows).
 
 Timing. Ours: the app logs every step (--log-interval 1); its metrics CSV's ms_per_step of the
---steps steps after the --warmup ones, median: ours_full_tokens_per_s = B N / median. Each of
-our steps waits for its results on the host (it reads the loss and the gradient norm), so the
-sum of those step times is also our loop's time: ours_full_tokens_per_s_mean = K B N / that sum
-(K = --steps), the figure to set beside PyTorch's loop on the GPU. PyTorch on the CPU (--device
+--steps steps after the --warmup ones, median: ours_full_tokens_per_s = B N / median. On the CPU
+each of our steps waits for its results on the host (it reads the loss and the gradient norm),
+so the sum of those step times is also our loop's time: ours_full_tokens_per_s_mean = K B N /
+that sum (K = --steps), the figure to set beside PyTorch's loop on the GPU. With --device cuda
+(where the app replays its step as a CUDA graph and reads the results back once per log line)
+the app logs every --warmup steps instead when that divides --steps: each row is then a
+window's mean step time, the warm-up (with the graph's capture) is the first window and is left
+out, and the mean is K B N over the windows' summed time. PyTorch on the CPU (--device
 cpu): as ours, each step timed on its own, median. PyTorch with --device cuda: the K steps as
 one loop, one torch.cuda.synchronize() before and one after it, tokens/s = K B N / the loop's
 time (a synchronization per step would idle the GPU while the host launches the next step,
@@ -296,7 +300,10 @@ def run_ours(args, length, attention):
                "--device", args.device]
         if args.tf32:
             cmd.append("--tf32")
-        cmd += args.ours_flags.split()
+        interval = 1
+        if args.device == "cuda" and args.warmup > 0 and args.steps % args.warmup == 0:
+            interval = args.warmup
+        cmd += ["--log-interval", str(interval)] + args.ours_flags.split()
         subprocess.run(cmd, check=True, env=child_env(), stdout=subprocess.DEVNULL)
         with open(os.path.join(tmp, "metrics.csv")) as f:
             rows = [r for r in csv.DictReader(f) if r.get("ms_per_step")]
@@ -348,11 +355,11 @@ def main():
                    "next ones record CUDA graphs)")
     p.add_argument("--rounds", type=int, default=1, help="alternations ours/PyTorch per length")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--ours-flags", default="--log-interval 1 --eval-interval 100000 "
+    p.add_argument("--ours-flags", default="--eval-interval 100000 "
                    "--checkpoint-interval 100000 --target-accuracy 0 --eval-batches 1 "
                    "--final-eval-batches 1",
-                   help="extra flags for our app (logging every step, evaluation only after "
-                   "the last step, outside the timed steps)")
+                   help="extra flags for our app (evaluation only after the last step, outside "
+                   "the timed steps; the log interval is set as the docstring says)")
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
                    help="bf16: ours with --precision bf16, PyTorch under autocast (bfloat16)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],

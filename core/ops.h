@@ -50,6 +50,9 @@ Tensor mean(const Tensor& x, int axis, bool keepdim = false);
 Tensor max(const Tensor& x, int axis, bool keepdim = false);
 Tensor argmax(const Tensor& x, int axis, bool keepdim = false);  // i32
 Tensor sum_all(const Tensor& x);                                   // shape ()
+// a, b i32 of one shape -> f32 (): how many positions have b != ignore and a == b (e.g. the
+// correct predictions a = argmax(logits) of targets b), counted on their device.
+Tensor count_equal(const Tensor& a, const Tensor& b, int32_t ignore);
 
 // ---- softmax over the last axis -------------------------------------------------------------
 // A row whose entries are all -inf (fully masked) gives softmax 0 and log-softmax -inf, not NaN.

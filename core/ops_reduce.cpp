@@ -95,6 +95,20 @@ Tensor sum_all(const Tensor& x) {
   return y;
 }
 
+// a, b (any shape, the same) i32 -> (): the positions with b != ignore and a == b.
+Tensor count_equal(const Tensor& a, const Tensor& b, int32_t ignore) {
+  const char* op = "count_equal";
+  detail::check_dtype(op, "a", a, DType::i32);
+  detail::check_dtype(op, "b", b, DType::i32);
+  detail::check_same_device(op, a, b);
+  CLUSTR_CHECK(a.shape() == b.shape(), op, ": expected a and b of one shape, got ", describe(a),
+               " and ", describe(b));
+  Tensor y = Tensor::empty({}, DType::f32, a.device());
+  auto fn = a.device() == Device::cuda ? cuda::count_equal : cpu::count_equal;
+  fn(a.i32(), b.i32(), ignore, a.numel(), y.f32());
+  return y;
+}
+
 // ---- softmax over the last axis --------------------------------------------------------------
 
 namespace {

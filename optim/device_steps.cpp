@@ -95,7 +95,7 @@ void DeviceSteps::prepare(const std::function<float(int64_t done)>& lr_at) {
   prepared_ = true;
 }
 
-void DeviceSteps::queue_step(const Tensor& loss) {
+void DeviceSteps::queue_step(const Tensor& loss, const std::vector<Tensor>& extras) {
   // A capture may come before the first window: its replays are what prepare() precedes.
   CLUSTR_CHECK(prepared_ || ::clustr::cuda::capturing(),
                "DeviceSteps::queue_step: no window was prepared (call prepare())");
@@ -103,6 +103,16 @@ void DeviceSteps::queue_step(const Tensor& loss) {
                    loss.device() == Device::cuda,
                "DeviceSteps::queue_step: expected the loss as an f32 scalar () on the CUDA "
                "device, got ", loss.defined() ? describe(loss) : std::string("undefined"));
+  CLUSTR_CHECK(extras.size() <= size_t(math::kStepExtras), "DeviceSteps::queue_step: ",
+               extras.size(), " extra values; a record holds ", math::kStepExtras);
+  std::vector<const float*> extra;
+  for (const Tensor& e : extras) {
+    CLUSTR_CHECK(e.defined() && e.dtype() == DType::f32 && e.numel() == 1 &&
+                     e.device() == Device::cuda,
+                 "DeviceSteps::queue_step: expected each extra value as a one-element f32 "
+                 "tensor on the CUDA device, got ", e.defined() ? describe(e) : "undefined");
+    extra.push_back(e.f32());
+  }
   std::vector<const float*> xs;
   std::vector<int64_t> ns;
   std::vector<Optimizer::ParamUpdate> updates;
@@ -126,7 +136,7 @@ void DeviceSteps::queue_step(const Tensor& loss) {
   auto* state = as<math::DeviceStepState>(state_);
   if (first_.back() > 0) cuda::sum_squares_partials(xs, ns, as<double>(partial_));
   cuda::decide_step(as<double>(partial_), as<int64_t>(first_device_),
-                    static_cast<int64_t>(xs.size()), loss.f32(), clip_,
+                    static_cast<int64_t>(xs.size()), loss.f32(), extra, clip_,
                     as<math::StepScalars>(table_), window_, state,
                     as<math::StepRecord>(records_));
   if (clip_ > 0.0) cuda::scale_many(grads, state);

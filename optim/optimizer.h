@@ -220,10 +220,12 @@ class DeviceSteps {
   // Not while capturing (it copies the window's scalars to the device).
   void prepare(const std::function<float(int64_t done)>& lr_at);
   // Queues one step after backward (capturable): the norm, the decision, the clipping and the
-  // update, all on the device. loss: the step's loss, shape () on the device. A step run
-  // outside a prepared window (a graph replayed before prepare() or after collect()) makes no
-  // update, and the next collect() says so.
-  void queue_step(const Tensor& loss);
+  // update, all on the device. loss: the step's loss, shape () on the device; extras: up to
+  // math::kStepExtras one-element tensors on the device whose values the step's record keeps
+  // (e.g. its correct predictions and tokens). A step run outside a prepared window (a graph
+  // replayed before prepare() or after collect()) makes no update, and the next prepare() says
+  // so.
+  void queue_step(const Tensor& loss, const std::vector<Tensor>& extras = {});
   // Waits for the device and returns one record per step queued since prepare(); sets the
   // optimizer's step count and learning rate to where the window left them. Throws when more
   // steps were queued than the window holds (those made no update).

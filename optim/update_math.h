@@ -90,10 +90,12 @@ struct DeviceStepState {
   int32_t overflow;     // 1: more steps were queued than the window holds
 };
 // What the host reads back of each step of a window.
+constexpr int kStepExtras = 2;
 struct StepRecord {
   double norm;  // the gradient norm before clipping
   float loss;
-  int32_t skipped;  // 1: no update (a non-finite loss or norm)
+  int32_t skipped;            // 1: no update (a non-finite loss or norm)
+  float extra[kStepExtras];  // the caller's values of the step (DeviceSteps::queue_step)
 };
 
 // clip_grad_norm's factor (as torch.nn.utils.clip_grad_norm_: the 1e-6 keeps it finite for a

@@ -264,12 +264,18 @@ else
     step "bench_encoder_$precision" 120 "$build/apps/bench_encoder" --device cuda \
       --precision "$precision" --overwrite --csv "$out/bench_encoder_$precision.csv"
   done
+  # The paper's copy-task model with full attention, its step replayed as a CUDA graph (windows
+  # of 10 steps, read back once each) and launched op by op (--cuda-graphs off): the log lines'
+  # ms/step and launches/step.
   for precision in fp32 bf16; do
-    step "copy_task_step_$precision" 120 "$build/apps/copy_task" --device cuda \
-      --out "$out/copy_task_step_$precision" --overwrite --attention full --length 63 --layers 4 --heads 6 \
-      --head-dim 32 --feedforward 768 --dropout 0 --batch 32 --optimizer radam --lr 2e-4 \
-      --steps 30 --log-interval 1 --eval-interval 100000 --target-accuracy 0 --eval-batches 1 \
-      --final-eval-batches 1 --precision "$precision"
+    for graphs in on off; do
+      step "copy_task_step_${precision}_graphs_$graphs" 120 "$build/apps/copy_task" --device cuda \
+        --out "$out/copy_task_step_${precision}_$graphs" --overwrite --attention full --length 63 \
+        --layers 4 --heads 6 --head-dim 32 --feedforward 768 --dropout 0 --batch 32 \
+        --optimizer radam --lr 2e-4 --steps 40 --log-interval 10 --eval-interval 100000 \
+        --target-accuracy 0 --eval-batches 1 --final-eval-batches 1 --precision "$precision" \
+        --cuda-graphs "$graphs"
+    done
   done
 fi
 # The copy-task step beside PyTorch 2.x on the same GPU (same model, full attention; PyTorch's

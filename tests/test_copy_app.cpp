@@ -10,12 +10,15 @@
 
 #include <cmath>
 #include <csignal>
+#include <cstdio>
+#include <cstdlib>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <limits>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -214,6 +217,85 @@ TEST_CASE("copy task: --device cuda is refused with the reason when no GPU is pr
   else
     CHECK_ERROR(Trainer(o, nullptr), "--device cuda", cuda::unavailable_reason().c_str(),
                 "use --device cpu");
+}
+
+// The weights a run ends with, by name.
+std::map<std::string, std::vector<float>> weights_of(Trainer& t) {
+  std::map<std::string, std::vector<float>> w;
+  for (const auto& [name, p] : t.model().named_parameters()) w[name] = p.data().to_vector();
+  return w;
+}
+
+TEST_CASE("copy task: with --cuda-graphs on and off the losses, skipped steps and weights are "
+          "the same bits; a step that cannot be captured trains without graphs") {
+  if (!cuda::available()) return;
+  TempDir dir;
+  struct Case {
+    const char* what;
+    int64_t head_dim;
+    float lr;
+    bool graphs;  // whether the graph is expected to be used
+  };
+  // Head width 32: full attention on the tensor cores (nothing read back); 8: the blocked
+  // kernels, which read the lengths on the host, so the capture is refused. lr 1e3 sends the
+  // weights to infinity: steps are skipped until the run stops.
+  for (const Case& c : {Case{"plain", 32, 1e-2f, true}, Case{"skipping", 32, 1e3f, true},
+                        Case{"host read", 8, 1e-2f, false}}) {
+    CAPTURE(c.what);
+    std::vector<RunResult> results;
+    std::vector<std::map<std::string, std::vector<float>>> weights;
+    std::vector<std::string> errors, skips;
+    for (const char* graphs : {"on", "off"}) {
+      RunOptions o = tiny(AttentionType::full, dir.file(std::string(c.what) + graphs));
+      o.device = "cuda";
+      o.cuda_graphs = graphs;
+      o.model.dropout = 0.0f;
+      o.model.head_dim = c.head_dim;
+      o.train.lr = c.lr;
+      o.train.steps = 9;
+      o.train.max_skipped_steps = 3;
+      o.output.log_interval = 4;  // windows of 2, 2, ... steps (evaluations every 2)
+      o.output.eval_interval = 2;
+      char* log_text = nullptr;
+      size_t log_size = 0;
+      std::FILE* log = open_memstream(&log_text, &log_size);
+      Trainer t(o, log);
+      CHECK(t.graphs_off_reason().empty() == (std::string(graphs) == "on"));
+      try {
+        results.push_back(t.run());
+        errors.push_back("");
+      } catch (const Error& e) {
+        results.push_back({});
+        errors.push_back(e.what());
+      }
+      std::fclose(log);
+      // The log's lines about skipped steps.
+      std::string skipped;
+      for (size_t at = 0, end; at < log_size; at = end + 1) {
+        end = std::string(log_text, log_size).find('\n', at);
+        if (end == std::string::npos) end = log_size;
+        const std::string line(log_text + at, log_text + end);
+        if (line.find("skipped") != std::string::npos) skipped += line + "\n";
+      }
+      std::free(log_text);
+      skips.push_back(skipped);
+      weights.push_back(weights_of(t));
+      if (std::string(graphs) == "on") CHECK(t.graphs_off_reason().empty() == c.graphs);
+    }
+    CHECK(errors[0] == errors[1]);
+    CHECK(skips[0] == skips[1]);
+    CHECK(results[0].losses == results[1].losses);
+    CHECK(results[0].skipped_steps == results[1].skipped_steps);
+    CHECK(weights[0] == weights[1]);
+    if (std::string(c.what) == "skipping") {
+      CHECK(errors[0].find("in a row") != std::string::npos);
+      CHECK(skips[0].find("step skipped (3 in a row") != std::string::npos);
+    }
+    if (std::string(c.what) == "plain") CHECK(results[0].losses.size() == 9);
+  }
+  RunOptions o = tiny(AttentionType::improved_clustered, "unused");
+  o.device = "cuda";
+  CHECK(Trainer(o, nullptr).graphs_off_reason().find("draws its hashing") != std::string::npos);
 }
 
 TEST_CASE("copy task: the config map round-trips the model and task") {

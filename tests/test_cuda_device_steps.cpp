@@ -43,6 +43,7 @@ struct Setup {
   Tensor x = Tensor::empty({kRows, kIn}, DType::f32, Device::cuda);
   Tensor target = Tensor::empty({kRows}, DType::i32, Device::cuda);
   Tensor loss = Tensor::empty({}, DType::f32, Device::cuda);
+  Tensor correct = Tensor::empty({}, DType::f32, Device::cuda);
 
   Setup(clustr::Generator init, const std::string& kind)
       : l1(kIn, kHidden, true, init), l2(kHidden, kClasses, true, init) {
@@ -67,9 +68,11 @@ struct Setup {
   void forward_backward() {
     opt->zero_grad();
     const Variable h = clustr::relu(l1.forward(Variable(x)));
-    const Variable l = clustr::cross_entropy(l2.forward(h), target, Tensor(), -100);
+    const Variable logits = l2.forward(h);
+    const Variable l = clustr::cross_entropy(logits, target, Tensor(), -100);
     l.backward();
     loss.copy_from(l.data());
+    correct.copy_from(clustr::count_equal(clustr::argmax(logits.data(), -1), target, -100));
   }
   std::vector<std::vector<float>> state() const {
     std::vector<std::vector<float>> out;
@@ -98,13 +101,14 @@ TEST_CASE("device steps: queued one by one and replayed from a graph, they match
       CAPTURE(clip);
       // Eager: the apps' loop (a non-finite loss skips backward, a non-finite norm the update).
       Setup eager(clustr::Generator(3), kind);
-      std::vector<float> losses;
+      std::vector<float> losses, corrects;
       std::vector<double> norms;
       for (int k = 0; k < kSteps; ++k) {
         eager.opt->set_lr(lr_at(eager.opt->step_count()));
         eager.fill(k);
         eager.forward_backward();
         losses.push_back(eager.loss.item());
+        corrects.push_back(eager.correct.item());
         double norm = NAN;
         if (std::isfinite(losses.back())) {
           std::vector<Variable> ps;
@@ -128,7 +132,7 @@ TEST_CASE("device steps: queued one by one and replayed from a graph, they match
           dev.forward_backward();  // warm-up, no update
           graph.capture([&] {
             dev.forward_backward();
-            steps.queue_step(dev.loss);
+            steps.queue_step(dev.loss, {dev.correct});
           });
         }
         steps.prepare(lr_at);
@@ -138,7 +142,7 @@ TEST_CASE("device steps: queued one by one and replayed from a graph, they match
             graph.replay();
           } else {
             dev.forward_backward();
-            steps.queue_step(dev.loss);
+            steps.queue_step(dev.loss, {dev.correct});
           }
         }
         const std::vector<optim::math::StepRecord> records = steps.collect();
@@ -146,6 +150,8 @@ TEST_CASE("device steps: queued one by one and replayed from a graph, they match
         for (int k = 0; k < kSteps; ++k) {
           CAPTURE(k);
           CHECK(bool(records[k].skipped) == (k == kBadStep));
+          CHECK(records[k].extra[0] == corrects[k]);
+          CHECK(records[k].extra[1] == 0.0f);
           if (k == kBadStep) continue;
           CHECK(records[k].loss == losses[k]);
           CHECK(records[k].norm == norms[k]);
@@ -156,6 +162,26 @@ TEST_CASE("device steps: queued one by one and replayed from a graph, they match
       }
     }
   }
+}
+
+TEST_CASE("count_equal: the positions where two i32 tensors agree, ignored ones left out, the "
+          "same on both devices") {
+  if (!cuda::available()) return;
+  std::vector<int32_t> a(3000), b(3000);
+  clustr::Generator g(9);
+  int64_t want = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    a[i] = static_cast<int32_t>(g.next_u32() % 4);
+    b[i] = i % 5 == 0 ? -100 : static_cast<int32_t>(g.next_u32() % 4);
+    if (i == 10) a[i] = b[i] = -100;  // equal, but ignored
+    want += b[i] != -100 && a[i] == b[i];
+  }
+  const Tensor ha = Tensor::from_int_vector(a, {3000}), hb = Tensor::from_int_vector(b, {3000});
+  CHECK(clustr::count_equal(ha, hb, -100).item() == float(want));
+  CHECK(clustr::count_equal(ha.to(Device::cuda), hb.to(Device::cuda), -100).item() ==
+        float(want));
+  CHECK_THROWS_WITH_AS(clustr::count_equal(ha, hb.reshape({1000, 3}), -100),
+                       doctest::Contains("expected a and b of one shape"), clustr::Error);
 }
 
 TEST_CASE("device steps: more steps than the window, or a step outside one, make no update "
@@ -192,4 +218,7 @@ TEST_CASE("device steps: more steps than the window, or a step outside one, make
                        clustr::Error);
   CHECK_THROWS_WITH_AS(steps.queue_step(Tensor::zeros({1}, DType::f32, Device::cuda)),
                        doctest::Contains("expected the loss as an f32 scalar"), clustr::Error);
+  s.forward_backward();
+  CHECK_THROWS_WITH_AS(steps.queue_step(s.loss, {s.loss, s.loss, s.loss}),
+                       doctest::Contains("3 extra values; a record holds 2"), clustr::Error);
 }

@@ -56,13 +56,14 @@ void synchronize_device(Device device) {
 
 void LaunchMeter::begin() {
   const cuda::LaunchCounts c = cuda::launch_counts();
-  start_kernels_ = c.kernels, start_blas_ = c.blas;
+  start_kernels_ = c.kernels, start_blas_ = c.blas, start_graphs_ = c.graphs;
 }
 
 void LaunchMeter::end() {
   const cuda::LaunchCounts c = cuda::launch_counts();
   kernels_ += c.kernels - start_kernels_;
   blas_ += c.blas - start_blas_;
+  graphs_ += c.graphs - start_graphs_;
 }
 
 std::string LaunchMeter::report(int64_t steps, double& kernels_per_step, double& blas_per_step) {
@@ -72,8 +73,13 @@ std::string LaunchMeter::report(int64_t steps, double& kernels_per_step, double&
     blas_per_step = double(blas_) / double(steps);
     line = detail::cat("  launches/step ", std::lround(kernels_per_step), " + ",
                        std::lround(blas_per_step), " cuBLAS");
+    if (graphs_ > 0) {  // a graph's launches run on the device, from one host launch
+      char g[32];
+      std::snprintf(g, sizeof g, "%.2f", double(graphs_) / double(steps));
+      line += detail::cat(" + ", g, " graph");
+    }
   }
-  kernels_ = blas_ = 0;
+  kernels_ = blas_ = graphs_ = 0;
   return line;
 }
 

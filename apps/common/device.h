@@ -55,7 +55,8 @@ class LaunchMeter {
 
  private:
   bool on_device_;
-  uint64_t kernels_ = 0, blas_ = 0, start_kernels_ = 0, start_blas_ = 0;
+  uint64_t kernels_ = 0, blas_ = 0, graphs_ = 0, start_kernels_ = 0, start_blas_ = 0,
+           start_graphs_ = 0;
 };
 
 }  // namespace clustr

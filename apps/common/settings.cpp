@@ -164,6 +164,11 @@ void add_machine_settings(FlagTable& t, MachineOptions& m) {
              "or leave --tf32 out)",
              /*show_value=*/false)
       .resume(Resume::noted);
+  t.add("cuda-graphs", m.cuda_graphs, "with --device cuda: on (capture the training step into "
+        "a CUDA graph and replay it, where the step allows; the results are the same bits) or "
+        "off")
+      .one_of({"on", "off"})
+      .not_stored();
 }
 
 void add_out_settings(FlagTable& t, std::string& out, bool& overwrite,

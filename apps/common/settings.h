@@ -56,6 +56,7 @@ struct MachineOptions {
   int threads = 0;             // 0: OpenMP's default
   std::string device = "cpu";  // cpu | cuda
   bool tf32 = false;           // --device cuda: TF32 tensor cores for the f32 products
+  std::string cuda_graphs = "on";  // --device cuda: on (where the step allows) | off
 };
 
 // The value of --preset in argv ("cpu" when absent), read before the flags are defined so that

@@ -92,11 +92,14 @@ LrSchedule::LrSchedule(const TrainingOptions& o) : o_(o) {
 }
 
 void LrSchedule::before_step(int64_t done, optim::Optimizer& opt) const {
-  if (plateau_ && done >= o_.warmup) return;  // the plateau schedule owns the lr
+  opt.set_lr(lr_for(done, opt.lr()));
+}
+
+float LrSchedule::lr_for(int64_t done, float current) const {
+  if (plateau_ && done >= o_.warmup) return current;  // the plateau schedule owns the lr
   if (o_.lr_schedule != "constant" && o_.warmup > 0 && done < o_.warmup)
-    opt.set_lr(optim::LinearWarmupLr(o_.lr, o_.warmup).lr_at(done));
-  else
-    opt.set_lr(o_.lr);
+    return optim::LinearWarmupLr(o_.lr, o_.warmup).lr_at(done);
+  return o_.lr;
 }
 
 bool LrSchedule::at_evaluation(double loss, int64_t done, optim::Optimizer& opt) {

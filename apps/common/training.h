@@ -61,6 +61,8 @@ class LrSchedule {
   // Sets the lr of the step after `done` steps: the warm-up's, or --lr (after the warm-up the
   // plateau schedule owns the lr and this leaves it).
   void before_step(int64_t done, optim::Optimizer& opt) const;
+  // The lr before_step would set after `done` steps, `current` the lr it would leave.
+  float lr_for(int64_t done, float current) const;
   // An evaluation after `done` steps with held-out loss `loss`: the plateau schedule's step
   // (after the warm-up, for a finite loss); true when it lowered the lr.
   bool at_evaluation(double loss, int64_t done, optim::Optimizer& opt);

@@ -1,6 +1,7 @@
 // Training, evaluation, checkpoints and the training loop of the copy task (train.h).
 #include "apps/copy_task/train.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdarg>
@@ -38,6 +39,23 @@ std::string join_lines(const std::vector<std::string>& lines) {
   return s;
 }
 
+// The most steps one window of graph replays holds (its batches are copied to the device at
+// once): a window ends at the next log line, evaluation or checkpoint, or after this many.
+constexpr int64_t kMaxWindow = 100;
+
+// Why a run cannot replay its training step from a CUDA graph ("" when it can try): a step that
+// draws from the training stream on the host would freeze the draws into the graph.
+std::string graphs_reason(const RunOptions& o, Device device) {
+  if (device != Device::cuda) return "the run is on the cpu";
+  if (o.cuda_graphs == "off") return "--cuda-graphs off";
+  if (o.model.attention.type != AttentionType::full)
+    return detail::cat("--attention ", attention_type_name(o.model.attention.type),
+                       " draws its hashing's random numbers on the host at every step");
+  if (o.model.dropout > 0.0f || o.model.attention.dropout > 0.0f)
+    return "dropout draws its masks' stream offsets on the host at every step";
+  return "";
+}
+
 }  // namespace
 
 CopyTaskBatch to_device(const CopyTaskBatch& b, Device device) {
@@ -64,6 +82,108 @@ Trainer::Trainer(const RunOptions& options, std::FILE* log)
   for (int64_t i = 0; i < options_.output.eval_batches; ++i)
     heldout_.push_back(
         to_device(make_copy_task_batch(options_.task, options_.train.batch, heldout), device_));
+  graphs_off_ = graphs_reason(options_, device_);
+}
+
+Trainer::StepEvent Trainer::eager_step() {
+  const auto t0 = Clock::now();
+  StepEvent e;
+  e.loss = train_step(&e.accuracy);
+  e.skip = last_skip_;
+  e.seconds = seconds_since(t0);
+  return e;
+}
+
+void Trainer::step_body(bool queue) {
+  const int64_t B = options_.train.batch, N = sequence_length(options_.task);
+  optimizer_->zero_grad();
+  model_->train();
+  const Tensor input = step_inputs_.rows(0, B * N).reshape({B, N});
+  const Tensor target = step_inputs_.rows(B * N, 2 * B * N).reshape({B, N});
+  const Tensor lengths = step_inputs_.rows(2 * B * N, 2 * B * N + B);
+  const Variable logits = model_->forward(input, lengths, gen_);  // (B, N, V)
+  const Variable loss = cross_entropy(logits, target, Tensor(), kCopyTaskIgnoreIndex);
+  const Tensor correct = count_equal(argmax(logits.data(), -1), target, kCopyTaskIgnoreIndex);
+  const Tensor tokens = count_equal(target, target, kCopyTaskIgnoreIndex);
+  loss.backward();
+  if (queue) device_steps_->queue_step(loss.data(), {correct, tokens});
+}
+
+bool Trainer::capture_step() {
+  const int64_t B = options_.train.batch, N = sequence_length(options_.task);
+  const int64_t words = 2 * B * N + B;
+  graph_stream_ = std::make_unique<cuda::Stream>();
+  cuda::StreamGuard on_stream(*graph_stream_);
+  // The warm-up's batch comes from no stream: token 0 everywhere, no target, full lengths.
+  std::vector<int32_t> warm(static_cast<size_t>(words), 0);
+  std::fill(warm.begin() + B * N, warm.begin() + 2 * B * N, kCopyTaskIgnoreIndex);
+  std::fill(warm.begin() + 2 * B * N, warm.end(), static_cast<int32_t>(N));
+  step_inputs_ = Tensor::from_int_vector(warm, {words}, Device::cuda);
+  window_inputs_ = Tensor::empty({kMaxWindow, words}, DType::i32, Device::cuda);
+  try {
+    device_steps_ =
+        std::make_unique<optim::DeviceSteps>(*optimizer_, options_.train.clip, kMaxWindow);
+    step_body(false);  // the warm-up: the positional table, cuBLAS, the allocator's blocks
+    optimizer_->zero_grad();
+    graph_.capture([this] { step_body(true); });
+    optimizer_->zero_grad();  // the graph keeps its own gradients
+    return true;
+  } catch (const Error& e) {
+    optimizer_->zero_grad();
+    device_steps_.reset();
+    step_inputs_ = window_inputs_ = Tensor();
+    graphs_off_ = detail::cat("the step could not be captured: ", e.what());
+    return false;
+  }
+}
+
+std::vector<Trainer::StepEvent> Trainer::graphed_steps(int64_t steps) {
+  if (!graph_.captured() && !capture_step()) {
+    logf(log_, "cuda graphs: off (%s); training without them\n", graphs_off_.c_str());
+    return {eager_step()};
+  }
+  const auto t0 = Clock::now();
+  const int64_t B = options_.train.batch, N = sequence_length(options_.task);
+  const int64_t words = 2 * B * N + B, K = std::min(steps, kMaxWindow);
+  // The window's batches, drawn as the eager loop draws them (one per attempted step).
+  std::vector<int32_t> host(static_cast<size_t>(K * words));
+  for (int64_t k = 0; k < K; ++k) {
+    const CopyTaskBatch b = make_copy_task_batch(options_.task, B, gen_);
+    int32_t* dst = host.data() + k * words;
+    for (const Tensor* t : {&b.input, &b.target, &b.lengths}) {
+      const std::vector<int32_t> v = t->to_int_vector();
+      dst = std::copy(v.begin(), v.end(), dst);
+    }
+  }
+  cuda::StreamGuard on_stream(*graph_stream_);
+  window_inputs_.rows(0, K).copy_from(Tensor::from_int_vector(host, {K, words}));
+  const int64_t base = step();
+  float current = optimizer_->lr();
+  device_steps_->prepare([&](int64_t done) { return current = schedule_.lr_for(done, current); });
+  for (int64_t k = 0; k < K; ++k) {
+    step_inputs_.copy_from(window_inputs_.rows(k, k + 1).reshape({words}));
+    graph_.replay();
+  }
+  const std::vector<optim::math::StepRecord> records = device_steps_->collect();
+  cuda::raise_device_errors();
+  const double seconds = seconds_since(t0) / double(K);
+  std::vector<StepEvent> events;
+  int64_t done = base;
+  for (const optim::math::StepRecord& r : records) {
+    StepEvent e;
+    e.loss = r.loss;
+    e.seconds = seconds;
+    if (!std::isfinite(r.loss)) {
+      e.skip = detail::cat("step ", done + 1, ": non-finite loss (", r.loss, ")");
+    } else if (r.skipped) {
+      e.skip = detail::cat("step ", done + 1, ": non-finite gradient norm (", r.norm, ")");
+    } else {
+      e.accuracy = r.extra[1] > 0 ? double(r.extra[0]) / double(r.extra[1]) : 0.0;
+      ++done;
+    }
+    events.push_back(std::move(e));
+  }
+  return events;
 }
 
 float Trainer::train_step(double* accuracy, int64_t* tokens) {
@@ -184,6 +304,9 @@ void Trainer::print_config(std::FILE* out) const {
   }
   const int64_t N = sequence_length(options_.task);
   std::fprintf(out, "  %-26s %s\n", "attention", options_.model.attention.describe().c_str());
+  if (device_ == Device::cuda)
+    std::fprintf(out, "  %-26s %s\n", "cuda graphs",
+                 graphs_off_.empty() ? "on" : ("off (" + graphs_off_ + ")").c_str());
   std::fprintf(out, "  %-26s %lld (D = %lld, N = %lld, V = %d)\n", "parameters",
                static_cast<long long>(model_->parameter_count()),
                static_cast<long long>(options_.model.dim()), static_cast<long long>(N),
@@ -228,18 +351,41 @@ RunResult Trainer::run(RunFolder* folder) {
   double interval_loss = 0, interval_acc = 0, interval_seconds = 0;
   int64_t interval_steps = 0;
   LaunchMeter launches(device_);
-  while (step() < total) {
-    const auto t0 = Clock::now();
-    double acc = 0;
-    launches.begin();
-    const float loss = train_step(&acc);
-    launches.end();
-    if (!last_skip_.empty()) {
+  // The steps until the next log line, evaluation or checkpoint (a window of graph replays
+  // ends there, so that each of them sees the model of its step).
+  auto steps_to_boundary = [&] {
+    const int64_t s = step();
+    auto next = [s](int64_t every) { return every > 0 ? (s / every + 1) * every : INT64_MAX; };
+    int64_t end = std::min({total, next(u.log_interval), next(u.eval_interval)});
+    if (u.write_checkpoints) end = std::min(end, next(u.checkpoint_interval));
+    return end - s;
+  };
+  if (graphs_off_.empty()) logf(log_, "cuda graphs: on (the training step replays a graph)\n");
+  std::vector<StepEvent> events;
+  size_t next_event = 0;
+  int64_t s = step();  // the optimizer steps after the event being read
+  while (true) {
+    if (next_event == events.size()) {
+      if (step() >= total) break;
+      launches.begin();
+      events = graphs_off_.empty() ? graphed_steps(steps_to_boundary())
+                                   : std::vector<StepEvent>{eager_step()};
+      launches.end();
+      next_event = 0;
+      s = step() - static_cast<int64_t>(std::count_if(
+                       events.begin(), events.end(), [](const StepEvent& e) { return e.skip.empty(); }));
+    }
+    const StepEvent& event = events[next_event++];
+    // Time and signals are looked at after a window's last event: the model is there. (A
+    // window ends at every log line, evaluation and checkpoint.)
+    const bool window_end = next_event == events.size();
+    if (!event.skip.empty()) {
       ++r.skipped_steps;
-      non_finite.skipped(last_skip_, log_,
+      non_finite.skipped(event.skip, log_,
                          u.write_checkpoints && fs::exists(checkpoint)
                              ? "the checkpoint " + checkpoint + " is left as it was"
                              : std::string("no checkpoint was written"));
+      if (!window_end) continue;
       if (const int sig = StopOnSignal::pending()) {
         r.interrupted_by = sig;
         break;
@@ -247,16 +393,18 @@ RunResult Trainer::run(RunFolder* folder) {
       continue;
     }
     non_finite.stepped();
-    const double dt = seconds_since(t0);
+    ++s;
+    const float loss = event.loss;
+    const double acc = event.accuracy, dt = event.seconds;
     r.losses.push_back(loss);
     r.train_seconds += dt;
     run_seconds_ = r.train_seconds;
     interval_loss += double(loss), interval_acc += acc, interval_seconds += dt;
     ++interval_steps;
 
-    const int64_t s = step();
     const bool last = s == total;
-    const bool time_up = o.train.time_limit > 0 && r.train_seconds >= o.train.time_limit;
+    const bool time_up =
+        window_end && o.train.time_limit > 0 && r.train_seconds >= o.train.time_limit;
     const bool log_now = s % u.log_interval == 0 || last || time_up;
     const bool eval_now = s % u.eval_interval == 0 || last || time_up;
     if (!log_now && !eval_now) continue;

@@ -31,6 +31,7 @@
 #include "apps/copy_task/metrics.h"
 #include "apps/copy_task/model.h"
 #include "apps/copy_task/options.h"
+#include "core/cuda/cuda.h"
 #include "core/random.h"
 #include "data/copy_task.h"
 #include "optim/optimizer.h"
@@ -112,14 +113,42 @@ class Trainer : public TrainerBase {
 
   CopyModel& model() { return *model_; }
   const RunOptions& options() const { return options_; }
+  // Why run() trains without CUDA graphs ("" when it replays the captured step).
+  const std::string& graphs_off_reason() const { return graphs_off_; }
 
  private:
+  // One training step as the run loop sees it.
+  struct StepEvent {
+    float loss = 0;
+    double accuracy = 0, seconds = 0;
+    std::string skip;  // why it made no update ("" if it did)
+  };
+  // train_step(), timed.
+  StepEvent eager_step();
+  // --cuda-graphs on: up to `steps` steps as replays of the captured step, their batches drawn
+  // first (the training stream's order is the eager loop's) and copied to the device at once;
+  // one event per replay, read back at the end.
+  std::vector<StepEvent> graphed_steps(int64_t steps);
+  // Captures the step (after a warm-up on a batch drawn from no stream); on failure sets
+  // graphs_off_ to the reason and returns false.
+  bool capture_step();
+  // What the captured step runs: forward, loss, backward and (queue) the device step.
+  void step_body(bool queue);
+
   RunOptions options_;
   uint64_t heldout_key_, final_key_, eval_key_;
   std::unique_ptr<CopyModel> model_;
   std::vector<CopyTaskBatch> heldout_;
   std::string last_skip_;   // why the last train_step() made no update ("" if it did)
   double run_seconds_ = 0;  // training seconds of run() so far
+  // --cuda-graphs: the reason they are not used ("" when they are), the graph and its stream,
+  // the step's fixed inputs on the device (input (B, N), target (B, N), lengths (B), one
+  // after another), a window's batches, and the steps decided on the device.
+  std::string graphs_off_;
+  std::unique_ptr<cuda::Stream> graph_stream_;
+  cuda::Graph graph_;
+  Tensor step_inputs_, window_inputs_;
+  std::unique_ptr<optim::DeviceSteps> device_steps_;
 };
 
 }  // namespace clustr::copy

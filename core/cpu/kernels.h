@@ -22,6 +22,9 @@ void axpy(float alpha, const float* src, float* dst, int64_t n);
 // x viewed as (outer, len, inner); y (outer, inner) = op over the middle axis.
 void reduce(ReduceOp op, const float* x, float* y, int64_t outer, int64_t len, int64_t inner);
 void argmax(const float* x, int32_t* y, int64_t outer, int64_t len, int64_t inner);
+// *y = the number of i in [0, n) with b[i] != ignore and a[i] == b[i] (as a float; exact below
+// 2^24).
+void count_equal(const int32_t* a, const int32_t* b, int32_t ignore, int64_t n, float* y);
 
 // x, y (rows, cols); per row over cols.
 void softmax(const float* x, float* y, int64_t rows, int64_t cols);

@@ -183,6 +183,12 @@ void reduce(ReduceOp op, const float* x, float* y, int64_t outer, int64_t len, i
 }
 
 // x (outer, len, inner) -> y (outer, inner) i32: the first index of the maximum; len >= 1.
+void count_equal(const int32_t* a, const int32_t* b, int32_t ignore, int64_t n, float* y) {
+  int64_t count = 0;
+  for (int64_t i = 0; i < n; ++i) count += b[i] != ignore && a[i] == b[i];
+  *y = static_cast<float>(count);
+}
+
 void argmax(const float* x, int32_t* y, int64_t outer, int64_t len, int64_t inner) {
   if (outer == 0 || inner == 0) return;
   const int64_t tiles = (inner + kInnerTile - 1) / kInnerTile;

@@ -325,6 +325,8 @@ void reduce(ReduceOp op, const float* x, float* y, int64_t outer, int64_t len, i
 // x (outer, len, inner) -> y (outer, inner) i32 (=): the first index of the maximum, NaN
 // counting as the largest (math::argmax_beats); len >= 1.
 void argmax(const float* x, int32_t* y, int64_t outer, int64_t len, int64_t inner);
+// *y (=) = the number of i in [0, n) with b[i] != ignore and a[i] == b[i], by one block.
+void count_equal(const int32_t* a, const int32_t* b, int32_t ignore, int64_t n, float* y);
 // x, y (rows, cols); per row over cols (core/cuda/softmax.cu).
 void softmax(const float* x, float* y, int64_t rows, int64_t cols);
 void log_softmax(const float* x, float* y, int64_t rows, int64_t cols);

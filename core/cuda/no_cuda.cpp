@@ -124,6 +124,9 @@ void cuda::reduce(ReduceOp, const float*, float*, int64_t, int64_t, int64_t) {
   no_backend("cuda::reduce");
 }
 void cuda::argmax(const float*, int32_t*, int64_t, int64_t, int64_t) { no_backend("cuda::argmax"); }
+void cuda::count_equal(const int32_t*, const int32_t*, int32_t, int64_t, float*) {
+  no_backend("cuda::count_equal");
+}
 void cuda::softmax(const float*, float*, int64_t, int64_t) { no_backend("cuda::softmax"); }
 void cuda::log_softmax(const float*, float*, int64_t, int64_t) { no_backend("cuda::log_softmax"); }
 void cuda::dropout(const float*, float, uint64_t, uint64_t, float*, int64_t) {

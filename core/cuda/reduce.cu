@@ -218,6 +218,37 @@ void reduce(ReduceOp op, const float* x, float* y, int64_t outer, int64_t len, i
     launch_reduce<float>(op, x, y, outer, len, inner);
 }
 
+namespace {
+
+struct AddInt64 {
+  CLUSTR_HD int64_t operator()(int64_t a, int64_t b) const { return a + b; }
+};
+
+// One block: each thread counts its share, block_reduce adds the counts.
+struct CountEqualKernel {
+  static constexpr bool kUsesBarrier = true;
+  const int32_t *a, *b;
+  int32_t ignore;
+  int64_t n;
+  float* y;
+  CLUSTR_DEVICE void operator()(const Thread& t) const {
+    int64_t count = 0;
+    for (int64_t i = t.thread_idx().x; i < n; i += t.block_dim().x)
+      count += b[i] != ignore && a[i] == b[i] ? 1 : 0;
+    count = block_reduce(t, count, t.shared<int64_t>(), AddInt64{});
+    if (t.thread_idx().x == 0) *y = static_cast<float>(count);
+  }
+};
+
+}  // namespace
+
+void count_equal(const int32_t* a, const int32_t* b, int32_t ignore, int64_t n, float* y) {
+  require("cuda::count_equal");
+  const unsigned threads = 256;
+  launch("cuda::count_equal", {1}, {threads}, threads * sizeof(int64_t),
+         CountEqualKernel{a, b, ignore, n, y});
+}
+
 // x (outer, len, inner) -> y (outer, inner) i32, the first index of the maximum; len >= 1 and
 // below 2^31 (checked by the front door).
 void argmax(const float* x, int32_t* y, int64_t outer, int64_t len, int64_t inner) {

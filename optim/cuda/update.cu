@@ -256,6 +256,7 @@ struct DecideStepKernel {
   const int64_t* first;
   int64_t arrays;
   const float* loss;
+  const float* extra[math::kStepExtras];  // or null
   double max_norm;  // 0: measure only
   const math::StepScalars* table;
   int32_t window;
@@ -280,7 +281,11 @@ struct DecideStepKernel {
       st.skip = 1;
       return;
     }
-    records[q] = {norm, l, finite ? 0 : 1};
+    math::StepRecord& r = records[q];
+    r.norm = norm;
+    r.loss = l;
+    r.skipped = finite ? 0 : 1;
+    for (int e = 0; e < math::kStepExtras; ++e) r.extra[e] = extra[e] ? *extra[e] : 0.0f;
     st.queued = q + 1;
     st.skip = finite ? 0 : 1;
     if (!finite) return;
@@ -294,12 +299,15 @@ struct DecideStepKernel {
 }  // namespace
 
 void decide_step(const double* partial, const int64_t* first, int64_t arrays, const float* loss,
-                 double max_norm, const math::StepScalars* table, int32_t window,
-                 math::DeviceStepState* state, math::StepRecord* records) {
+                 const std::vector<const float*>& extras, double max_norm,
+                 const math::StepScalars* table, int32_t window, math::DeviceStepState* state,
+                 math::StepRecord* records) {
   core_cuda::require("optim::cuda::decide_step");
-  core_cuda::launch("optim::cuda::decide_step", {1}, {32}, 0,
-                    DecideStepKernel{partial, first, arrays, loss, max_norm, table, window,
-                                     state, records});
+  CLUSTR_CHECK(extras.size() <= size_t(math::kStepExtras), "optim::cuda::decide_step: ",
+               extras.size(), " extra values; a record holds ", math::kStepExtras);
+  DecideStepKernel k{partial, first, arrays, loss, {}, max_norm, table, window, state, records};
+  for (size_t e = 0; e < extras.size(); ++e) k.extra[e] = extras[e];
+  core_cuda::launch("optim::cuda::decide_step", {1}, {32}, 0, k);
 }
 
 void scale_many(const std::vector<TensorSlots>& tensors, const math::DeviceStepState* state) {

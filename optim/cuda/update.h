@@ -53,11 +53,13 @@ void sum_squares_partials(const std::vector<const float*>& xs, const std::vector
 // One thread on the device: the norm from the partials (first: a device copy of
 // sum_square_blocks's), whether the step is finite (its loss, a device scalar, and the norm),
 // the clip scale for max_norm (0: no clipping), the scalars of update number state->taken from
-// table (window entries), and the step's record (records[state->queued]). Queued past the
-// window, it sets state->overflow and skips.
+// table (window entries), and the step's record (records[state->queued], with the values of
+// the device scalars `extras`, at most kStepExtras). Queued past the window, it sets
+// state->overflow and skips.
 void decide_step(const double* partial, const int64_t* first, int64_t arrays, const float* loss,
-                 double max_norm, const math::StepScalars* table, int32_t window,
-                 math::DeviceStepState* state, math::StepRecord* records);
+                 const std::vector<const float*>& extras, double max_norm,
+                 const math::StepScalars* table, int32_t window, math::DeviceStepState* state,
+                 math::StepRecord* records);
 // The multi-tensor launches with their scalars read from the device state (and nothing done
 // when it says the step is skipped): the clip scale, SGD's and the Adam family's scalars.
 void scale_many(const std::vector<TensorSlots>& tensors, const math::DeviceStepState* state);
