@@ -21,6 +21,14 @@ CLUSTR_HD void philox_mulhilo(uint32_t a, uint32_t b, uint32_t* hi, uint32_t* lo
 }
 
 // Four 32-bit random words for block number `counter` of the stream with key `seed`.
+// A position in a Philox stream that a kernel may read from device memory: *at when at is set
+// (a draw that a CUDA graph's replays refill, core/random.h's DrawPlan), else value.
+struct PhiloxOffset {
+  const uint64_t* at = nullptr;
+  uint64_t value = 0;
+  CLUSTR_HD uint64_t get() const { return at ? *at : value; }
+};
+
 CLUSTR_HD Philox4 philox4x32(uint64_t seed, uint64_t counter) {
   uint32_t c0 = static_cast<uint32_t>(counter), c1 = static_cast<uint32_t>(counter >> 32);
   uint32_t c2 = 0, c3 = 0;

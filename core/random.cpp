@@ -1,6 +1,7 @@
 #include "core/random.h"
 
 #include <cmath>
+#include <cstring>
 
 #include "core/error.h"
 #include "core/philox.h"
@@ -12,13 +13,64 @@ thread_local bool t_host_draws_frozen = false;
 void freeze_host_draws(bool frozen) { t_host_draws_frozen = frozen; }
 void refuse_frozen_draw() {
   throw Error("a random draw from the host's generator while a CUDA graph is being captured: "
-              "the graph would repeat the numbers drawn at capture at every replay (attention "
-              "dropout, the clustered types' hash planes and seeding); run such a step without "
-              "a graph");
+              "the graph would repeat the numbers drawn at capture at every replay (dropout's "
+              "masks, Reformer's hash rotations: draws that are not device draws, "
+              "core/random.h); run such a step without a graph");
 }
 }  // namespace detail
 
 uint32_t Generator::next_u32() { return philox4x32(seed_, reserve(1)).v[0]; }
+
+// ---- device draws and the plans of CUDA graphs ---------------------------------------------
+
+DrawPlan::DrawPlan(int64_t capacity, Device device)
+    : memory_(Tensor::zeros({capacity}, DType::f32, device)) {}
+
+int64_t DrawPlan::take(int64_t words, int64_t align) {
+  const int64_t at = (used_ + align - 1) / align * align;
+  CLUSTR_CHECK(at + words <= memory_.numel(), "DrawPlan: the step's random draws need more than "
+               "the plan's ", memory_.numel(), " words (", at + words, "); make it larger");
+  used_ = at + words;
+  return at;
+}
+
+void DrawPlan::fill(Generator& gen, float* host) const {
+  for (const Draw& d : draws_) {
+    if (d.normal) {
+      Tensor t = Tensor::empty({static_cast<int64_t>(d.count)});
+      normal_(t, gen, d.mean, d.stddev);
+      std::memcpy(host + d.at, t.f32(), d.count * sizeof(float));
+    } else {
+      const uint64_t first = gen.reserve(d.count);
+      std::memcpy(host + d.at, &first, sizeof first);
+    }
+  }
+}
+
+PhiloxOffset reserve_device(Generator& gen, uint64_t blocks) {
+  DrawPlan* plan = gen.recording();
+  if (!plan) return {nullptr, gen.reserve(blocks)};
+  const int64_t at = plan->take(2, 2);  // a 64-bit word
+  plan->draws_.push_back({false, blocks, at, 0.0f, 0.0f});
+  return {reinterpret_cast<const uint64_t*>(plan->memory_.f32() + at), 0};
+}
+
+Tensor normal_device(const Shape& shape, Generator& gen, Device device, float mean,
+                     float stddev) {
+  DrawPlan* plan = gen.recording();
+  if (!plan) {
+    Tensor t = Tensor::empty(shape);
+    normal_(t, gen, mean, stddev);
+    return device == Device::cpu ? t : t.to(device);
+  }
+  CLUSTR_CHECK(device == plan->memory_.device(), "normal_device: a draw for ",
+               device == Device::cpu ? "the cpu" : "the device", " while recording into a plan "
+               "whose memory is on the other");
+  const int64_t n = numel(shape);
+  const int64_t at = plan->take(n, 1);
+  plan->draws_.push_back({true, static_cast<uint64_t>(n), at, mean, stddev});
+  return plan->memory_.rows(at, at + n).reshape(shape);
+}
 float Generator::next_unit() { return uint_to_unit(next_u32()); }
 
 namespace {

@@ -153,6 +153,7 @@ TEST_CASE("apps: a copy-task run on cuda reports its kernel launches and cuBLAS 
   o.output.eval_batches = 1;
   o.output.final_eval_batches = 1;
   o.output.write_plots = false;
+  o.cuda_graphs = "off";  // launch by launch (with graphs the step is one replay: below)
   double kernels[2] = {0, 0}, blas[2] = {0, 0};
   for (int d = 0; d < 2; ++d) {
     o.device = d == 0 ? "cpu" : "cuda";
@@ -177,6 +178,16 @@ TEST_CASE("apps: a copy-task run on cuda reports its kernel launches and cuBLAS 
   CHECK(blas[1] == double(after.blas - before.blas));
   CHECK(kernels[1] > 0);
   CHECK(blas[1] > 0);
+  // With graphs the last interval's step launched nothing of its own: one replay.
+  o.cuda_graphs = "on";
+  o.output.out = dir.file("graphs");
+  copy::Trainer graphed(o, nullptr);
+  const cuda::LaunchCounts start = cuda::launch_counts();
+  const copy::RunResult r = graphed.run();
+  CHECK(graphed.graphs_off_reason() == "");
+  CHECK(r.kernel_launches_per_step == 0);
+  CHECK(r.blas_calls_per_step == 0);
+  CHECK(cuda::launch_counts().graphs - start.graphs == 3);
 }
 
 TEST_CASE("apps: two speech training steps on cuda match the cpu") {

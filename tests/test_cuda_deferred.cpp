@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -210,4 +211,42 @@ TEST_CASE("deferred checks: a transformer's forward and backward with full atten
   graph.replay();
   CHECK(std::isnan(loss.item()));
   check_raised({"cross_entropy", "target[4] = 8", "outside [0, 6)"});
+}
+
+TEST_CASE("draw plans: the draws noted while recording are made by fill() in order, from the "
+          "generator, as the step would draw them; a plan too small says so") {
+  if (!cuda::available()) return;
+  clustr::Generator recorded(5), eager(5);
+  clustr::DrawPlan plan(64, Device::cuda);
+  recorded.record_into(&plan);
+  CHECK(recorded.recording() == &plan);
+  const Tensor planes = clustr::normal_device({3, 4}, recorded, Device::cuda);
+  const clustr::PhiloxOffset offset = clustr::reserve_device(recorded, 10);
+  const Tensor more = clustr::normal_device({5}, recorded, Device::cuda, 1.0f, 2.0f);
+  recorded.record_into(nullptr);
+  CHECK(recorded.offset() == 0);  // recording draws nothing
+  CHECK(offset.at != nullptr);
+  CHECK(plan.words() == 12 + 2 + 5);  // the 64-bit offset at an even word
+  // What the step draws when it runs without a graph, from a generator in the same state.
+  const std::vector<float> want_planes =
+      clustr::normal_device({3, 4}, eager, Device::cuda).to_vector();
+  const clustr::PhiloxOffset want_offset = clustr::reserve_device(eager, 10);
+  const std::vector<float> want_more =
+      clustr::normal_device({5}, eager, Device::cuda, 1.0f, 2.0f).to_vector();
+  CHECK(want_offset.at == nullptr);
+  std::vector<float> host(static_cast<size_t>(plan.words()));
+  plan.fill(recorded, host.data());
+  CHECK(recorded.offset() == eager.offset());
+  plan.memory().rows(0, plan.words()).copy_from(Tensor::from_vector(host, {plan.words()}));
+  CHECK(planes.to_vector() == want_planes);  // the recorded tensors read the plan's memory
+  CHECK(more.to_vector() == want_more);
+  uint64_t got_offset = 0;
+  std::memcpy(&got_offset, host.data() + 12, sizeof got_offset);
+  CHECK(got_offset == want_offset.value);
+
+  clustr::DrawPlan small(4, Device::cuda);
+  recorded.record_into(&small);
+  CHECK_THROWS_WITH_AS(clustr::normal_device({5}, recorded, Device::cuda),
+                       doctest::Contains("need more than the plan's 4 words"), clustr::Error);
+  recorded.record_into(nullptr);
 }

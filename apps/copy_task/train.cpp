@@ -42,15 +42,15 @@ std::string join_lines(const std::vector<std::string>& lines) {
 // The most steps one window of graph replays holds (its batches are copied to the device at
 // once): a window ends at the next log line, evaluation or checkpoint, or after this many.
 constexpr int64_t kMaxWindow = 100;
+// The device words for a step's random draws (DrawPlan): the clustered types' hash planes
+// (bits x head width per layer) and offsets; far more than the presets need.
+constexpr int64_t kPlanWords = 1 << 18;
 
 // Why a run cannot replay its training step from a CUDA graph ("" when it can try): a step that
 // draws from the training stream on the host would freeze the draws into the graph.
 std::string graphs_reason(const RunOptions& o, Device device) {
   if (device != Device::cuda) return "the run is on the cpu";
   if (o.cuda_graphs == "off") return "--cuda-graphs off";
-  if (o.model.attention.type != AttentionType::full)
-    return detail::cat("--attention ", attention_type_name(o.model.attention.type),
-                       " draws its hashing's random numbers on the host at every step");
   if (o.model.dropout > 0.0f || o.model.attention.dropout > 0.0f)
     return "dropout draws its masks' stream offsets on the host at every step";
   return "";
@@ -120,17 +120,31 @@ bool Trainer::capture_step() {
   std::fill(warm.begin() + 2 * B * N, warm.end(), static_cast<int32_t>(N));
   step_inputs_ = Tensor::from_int_vector(warm, {words}, Device::cuda);
   window_inputs_ = Tensor::empty({kMaxWindow, words}, DType::i32, Device::cuda);
+  const uint64_t stream_at = gen_.offset();
   try {
     device_steps_ =
         std::make_unique<optim::DeviceSteps>(*optimizer_, options_.train.clip, kMaxWindow);
-    step_body(false);  // the warm-up: the positional table, cuBLAS, the allocator's blocks
+    draws_ = std::make_unique<DrawPlan>(kPlanWords, Device::cuda);
+    // The warm-up: the positional table, cuBLAS, the allocator's blocks. Its draws (the
+    // clustered types' hashing) are given back to the training stream.
+    step_body(false);
+    gen_.set_state(gen_.seed(), stream_at);
     optimizer_->zero_grad();
+    gen_.record_into(draws_.get());  // the step's draws become the plan's, drawn per replay
     graph_.capture([this] { step_body(true); });
+    gen_.record_into(nullptr);
     optimizer_->zero_grad();  // the graph keeps its own gradients
+    if (!draws_->empty())
+      window_draws_ = Tensor::empty({kMaxWindow, draws_->words()}, DType::f32, Device::cuda);
+    logf(log_, "cuda graphs: on (the training step is captured and replayed; %lld random words "
+         "drawn on the host per step)\n", static_cast<long long>(draws_->words()));
     return true;
   } catch (const Error& e) {
+    gen_.record_into(nullptr);
+    gen_.set_state(gen_.seed(), stream_at);
     optimizer_->zero_grad();
     device_steps_.reset();
+    draws_.reset();
     step_inputs_ = window_inputs_ = Tensor();
     graphs_off_ = detail::cat("the step could not be captured: ", e.what());
     return false;
@@ -145,8 +159,11 @@ std::vector<Trainer::StepEvent> Trainer::graphed_steps(int64_t steps) {
   const auto t0 = Clock::now();
   const int64_t B = options_.train.batch, N = sequence_length(options_.task);
   const int64_t words = 2 * B * N + B, K = std::min(steps, kMaxWindow);
-  // The window's batches, drawn as the eager loop draws them (one per attempted step).
+  // The window's batches and the steps' random draws, as the eager loop draws them (per
+  // attempted step: the batch, then the forward's draws).
+  const int64_t plan_words = draws_->words();
   std::vector<int32_t> host(static_cast<size_t>(K * words));
+  std::vector<float> host_draws(static_cast<size_t>(K * plan_words));
   for (int64_t k = 0; k < K; ++k) {
     const CopyTaskBatch b = make_copy_task_batch(options_.task, B, gen_);
     int32_t* dst = host.data() + k * words;
@@ -154,14 +171,19 @@ std::vector<Trainer::StepEvent> Trainer::graphed_steps(int64_t steps) {
       const std::vector<int32_t> v = t->to_int_vector();
       dst = std::copy(v.begin(), v.end(), dst);
     }
+    draws_->fill(gen_, host_draws.data() + k * plan_words);
   }
   cuda::StreamGuard on_stream(*graph_stream_);
   window_inputs_.rows(0, K).copy_from(Tensor::from_int_vector(host, {K, words}));
+  if (plan_words > 0)
+    window_draws_.rows(0, K).copy_from(Tensor::from_vector(host_draws, {K, plan_words}));
   const int64_t base = step();
   float current = optimizer_->lr();
   device_steps_->prepare([&](int64_t done) { return current = schedule_.lr_for(done, current); });
+  Tensor plan_memory = plan_words > 0 ? draws_->memory().rows(0, plan_words) : Tensor();
   for (int64_t k = 0; k < K; ++k) {
     step_inputs_.copy_from(window_inputs_.rows(k, k + 1).reshape({words}));
+    if (plan_words > 0) plan_memory.copy_from(window_draws_.rows(k, k + 1).reshape({plan_words}));
     graph_.replay();
   }
   const std::vector<optim::math::StepRecord> records = device_steps_->collect();
@@ -360,7 +382,6 @@ RunResult Trainer::run(RunFolder* folder) {
     if (u.write_checkpoints) end = std::min(end, next(u.checkpoint_interval));
     return end - s;
   };
-  if (graphs_off_.empty()) logf(log_, "cuda graphs: on (the training step replays a graph)\n");
   std::vector<StepEvent> events;
   size_t next_event = 0;
   int64_t s = step();  // the optimizer steps after the event being read

@@ -149,6 +149,10 @@ class Trainer : public TrainerBase {
   cuda::Graph graph_;
   Tensor step_inputs_, window_inputs_;
   std::unique_ptr<optim::DeviceSteps> device_steps_;
+  // The step's random draws (the clustered types' hashing), made on the host for each replay
+  // (core/random.h's DrawPlan), and a window's of them.
+  std::unique_ptr<DrawPlan> draws_;
+  Tensor window_draws_;
 };
 
 }  // namespace clustr::copy

@@ -308,9 +308,13 @@ inline Dims check_inputs(const char* op, const Shape& q_shape, const Tensor& K, 
                ": expected assignment of shape (B, H, N) = (", d.B, ", ", d.H, ", ", d.N,
                ") to match ", Q, ", got ", describe(assignment));
   // A device assignment is checked on the device (one integer comes back); only a bad one is
-  // copied, to name the first bad value.
+  // copied, to name the first bad value. When the device's checks are deferred, a kernel
+  // records the first bad one (the kernels leave such a query's row alone).
   const bool on_device = assignment.device() == Device::cuda;
-  if (!on_device || cuda::count_outside_clusters({d.B, d.H, d.N, 0, 0, 0, d.C},
+  if (on_device && cuda::deferring_checks())
+    cuda::check_range_on_device(op, "assignment", assignment.i32(), d.B * d.H * d.N, -1,
+                                static_cast<int32_t>(clusters));
+  else if (!on_device || cuda::count_outside_clusters({d.B, d.H, d.N, 0, 0, 0, d.C},
                                                  assignment.i32()) > 0) {
     std::vector<int32_t> copy;
     const int32_t* a = detail::host_i32(assignment, copy);
@@ -319,7 +323,7 @@ inline Dims check_inputs(const char* op, const Shape& q_shape, const Tensor& K, 
                    i / (d.H * d.N), ", ", i / d.N % d.H, ", ", i % d.N,
                    ") is outside [-1, C = ", clusters, ") (-1 marks a padded query)");
   }
-  if (lengths.defined()) detail::check_lengths(op, lengths, d.B, d.S, "S", "K", K);
+  if (lengths.defined()) detail::check_lengths_deferrable(op, lengths, d.B, d.S, "S", "K", K);
   return d;
 }
 
@@ -365,8 +369,14 @@ inline void device_params(const Dims& d, const Tensor& lengths, const Tensor& as
   cuda::group_members({d.B, d.H, d.N, d.S, d.E, d.M, d.C}, assignment.i32(), r.count.i32(),
                       r.start.i32(), r.order.i32());
   if (lengths.defined()) {
-    r.lengths_host = lengths.to_int_vector();
-    r.p.lengths_host = r.lengths_host.data();
+    // The GEMMs are sized per run of equal lengths from a host copy, except in a step that
+    // must not wait for the host (cuda::deferring_checks(): a graph's capture): there they span
+    // all S keys and the kernels' masks, which read the lengths on the device, zero the padded
+    // keys' weights and gradients (the same bits when every length is S).
+    if (!cuda::deferring_checks()) {
+      r.lengths_host = lengths.to_int_vector();
+      r.p.lengths_host = r.lengths_host.data();
+    }
     r.p.lengths = lengths.i32();
   }
   r.p.assignment = assignment.i32();

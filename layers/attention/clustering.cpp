@@ -69,6 +69,11 @@ struct Draws {
   const float* planes;  // (bits, E)
   uint64_t seed, threshold_base, seed_base;
 };
+// The same draws as the device reads them (their offsets maybe in device memory: DrawPlan).
+struct DeviceDraws {
+  uint64_t seed;
+  PhiloxOffset threshold_base, seed_base;
+};
 
 // codes[i] for the Nv valid queries q (Nv, E) (sec. 3.2.2 hashing, bias as in clustering.h).
 // The projections P = q planes^T (Nv, bits) come from one GEMM (each element is computed the same
@@ -423,7 +428,7 @@ Sizes check_inputs(const char* op, const Tensor& Q, const Tensor& lengths,
   CLUSTR_CHECK(o.bits >= 1 && o.bits <= 63, op, ": expected bits in [1, 63] (codes are 64-bit), got ",
                o.bits);
   CLUSTR_CHECK(o.iterations >= 0, op, ": expected iterations >= 0, got ", o.iterations);
-  if (lengths.defined()) detail::check_lengths(op, lengths, s.B, s.N, "N", "Q", Q);
+  if (lengths.defined()) detail::check_lengths_deferrable(op, lengths, s.B, s.N, "N", "Q", Q);
   return s;
 }
 
@@ -431,11 +436,10 @@ Sizes check_inputs(const char* op, const Tensor& Q, const Tensor& lengths,
 // CPU's random stream (planes (bits, E) are the host's draw, copied; the thresholds' and the
 // seeding's counters are the same blocks), so a seed gives the same clusters on both devices.
 Clustering cluster_queries_cuda(const Tensor& Q, const Tensor& lengths, const Sizes& s,
-                                const Tensor& planes, const Draws& r) {
+                                const Tensor& planes_dev, const DeviceDraws& r) {
   const int64_t BH = s.B * s.H;
   const Device dev = Device::cuda;
   cuda::ClusteringDims d{s.B, s.H, s.N, s.E, s.C, s.bits, s.iterations};
-  const Tensor planes_dev = planes.to(dev);
   const int32_t* len_dev = lengths.defined() ? lengths.i32() : nullptr;
   Tensor codes_holder = Tensor::empty({2 * BH * s.N + 2}, DType::i32, dev);
   uint64_t* codes_dev = static_cast<uint64_t*>(codes_holder.raw());
@@ -461,12 +465,19 @@ Clustering cluster_queries(const Tensor& Q, const Tensor& lengths,
   const char* op = "cluster_queries";
   const Sizes s = check_inputs(op, Q, lengths, options);
   const int64_t BH = s.B * s.H;
-  // The stream layout of clustering.h: planes, then thresholds, then seeding draws.
+  // The stream layout of clustering.h: planes, then thresholds, then seeding draws (on the
+  // device as device draws, which a CUDA graph's replays draw again: core/random.h).
+  if (Q.device() == Device::cuda) {
+    const Tensor planes = normal_device({s.bits, s.E}, gen, Device::cuda);
+    const uint64_t seed = gen.seed();
+    const PhiloxOffset thresholds = reserve_device(gen, static_cast<uint64_t>(BH * s.bits));
+    const PhiloxOffset seeds = reserve_device(gen, static_cast<uint64_t>(BH * s.C));
+    return cluster_queries_cuda(Q, lengths, s, planes, {seed, thresholds, seeds});
+  }
   Tensor planes = Tensor::empty({s.bits, s.E});
   normal_(planes, gen);
   Draws r{planes.f32(), gen.seed(), gen.reserve(static_cast<uint64_t>(BH * s.bits)),
           gen.reserve(static_cast<uint64_t>(BH * s.C))};
-  if (Q.device() == Device::cuda) return cluster_queries_cuda(Q, lengths, s, planes, r);
   hamming_kernel();  // chosen here: a bad CLUSTR_HAMMING_KERNEL throws outside the threads
 
   Clustering out;

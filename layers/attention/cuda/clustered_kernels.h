@@ -27,8 +27,11 @@ using attention_kernels::Dropout;
 using attention_kernels::dropout_of;
 using attention_kernels::for_each_word;
 
+// Clamped to [0, S]: a length outside it is possible only when the front door's check was
+// deferred to the device (cuda.h's DeferredChecks), which reports it.
 CLUSTR_DEVICE int64_t keys_of(const int32_t* lengths, int64_t bh, int64_t H, int64_t S) {
-  return lengths ? lengths[bh / H] : S;
+  const int64_t given = lengths ? lengths[bh / H] : S;
+  return given < 0 ? 0 : given > S ? S : given;
 }
 
 // y (B, H, C, w) = sum over the members of each cluster of the rows of x (B, H, N, w), in query
@@ -148,7 +151,8 @@ struct BroadcastKernel {
     for (int64_t e = global_x(t); e < total; e += grid_stride_x(t)) {
       const int64_t row = e / w, bh = row / N;
       const int32_t j = assignment[row];
-      if (j < 0 || keys_of(lengths, bh, H, S) == 0) {
+      // j >= C only when the front door's check went to the device (which reports it).
+      if (j < 0 || j >= C || keys_of(lengths, bh, H, S) == 0) {
         y[e] = 0.0f;
         continue;
       }

@@ -60,8 +60,11 @@ struct AddU64 {
   CLUSTR_HD uint64_t operator()(uint64_t a, uint64_t b) const { return a + b; }
 };
 
+// Clamped to [0, N]: a length outside it is possible only when the front door's check was
+// deferred to the device (cuda.h's DeferredChecks), which reports it.
 CLUSTR_DEVICE int64_t valid_queries(const int32_t* lengths, int64_t bh, int64_t H, int64_t N) {
-  return lengths ? lengths[bh / H] : N;
+  const int64_t given = lengths ? lengths[bh / H] : N;
+  return given < 0 ? 0 : given > N ? N : given;
 }
 
 // ---- hashing ----
@@ -121,9 +124,11 @@ struct CodeKernel {
   uint64_t* codes;  // (B H N)
   int64_t H, N, E, chunks;
   int bits;
-  uint64_t seed, threshold_base;
+  uint64_t seed;
+  PhiloxOffset threshold_base;
   CLUSTR_DEVICE void operator()(const Thread& t) const {
     const int64_t bh = t.block_idx().x / chunks, chunk = t.block_idx().x % chunks;
+    const uint64_t thresholds = threshold_base.get();
     const int64_t i0 = chunk * kHashChunk, Nv = valid_queries(lengths, bh, H, N);
     const unsigned tid = t.thread_idx().x;
     float* threshold = t.shared<float>();
@@ -135,7 +140,7 @@ struct CodeKernel {
         l = math::Minimum{}(l, lo[at + c * bits]);
         h = math::Maximum{}(h, hi[at + c * bits]);
       }
-      const float u = uint_to_unit(philox4x32(seed, threshold_base + uint64_t(bh * bits + k)).v[0]);
+      const float u = uint_to_unit(philox4x32(seed, thresholds + uint64_t(bh * bits + k)).v[0]);
       threshold[k] = math::clustering_threshold(l, h, u);
     }
     t.sync();
@@ -178,7 +183,8 @@ struct SeedKernel {
   int32_t* active;        // (B H)
   int64_t H, N;
   int C;
-  uint64_t seed, seed_base;
+  uint64_t seed;
+  PhiloxOffset seed_base;
   struct Pick {
     int64_t warp;  // -1: no draw (every code is a centroid already)
     uint64_t x, centroid;
@@ -197,7 +203,7 @@ struct SeedKernel {
     uint64_t* cent = centroids + bh * C;
     uint64_t* sums = t.shared<uint64_t>();
     Pick* pick = reinterpret_cast<Pick*>(sums + 32);
-    const uint64_t base = seed_base + static_cast<uint64_t>(bh * C);
+    const uint64_t base = seed_base.get() + static_cast<uint64_t>(bh * C);
     for (int c = static_cast<int>(tid); c < C; c += static_cast<int>(t.block_dim().x)) cent[c] = 0;
     if (Nv == 0) {  // the same for the whole block
       if (tid == 0) active[bh] = 0;
@@ -474,7 +480,7 @@ int tally_tile(int C, int bits, size_t reserved) {
 }  // namespace
 
 void cluster_hash(const ClusteringDims& d, const float* Q, const float* planes,
-                  const int32_t* lengths, uint64_t seed, uint64_t threshold_base,
+                  const int32_t* lengths, uint64_t seed, PhiloxOffset threshold_base,
                   uint64_t* codes) {
   const int64_t BH = d.B * d.H;
   if (BH * d.N == 0) return;
@@ -491,7 +497,7 @@ void cluster_hash(const ClusteringDims& d, const float* Q, const float* planes,
 }
 
 void cluster_seed(const ClusteringDims& d, const uint64_t* codes, const int32_t* lengths,
-                  uint64_t seed, uint64_t seed_base, uint64_t* centroids, int32_t* active) {
+                  uint64_t seed, PhiloxOffset seed_base, uint64_t* centroids, int32_t* active) {
   const int64_t BH = d.B * d.H;
   if (BH == 0) return;
   require("cuda::cluster_seed");

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include "core/philox.h"
 
 namespace clustr::cuda {
 
@@ -22,16 +23,17 @@ struct ClusteringDims {
 
 // codes (=): bit k of valid query i is (planes_k . q_i > t_k), t_k = lo + u (hi - lo) over the
 // pair's valid queries, u from philox4x32(seed, threshold_base + (b H + h) bits + k).v[0]; the
-// codes of padded queries are 0. One GEMM gives every projection.
+// codes of padded queries are 0. The offsets (threshold_base, seed_base below) may be read from
+// device memory (PhiloxOffset: a draw a graph's replays refill).
 void cluster_hash(const ClusteringDims& d, const float* Q, const float* planes,
-                  const int32_t* lengths, uint64_t seed, uint64_t threshold_base,
+                  const int32_t* lengths, uint64_t seed, PhiloxOffset threshold_base,
                   uint64_t* codes);
 
 // k-means++ seeding (clustering.h): centroids (=) gets each pair's seeded codes, 0 after them,
 // and active (=) their number (0 for a pair without valid queries). The draw j of pair (b, h) is
 // the 64-bit word of philox4x32(seed, seed_base + (b H + h) C + j), as on the CPU.
 void cluster_seed(const ClusteringDims& d, const uint64_t* codes, const int32_t* lengths,
-                  uint64_t seed, uint64_t seed_base, uint64_t* centroids, int32_t* active);
+                  uint64_t seed, PhiloxOffset seed_base, uint64_t* centroids, int32_t* active);
 
 // Lloyd rounds in Hamming space from the seeded centroids: the first active[b, h] of the pair's
 // C centroids are seeded (the others never receive a member). centroids are updated in place;

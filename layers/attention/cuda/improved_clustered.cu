@@ -498,7 +498,8 @@ struct CentroidGradKernel {
     for (int64_t x = global_x(t); x < total; x += grid_stride_x(t)) {
       const int64_t row = x / E, bh = row / N;
       const int32_t j = assignment[row];
-      if (j < 0 || keys_of(lengths, bh, H, S) == 0) continue;
+      // j >= C only when the front door's check went to the device (which reports it).
+      if (j < 0 || j >= C || keys_of(lengths, bh, H, S) == 0) continue;
       const float n = static_cast<float>(count[bh * C + j]);
       dQ[x] += dqc[(bh * C + j) * E + x % E] / n;
     }

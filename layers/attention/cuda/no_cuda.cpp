@@ -58,11 +58,11 @@ void cuda::flash_attention_backward(const cpu::FullAttentionDims&,
 
 // cuda/clustering.h
 void cuda::cluster_hash(const ClusteringDims&, const float*, const float*, const int32_t*, uint64_t,
-                        uint64_t, uint64_t*) {
+                        PhiloxOffset, uint64_t*) {
   no_backend("cuda::cluster_hash");
 }
-void cuda::cluster_seed(const ClusteringDims&, const uint64_t*, const int32_t*, uint64_t, uint64_t,
-                        uint64_t*, int32_t*) {
+void cuda::cluster_seed(const ClusteringDims&, const uint64_t*, const int32_t*, uint64_t,
+                        PhiloxOffset, uint64_t*, int32_t*) {
   no_backend("cuda::cluster_seed");
 }
 void cuda::cluster_lloyd(const ClusteringDims&, const uint64_t*, const int32_t*, const int32_t*,
