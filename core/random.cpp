@@ -9,7 +9,10 @@
 namespace clustr {
 
 namespace detail {
+namespace {
 thread_local bool t_host_draws_frozen = false;
+}  // namespace
+bool host_draws_frozen() { return t_host_draws_frozen; }
 void freeze_host_draws(bool frozen) { t_host_draws_frozen = frozen; }
 void refuse_frozen_draw() {
   throw Error("a random draw from the host's generator while a CUDA graph is being captured: "

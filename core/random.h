@@ -15,7 +15,9 @@ namespace detail {
 // While a CUDA graph is being captured on this thread (cuda::Graph), a graph would repeat at
 // every replay the numbers drawn once at capture: every draw from a Generator then throws,
 // naming it (freeze_host_draws is cuda::Graph::capture's).
-extern thread_local bool t_host_draws_frozen;
+// (A function, not an extern thread_local: UBSan's null check misreads GCC's access to another
+// file's thread_local through its TLS wrapper.)
+bool host_draws_frozen();
 void freeze_host_draws(bool frozen);
 [[noreturn]] void refuse_frozen_draw();
 }  // namespace detail
@@ -33,7 +35,7 @@ class Generator {
 
   // Reserves `blocks` counter blocks (4 x 32 random bits each); returns the first.
   uint64_t reserve(uint64_t blocks) {
-    if (detail::t_host_draws_frozen) detail::refuse_frozen_draw();
+    if (detail::host_draws_frozen()) detail::refuse_frozen_draw();
     uint64_t first = offset_;
     offset_ += blocks;
     return first;

@@ -151,7 +151,32 @@ bool Trainer::capture_step() {
   }
 }
 
-std::vector<Trainer::StepEvent> Trainer::graphed_steps(int64_t steps) {
+void Trainer::prepare_attempts(int64_t n) {
+  const int64_t B = options_.train.batch, plan_words = draws_->words();
+  for (int64_t k = 0; k < n; ++k) {
+    ahead_offsets_.push_back(gen_.offset());
+    const CopyTaskBatch b = make_copy_task_batch(options_.task, B, gen_);
+    for (const Tensor* t : {&b.input, &b.target, &b.lengths}) {
+      const std::vector<int32_t> v = t->to_int_vector();
+      ahead_words_.insert(ahead_words_.end(), v.begin(), v.end());
+    }
+    ahead_draws_.resize(ahead_draws_.size() + static_cast<size_t>(plan_words));
+    draws_->fill(gen_, ahead_draws_.data() + ahead_draws_.size() - plan_words);
+  }
+}
+
+uint64_t Trainer::consumed_offset() const {
+  return ahead_offsets_.empty() ? gen_.offset() : ahead_offsets_.front();
+}
+
+void Trainer::rewind_prepared() {
+  gen_.set_state(gen_.seed(), consumed_offset());
+  ahead_offsets_.clear();
+  ahead_words_.clear();
+  ahead_draws_.clear();
+}
+
+std::vector<Trainer::StepEvent> Trainer::graphed_steps(int64_t steps, int64_t next_steps) {
   if (!graph_.captured() && !capture_step()) {
     logf(log_, "cuda graphs: off (%s); training without them\n", graphs_off_.c_str());
     return {eager_step()};
@@ -159,24 +184,22 @@ std::vector<Trainer::StepEvent> Trainer::graphed_steps(int64_t steps) {
   const auto t0 = Clock::now();
   const int64_t B = options_.train.batch, N = sequence_length(options_.task);
   const int64_t words = 2 * B * N + B, K = std::min(steps, kMaxWindow);
-  // The window's batches and the steps' random draws, as the eager loop draws them (per
-  // attempted step: the batch, then the forward's draws).
   const int64_t plan_words = draws_->words();
-  std::vector<int32_t> host(static_cast<size_t>(K * words));
-  std::vector<float> host_draws(static_cast<size_t>(K * plan_words));
-  for (int64_t k = 0; k < K; ++k) {
-    const CopyTaskBatch b = make_copy_task_batch(options_.task, B, gen_);
-    int32_t* dst = host.data() + k * words;
-    for (const Tensor* t : {&b.input, &b.target, &b.lengths}) {
-      const std::vector<int32_t> v = t->to_int_vector();
-      dst = std::copy(v.begin(), v.end(), dst);
-    }
-    draws_->fill(gen_, host_draws.data() + k * plan_words);
-  }
+  // The window's batches and the steps' random draws, as the eager loop draws them (per
+  // attempted step: the batch, then the forward's draws), mostly prepared during the window
+  // before.
+  const int64_t ready = static_cast<int64_t>(ahead_offsets_.size());
+  if (ready < K) prepare_attempts(K - ready);
   cuda::StreamGuard on_stream(*graph_stream_);
-  window_inputs_.rows(0, K).copy_from(Tensor::from_int_vector(host, {K, words}));
+  window_inputs_.rows(0, K).copy_from(Tensor::from_int_vector(
+      std::vector<int32_t>(ahead_words_.begin(), ahead_words_.begin() + K * words), {K, words}));
   if (plan_words > 0)
-    window_draws_.rows(0, K).copy_from(Tensor::from_vector(host_draws, {K, plan_words}));
+    window_draws_.rows(0, K).copy_from(Tensor::from_vector(
+        std::vector<float>(ahead_draws_.begin(), ahead_draws_.begin() + K * plan_words),
+        {K, plan_words}));
+  ahead_offsets_.erase(ahead_offsets_.begin(), ahead_offsets_.begin() + K);
+  ahead_words_.erase(ahead_words_.begin(), ahead_words_.begin() + K * words);
+  ahead_draws_.erase(ahead_draws_.begin(), ahead_draws_.begin() + K * plan_words);
   const int64_t base = step();
   float current = optimizer_->lr();
   device_steps_->prepare([&](int64_t done) { return current = schedule_.lr_for(done, current); });
@@ -186,6 +209,10 @@ std::vector<Trainer::StepEvent> Trainer::graphed_steps(int64_t steps) {
     if (plan_words > 0) plan_memory.copy_from(window_draws_.rows(k, k + 1).reshape({plan_words}));
     graph_.replay();
   }
+  // While the device runs the window: the next one's attempts on the host.
+  const int64_t next = std::min(next_steps, kMaxWindow);
+  if (next > static_cast<int64_t>(ahead_offsets_.size()))
+    prepare_attempts(next - static_cast<int64_t>(ahead_offsets_.size()));
   const std::vector<optim::math::StepRecord> records = device_steps_->collect();
   cuda::raise_device_errors();
   const double seconds = seconds_since(t0) / double(K);
@@ -284,7 +311,8 @@ void Trainer::save(const std::string& path) const {
   std::snprintf(secs, sizeof secs, "%.3f", elapsed_before_ + run_seconds_);
   state.config[kTrainSeconds] = secs;
   state.extras = optimizer_->state_dict();
-  state.rng = GeneratorState::of(gen_);
+  // Attempts drawn ahead for graph replays are not consumed: the stream is saved before them.
+  state.rng = GeneratorState{gen_.seed(), consumed_offset()};
   check_finite_state(*model_, state.extras, path);
   save_checkpoint(path, *model_, state);
 }
@@ -375,12 +403,11 @@ RunResult Trainer::run(RunFolder* folder) {
   LaunchMeter launches(device_);
   // The steps until the next log line, evaluation or checkpoint (a window of graph replays
   // ends there, so that each of them sees the model of its step).
-  auto steps_to_boundary = [&] {
-    const int64_t s = step();
+  auto steps_to_boundary = [&](int64_t s) {
     auto next = [s](int64_t every) { return every > 0 ? (s / every + 1) * every : INT64_MAX; };
     int64_t end = std::min({total, next(u.log_interval), next(u.eval_interval)});
     if (u.write_checkpoints) end = std::min(end, next(u.checkpoint_interval));
-    return end - s;
+    return std::max<int64_t>(end - s, 0);
   };
   std::vector<StepEvent> events;
   size_t next_event = 0;
@@ -389,8 +416,13 @@ RunResult Trainer::run(RunFolder* folder) {
     if (next_event == events.size()) {
       if (step() >= total) break;
       launches.begin();
-      events = graphs_off_.empty() ? graphed_steps(steps_to_boundary())
-                                   : std::vector<StepEvent>{eager_step()};
+      if (graphs_off_.empty()) {
+        // The window, and (assuming it skips nothing) the size of the one after it.
+        const int64_t K = std::min(steps_to_boundary(step()), kMaxWindow);
+        events = graphed_steps(K, steps_to_boundary(step() + K));
+      } else {
+        events = {eager_step()};
+      }
       launches.end();
       next_event = 0;
       s = step() - static_cast<int64_t>(std::count_if(
@@ -489,6 +521,7 @@ RunResult Trainer::run(RunFolder* folder) {
       break;
     }
   }
+  rewind_prepared();  // the training stream where the steps taken left it
   r.end_step = step();
   r.skipped_steps = non_finite.total();
   if (u.write_checkpoints) save(checkpoint);

@@ -125,10 +125,19 @@ class Trainer : public TrainerBase {
   };
   // train_step(), timed.
   StepEvent eager_step();
-  // --cuda-graphs on: up to `steps` steps as replays of the captured step, their batches drawn
-  // first (the training stream's order is the eager loop's) and copied to the device at once;
-  // one event per replay, read back at the end.
-  std::vector<StepEvent> graphed_steps(int64_t steps);
+  // --cuda-graphs on: `steps` steps (at most kMaxWindow) as replays of the captured step, their
+  // batches drawn first (the training stream's order is the eager loop's) and copied to the
+  // device at once; while the device runs them, the host prepares the next window's
+  // (`next_steps`); one event per replay, read back at the end.
+  std::vector<StepEvent> graphed_steps(int64_t steps, int64_t next_steps);
+  // Appends n attempted steps' batches and random draws, from the training stream, to the
+  // ones prepared ahead (a window's are drawn while the device runs the window before).
+  void prepare_attempts(int64_t n);
+  // The training stream's offset before the first attempt prepared but not yet run (its
+  // offset when none is): what a checkpoint saves.
+  uint64_t consumed_offset() const;
+  // Sets the training stream back to consumed_offset() and forgets the prepared attempts.
+  void rewind_prepared();
   // Captures the step (after a warm-up on a batch drawn from no stream); on failure sets
   // graphs_off_ to the reason and returns false.
   bool capture_step();
@@ -153,6 +162,10 @@ class Trainer : public TrainerBase {
   // (core/random.h's DrawPlan), and a window's of them.
   std::unique_ptr<DrawPlan> draws_;
   Tensor window_draws_;
+  // Attempts prepared ahead on the host: batch words, draws, the stream's offset before each.
+  std::vector<int32_t> ahead_words_;
+  std::vector<float> ahead_draws_;
+  std::vector<uint64_t> ahead_offsets_;
 };
 
 }  // namespace clustr::copy

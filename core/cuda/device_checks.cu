@@ -38,6 +38,13 @@ Checks& registry() {
 
 thread_local bool t_deferred = false;
 
+// Zeroes the record by a copy from the host (no kernel: making the record inside
+// Graph::capture must not count as one of the step's launches).
+void clear(int32_t* record) {
+  const int32_t zeros[kWords] = {};
+  copy_h2d(record, zeros, sizeof zeros);
+}
+
 // The record, made and zeroed on first use. Outside a capture: zeroing it inside one would
 // be recorded into the graph and clear every replay's failure at the next.
 int32_t* record_locked(Checks& c) {
@@ -47,7 +54,7 @@ int32_t* record_locked(Checks& c) {
     void* p = nullptr;
     CLUSTR_CUDA_CHECK(cudaMalloc(&p, kWords * sizeof(int32_t)));
     c.record = static_cast<int32_t*>(p);
-    fill_i32(c.record, 0, kWords);
+    clear(c.record);
   }
   return c.record;
 }
@@ -154,7 +161,7 @@ void raise_device_errors() {
   int32_t r[kWords];
   copy_d2h(r, c.record, sizeof r);
   if (r[0] == 0) return;
-  fill_i32(c.record, 0, kWords);  // reported once
+  clear(c.record);  // reported once
   const Site& s = c.sites.at(static_cast<size_t>(r[0] - 1));
   const int64_t i = static_cast<int64_t>(static_cast<uint32_t>(r[1])) |
                     (static_cast<int64_t>(r[2]) << 32);

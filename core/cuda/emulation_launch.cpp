@@ -781,7 +781,21 @@ void run_fibers(const Launch& l, uint64_t blocks, const Schedule& sched, uint64_
 
 void run_launch(const Launch& l);  // runs every thread of a checked launch now
 
+// CLUSTR_EMULATION_TRACE=1: a line on stderr per launch (its name, grid and block; "captured"
+// when a graph records it), to see where a step's launches go.
+bool trace_launches() {
+  static const bool on = [] {
+    const char* v = std::getenv("CLUSTR_EMULATION_TRACE");
+    return v && *v && std::string(v) != "0";
+  }();
+  return on;
+}
+
 void launch(const Launch& l) {
+  if (trace_launches())
+    std::fprintf(stderr, "clustr device emulation: launch %s grid (%u, %u, %u) block (%u, %u, %u)%s\n",
+                 l.name, l.grid[0], l.grid[1], l.grid[2], l.block[0], l.block[1], l.block[2],
+                 state::capturing(l.stream) ? " captured" : "");
   for (int d = 0; d < 3; ++d)
     if (l.grid[d] == 0 || l.block[d] == 0) return;
   if (!valid_config(l)) {
