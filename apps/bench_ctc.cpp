@@ -3,7 +3,9 @@
 // reduction mean. The timed step includes the log-softmax (the op takes logits), the alpha and
 // beta recursions, the gradient, and the backward that scales it. Prints milliseconds per step
 // (median and min) and writes a CSV. apps/bench_ctc_torch.py runs it beside PyTorch's
-// log_softmax + ctc_loss + backward.
+// log_softmax + ctc_loss + backward. --device cuda: the logits live in device memory (the
+// lengths and targets stay on the host, as a training batch's do) and each step ends with
+// cuda::synchronize().
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -12,7 +14,9 @@
 #include <string>
 #include <vector>
 
+#include "apps/common/device.h"
 #include "apps/common/run_folder.h"
+#include "core/cuda/cuda.h"
 #include "core/error.h"
 #include "core/parallel.h"
 #include "core/random.h"
@@ -40,7 +44,7 @@ int main(int argc, char** argv) try {
   CLI::App app{"clustr CTC loss benchmark (forward + backward)"};
   int64_t frames = 800, batch = 8, classes = 50;
   int min_labels = 90, max_labels = 110, reps = 20, threads = 0;
-  std::string csv_path = "bench_ctc.csv";
+  std::string csv_path = "bench_ctc.csv", device_name = "cpu";
   app.add_option("--frames", frames, "T")->capture_default_str();
   app.add_option("--batch", batch, "B")->capture_default_str();
   app.add_option("--classes", classes, "V, blank included")->capture_default_str();
@@ -51,6 +55,7 @@ int main(int argc, char** argv) try {
       ->check(CLI::Range(1, 10000));
   app.add_option("--threads", threads, "OpenMP threads (0: the default)")->capture_default_str();
   app.add_option("--csv", csv_path, "CSV output file")->capture_default_str();
+  app.add_option("--device", device_name, "cpu | cuda")->capture_default_str();
   bool overwrite = false;
   app.add_flag("--overwrite", overwrite, "replace --csv if it exists");
   CLI11_PARSE(app, argc, argv);
@@ -58,6 +63,9 @@ int main(int argc, char** argv) try {
   if (threads > 0) clustr::set_num_threads(threads);
   CLUSTR_CHECK(classes >= 2 && min_labels >= 0 && max_labels >= min_labels,
                "bench_ctc: need --classes >= 2 and 0 <= --min-labels <= --max-labels");
+
+  const clustr::Device device = clustr::resolve_device(device_name);
+  const bool on_cuda = device == clustr::Device::cuda;
 
   clustr::Generator gen(1);
   Tensor logits = Tensor::empty({batch, frames, classes});
@@ -75,10 +83,11 @@ int main(int argc, char** argv) try {
   const Tensor il = Tensor::from_int_vector(
       std::vector<int32_t>(static_cast<size_t>(batch), static_cast<int32_t>(frames)), {batch});
 
-  Variable x(logits, true);
+  Variable x(on_cuda ? logits.to(device) : logits, true);
   auto step = [&] {
     clustr::ctc_loss(x, il, targets, tl).loss.backward();
     x.zero_grad();
+    if (on_cuda) clustr::cuda::synchronize();  // the kernels run asynchronously
   };
   step();
   std::vector<double> ms;
@@ -91,14 +100,17 @@ int main(int argc, char** argv) try {
   std::sort(ms.begin(), ms.end());
   std::printf(
       "ctc loss, logits -> loss -> backward (log-softmax included): T=%ld B=%ld V=%ld, "
-      "%d..%d labels, %d threads, %s kernel\n",
-      long(frames), long(batch), long(classes), min_labels, max_labels, clustr::num_threads(),
-      clustr::ctc_kernel_name());
+      "%d..%d labels, %s\n",
+      long(frames), long(batch), long(classes), min_labels, max_labels,
+      on_cuda ? "the CUDA kernel"
+              : clustr::detail::cat(clustr::num_threads(), " threads, ", clustr::ctc_kernel_name(),
+                                    " kernel")
+                    .c_str());
   std::printf("ms/step median %.3f  min %.3f  (%d steps)\n", ms[ms.size() / 2], ms.front(), reps);
   std::ofstream csv(csv_path);
   CLUSTR_CHECK(csv.good(), "bench_ctc: cannot write ", csv_path);
-  csv << "frames,batch,classes,min_labels,max_labels,threads,ms_median,ms_min\n"
-      << frames << ',' << batch << ',' << classes << ',' << min_labels << ',' << max_labels << ','
+  csv << "device,frames,batch,classes,min_labels,max_labels,threads,ms_median,ms_min\n"
+      << device_name << ',' << frames << ',' << batch << ',' << classes << ',' << min_labels << ',' << max_labels << ','
       << clustr::num_threads() << ',' << ms[ms.size() / 2] << ',' << ms.front() << '\n';
   return 0;
 } catch (const std::exception& e) {

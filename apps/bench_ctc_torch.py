@@ -13,6 +13,8 @@ log-probabilities (T, B, V); ours takes logits (B, T, V)).
 
 Run with Debian's python3-torch (1.13):
   /usr/bin/python3 apps/bench_ctc_torch.py --binary build/apps/bench_ctc
+--device cuda times both on the GPU (the logits in device memory, the lengths and targets built
+where each side keeps them, each step synchronised), once per round; --threads is then ignored.
 Both processes get OPENBLAS_CORETYPE=SkylakeX and OMP_WAIT_POLICY=passive (see
 bench_torch_common.py); PyTorch uses torch.set_num_threads(threads).
 """
@@ -48,15 +50,18 @@ def torch_worker(args):
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     T, B, V = args.frames, args.batch, args.classes
-    x = torch.randn(T, B, V, requires_grad=True)
-    lengths = torch.tensor(target_lengths(B, args.min_labels, args.max_labels))
-    targets = torch.randint(1, V, (int(lengths.sum()),))
-    input_lengths = torch.full((B,), T, dtype=torch.long)
+    dev = torch.device(args.device)
+    x = torch.randn(T, B, V, device=dev, requires_grad=True)
+    lengths = torch.tensor(target_lengths(B, args.min_labels, args.max_labels), device=dev)
+    targets = torch.randint(1, V, (int(lengths.sum()),), device=dev)
+    input_lengths = torch.full((B,), T, dtype=torch.long, device=dev)
 
     def step():
         F.ctc_loss(x.log_softmax(2), targets, input_lengths, lengths,
                    reduction="mean").backward()
         x.grad = None
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
 
     step()
     ms = []
@@ -71,7 +76,8 @@ def torch_worker(args):
 
 def shape_args(args):
     return ["--frames", args.frames, "--batch", args.batch, "--classes", args.classes,
-            "--min-labels", args.min_labels, "--max-labels", args.max_labels]
+            "--min-labels", args.min_labels, "--max-labels", args.max_labels,
+            "--device", args.device]
 
 
 def run_ours(args, threads):
@@ -99,6 +105,7 @@ def main():
     p.add_argument("--classes", type=int, default=50)
     p.add_argument("--min-labels", type=int, default=90)
     p.add_argument("--max-labels", type=int, default=110)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--reps", type=int, default=20, help="timed steps per process (median)")
     p.add_argument("--rounds", type=int, default=3, help="alternations ours/PyTorch per count")
     add_output_args(p, "bench_ctc_torch.csv")
@@ -108,8 +115,11 @@ def main():
         args.threads = args.threads[0]
         return torch_worker(args)
     check_output(args)
+    if args.device == "cuda":
+        args.threads = args.threads[:1]
 
-    print(f"CTC loss forward + backward, T={args.frames} B={args.batch} V={args.classes}, "
+    print(f"CTC loss forward + backward on {args.device}, T={args.frames} B={args.batch} "
+          f"V={args.classes}, "
           f"{args.min_labels}..{args.max_labels} labels, reduction mean; both sides include "
           f"the log-softmax; median of {args.reps} steps, {args.rounds} round(s)")
     print(f"{'threads':>7} | {'ours ms':>8} {'torch ms':>9} {'speedup':>7} | {'load':>5}")
@@ -122,7 +132,7 @@ def main():
         o, t = statistics.median(ours), statistics.median(theirs)
         load = os.getloadavg()[0]
         print(f"{threads:>7} | {o:8.2f} {t:9.2f} {t / o:7.2f} | {load:5.2f}", flush=True)
-        rows.append({"threads": threads, "ours_ms": o, "torch_ms": t, "speedup": t / o,
+        rows.append({"device": args.device, "threads": threads, "ours_ms": o, "torch_ms": t, "speedup": t / o,
                      "load": load})
     with open(args.csv, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))

@@ -42,6 +42,7 @@
 #include "core/error.h"
 #include "core/math.h"
 #include "core/ops.h"
+#include "layers/cuda/ctc.h"
 
 namespace clustr {
 
@@ -381,37 +382,52 @@ Tensor on_host(const Tensor& t) {
   return !t.defined() || t.device() == Device::cpu ? t : t.to(Device::cpu);
 }
 
-// The forward of ctc_loss_forward on the host: x_host is the host copy of logits, the other
-// tensors may be on either device (read from host copies); the outputs are on the cpu.
-CtcOutput ctc_forward_host(const Tensor& logits, const Tensor& x_host, const Tensor& input_lengths,
-                           const Tensor& targets, const Tensor& target_lengths, int blank,
-                           bool want_grad) {
-  const int64_t B = logits.size(0), T = logits.size(1), V = logits.size(2);
+// The batch after its checks: host copies of the lengths and targets (the tensors may be on
+// either device), and where each utterance's labels start in the targets.
+struct CtcBatch {
+  int64_t B = 0, T = 0, V = 0;
+  Tensor il_host, tl_host, tg_host;
+  const int32_t *il = nullptr, *tl = nullptr, *tg = nullptr;
+  std::vector<int64_t> offset;
+};
+
+CtcBatch check_batch(const Tensor& logits, const Tensor& input_lengths, const Tensor& targets,
+                     const Tensor& target_lengths, int blank) {
+  CtcBatch c;
+  c.B = logits.size(0), c.T = logits.size(1), c.V = logits.size(2);
+  const int64_t B = c.B, T = c.T, V = c.V;
   CLUSTR_CHECK(B >= 1 && V >= 1, "ctc_loss: expected at least one utterance and one class, got ",
                "logits ", describe(logits));
   CLUSTR_CHECK(blank >= 0 && blank < V, "ctc_loss: blank = ", blank, " is outside the ", V,
                " classes [0, ", V, ")");
-  const Tensor il_host = on_host(input_lengths), tl_host = on_host(target_lengths);
-  const int32_t* il = lengths_of(input_lengths, il_host, "input_lengths", B);
-  const int32_t* tl = lengths_of(target_lengths, tl_host, "target_lengths", B);
+  c.il_host = on_host(input_lengths), c.tl_host = on_host(target_lengths);
+  c.il = lengths_of(input_lengths, c.il_host, "input_lengths", B);
+  c.tl = lengths_of(target_lengths, c.tl_host, "target_lengths", B);
   for (int64_t b = 0; b < B; ++b) {
-    CLUSTR_CHECK(il[b] >= 0 && il[b] <= T, "ctc_loss: input_lengths[", b, "] = ", il[b],
+    CLUSTR_CHECK(c.il[b] >= 0 && c.il[b] <= T, "ctc_loss: input_lengths[", b, "] = ", c.il[b],
                  " is outside [0, T = ", T, "] (logits ", describe(logits), ")");
-    CLUSTR_CHECK(tl[b] >= 0, "ctc_loss: target_lengths[", b, "] = ", tl[b], " is negative");
+    CLUSTR_CHECK(c.tl[b] >= 0, "ctc_loss: target_lengths[", b, "] = ", c.tl[b], " is negative");
   }
   CLUSTR_CHECK(targets.defined(), "ctc_loss: targets is an undefined tensor");
   CLUSTR_CHECK(targets.dtype() == DType::i32 &&
                    (targets.rank() == 1 || (targets.rank() == 2 && targets.size(0) == B)),
                "ctc_loss: expected targets i32 (B = ", B, ", Umax) padded or (sum of ",
                "target_lengths) concatenated, got ", describe(targets));
-  const Tensor tg_host = on_host(targets);
-  const std::vector<int64_t> offset = target_offsets(tg_host, tl, B, V, blank);
+  c.tg_host = on_host(targets);
+  c.tg = c.tg_host.i32();
+  c.offset = target_offsets(c.tg_host, c.tl, B, V, blank);
+  return c;
+}
 
+// The CPU kernel over the batch: x_host is a host copy of the logits; the outputs are on the
+// cpu.
+CtcOutput ctc_forward_host(const CtcBatch& c, const Tensor& x_host, int blank, bool want_grad) {
+  const int64_t B = c.B, T = c.T, V = c.V;
+  const int32_t *il = c.il, *tl = c.tl, *tg = c.tg;
   CtcOutput out;
   out.loss = Tensor::empty({B});
   if (want_grad) out.grad = Tensor::empty({B, T, V});
   const float* x = x_host.f32();
-  const int32_t* tg = tg_host.i32();
   float* loss = out.loss.f32();
   float* grad = want_grad ? out.grad.f32() : nullptr;
   int64_t impossible = 0;
@@ -425,7 +441,7 @@ CtcOutput ctc_forward_host(const Tensor& logits, const Tensor& x_host, const Ten
     for (int64_t b = 0; b < B; ++b) {
       float* gb = grad ? grad + b * T * V : nullptr;
       const double log_p =
-          kernel().fn(x + b * T * V, il[b], V, tg + offset[b], tl[b], blank, gb, w);
+          kernel().fn(x + b * T * V, il[b], V, tg + c.offset[b], tl[b], blank, gb, w);
       loss[b] = static_cast<float>(-log_p);
       impossible += log_p == -INFINITY;
       if (gb) {
@@ -444,6 +460,60 @@ CtcOutput ctc_forward_host(const Tensor& logits, const Tensor& x_host, const Ten
   return out;
 }
 
+// The CUDA kernel (cuda/ctc.h) over the batch, on the device's logits: what it reads of the
+// targets (cuda/ctc.h's info) is laid out here and copied in one piece. `impossible` counts the
+// utterances whose target cannot fit in their frames, known here from the lengths (the CPU
+// kernel also counts one whose logits give every alignment probability 0, e.g. -inf logits:
+// here that one shows only as its loss, +inf). Sets *info to the device's copy of the layout.
+CtcOutput ctc_forward_device(const CtcBatch& c, const Tensor& logits, int blank, bool want_grad,
+                             Tensor* info) {
+  const int64_t B = c.B, T = c.T, V = c.V;
+  int64_t Umax = 0;
+  for (int64_t b = 0; b < B; ++b) Umax = std::max<int64_t>(Umax, c.tl[b]);
+  const int64_t Pmax = 2 * Umax + 1;
+  std::vector<int32_t> words(static_cast<size_t>(cuda::ctc_info_words(B, Pmax)), 0);
+  int32_t* header = words.data();
+  int32_t* ext = header + 3 * B;
+  int32_t* next = ext + B * Pmax;
+  int32_t* head = next + B * Pmax;
+  CtcOutput out;
+  std::vector<int64_t> last(static_cast<size_t>(V));
+  for (int64_t b = 0; b < B; ++b) {
+    const int32_t* labels = c.tg + c.offset[b];
+    const int64_t Tb = c.il[b], U = c.tl[b], P = 2 * U + 1;
+    const int32_t status = Tb == 0 ? (U == 0 ? cuda::kCtcEmpty : cuda::kCtcImpossible)
+                           : Tb < frames_needed(labels, U) ? cuda::kCtcImpossible
+                                                           : cuda::kCtcRun;
+    out.impossible += status == cuda::kCtcImpossible;
+    header[3 * b] = static_cast<int32_t>(Tb);
+    header[3 * b + 1] = static_cast<int32_t>(U);
+    header[3 * b + 2] = status;
+    int32_t* e = ext + b * Pmax;
+    int32_t* n = next + b * Pmax;
+    int32_t* h = head + b * Pmax;
+    for (int64_t s = 0; s < P; ++s) e[s] = (s & 1) ? labels[s / 2] : blank;
+    // Each label's chain of odd positions: next from the back, heads from the front.
+    for (int64_t s = P - 2; s >= 1; s -= 2) last[static_cast<size_t>(e[s])] = -1;
+    for (int64_t s = P - 2; s >= 1; s -= 2) {
+      int64_t& l = last[static_cast<size_t>(e[s])];
+      n[s] = static_cast<int32_t>(l);
+      h[s] = 1;
+      if (l >= 0) h[l] = 0;
+      l = s;
+    }
+  }
+  *info = Tensor::from_int_vector(words, {static_cast<int64_t>(words.size())}, logits.device());
+  out.loss = Tensor::empty({B}, DType::f32, logits.device());
+  if (want_grad) out.grad = Tensor::empty({B, T, V}, DType::f32, logits.device());
+  cuda::ctc_forward(logits.f32(), info->i32(), B, T, V, Pmax, blank, out.loss.f32(),
+                    want_grad ? out.grad.f32() : nullptr);
+  return out;
+}
+
+int reduction_code(CtcReduction r) {
+  return r == CtcReduction::none ? 0 : r == CtcReduction::sum ? 1 : 2;
+}
+
 void check_logits(const Tensor& logits) {
   CLUSTR_CHECK(logits.defined(), "ctc_loss: logits is an undefined tensor");
   CLUSTR_CHECK(logits.dtype() == DType::f32 && logits.rank() == 3,
@@ -454,21 +524,17 @@ void check_logits(const Tensor& logits) {
 
 const char* ctc_kernel_name() { return kernel().name; }
 
-// On the CUDA device, the CPU kernel runs on a host copy of the logits, and the loss and the
-// gradient are copied back: the alpha and beta recursions are sequential over T (one frame
-// after the other, each a short loop over 2U + 1 positions), so a GPU would keep one block per
-// utterance busy with little parallel work, and the loss is a small part of a training step
-// next to the encoder that produces the logits (one (B, T, V) copy each way).
+// On the CUDA device the CUDA kernel runs (cuda/ctc.h): nothing of the logits comes back to
+// the host, which only lays out the targets and lengths it already holds.
 CtcOutput ctc_loss_forward(const Tensor& logits, const Tensor& input_lengths, const Tensor& targets,
                            const Tensor& target_lengths, int blank, bool want_grad) {
   check_logits(logits);
-  CtcOutput out = ctc_forward_host(logits, on_host(logits), input_lengths, targets,
-                                   target_lengths, blank, want_grad);
+  const CtcBatch c = check_batch(logits, input_lengths, targets, target_lengths, blank);
   if (logits.device() != Device::cpu) {
-    out.loss = out.loss.to(logits.device());
-    if (want_grad) out.grad = out.grad.to(logits.device());
+    Tensor info;
+    return ctc_forward_device(c, logits, blank, want_grad, &info);
   }
-  return out;
+  return ctc_forward_host(c, logits, blank, want_grad);
 }
 
 namespace {
@@ -481,12 +547,11 @@ class CtcNode : public Node {
   std::vector<Tensor> backward(const Tensor& g) override {
     const int64_t B = grad_.size(0), TC = grad_.size(1) * grad_.size(2);
     const bool per_utterance = reduction_ == CtcReduction::none;
-    if (grad_.device() != Device::cpu) {
-      // The loop below as device ops, with the same float products: s_b = weight_b * g_b (or
-      // g), then s_b * grad.
-      const Tensor w = Tensor::from_vector(weight_, {B}, grad_.device());
-      const Tensor s = mul(w, g);  // g (B), or () broadcast
-      return {mul(grad_, s.reshape({B, 1, 1}))};
+    if (grad_.device() != Device::cpu) {  // the loop below as one kernel, the same products
+      Tensor d = Tensor::empty(grad_.shape(), DType::f32, grad_.device());
+      cuda::ctc_scale_grad(grad_.f32(), g.f32(), info_.i32(), B, grad_.size(1), grad_.size(2),
+                           reduction_code(reduction_), d.f32());
+      return {std::move(d)};
     }
     Tensor d = Tensor::empty(grad_.shape());
     const float* src = grad_.f32();
@@ -499,12 +564,44 @@ class CtcNode : public Node {
     }
     return {std::move(d)};
   }
-  void release() override { grad_ = Tensor(); }
+  void release() override { grad_ = Tensor(), info_ = Tensor(); }
 
   Tensor grad_;                // f32 (B, T, V)
-  std::vector<float> weight_;  // (B) the reduction's factor of each utterance's loss
+  std::vector<float> weight_;  // (B) the reduction's factor of each utterance's loss (cpu)
+  Tensor info_;                // on the CUDA device: the kernel's layout (cuda/ctc.h)
   CtcReduction reduction_ = CtcReduction::mean;
 };
+
+}  // namespace
+
+namespace {
+
+// ctc_loss on the CUDA device: the per-utterance losses, the reduction and the gradient's
+// scaling all stay there (cuda/ctc.h), with the CPU's formulas and order of operations.
+CtcLoss ctc_loss_device(const Variable& logits, const CtcBatch& c, const CtcOptions& options,
+                        bool record) {
+  const Tensor& x = logits.data();
+  Tensor info;
+  CtcOutput out = ctc_forward_device(c, x, options.blank, record, &info);
+  const bool none = options.reduction == CtcReduction::none;
+  Tensor loss = none ? Tensor::empty({c.B}, DType::f32, x.device())
+                     : Tensor::empty(Shape{}, DType::f32, x.device());
+  cuda::ctc_reduce(out.loss.f32(), info.i32(), c.B, reduction_code(options.reduction),
+                   options.zero_infinity, loss.f32());
+  CtcLoss result;
+  result.per_utterance = std::move(out.loss);
+  result.impossible = out.impossible;
+  if (!record) {
+    result.loss = Variable(std::move(loss));
+    return result;
+  }
+  auto node = std::make_shared<CtcNode>();
+  node->grad_ = std::move(out.grad);
+  node->info_ = std::move(info);
+  node->reduction_ = options.reduction;
+  result.loss = attach(std::move(loss), std::move(node), {&logits});
+  return result;
+}
 
 }  // namespace
 
@@ -514,13 +611,12 @@ CtcLoss ctc_loss(const Variable& logits, const Tensor& input_lengths, const Tens
   const bool record = record_needed({&logits});
   const Tensor& x = logits.data();
   check_logits(x);
-  // On the host (see ctc_loss_forward); the losses are read here, then moved to the device.
-  CtcOutput out = ctc_forward_host(x, on_host(x), input_lengths, targets, target_lengths,
-                                   options.blank, record);
+  const CtcBatch c = check_batch(x, input_lengths, targets, target_lengths, options.blank);
+  if (x.device() != Device::cpu) return ctc_loss_device(logits, c, options, record);
+  CtcOutput out = ctc_forward_host(c, x, options.blank, record);
   const int64_t B = out.loss.numel();
   const float* per = out.loss.f32();
-  const Tensor tl_host = on_host(target_lengths);
-  const int32_t* tl = tl_host.i32();
+  const int32_t* tl = c.tl;
 
   // Each utterance's loss after zero_infinity, and its factor in the reduced loss.
   std::vector<float> kept(static_cast<size_t>(B)), weight(static_cast<size_t>(B), 1.0f);
@@ -542,17 +638,15 @@ CtcLoss ctc_loss(const Variable& logits, const Tensor& input_lengths, const Tens
     loss = Tensor::scalar(static_cast<float>(total));
   }
 
-  const Device device = x.device();
-  if (device != Device::cpu) loss = loss.to(device);
   CtcLoss result;
-  result.per_utterance = device == Device::cpu ? std::move(out.loss) : out.loss.to(device);
+  result.per_utterance = std::move(out.loss);
   result.impossible = out.impossible;
   if (!record) {
     result.loss = Variable(std::move(loss));
     return result;
   }
   auto node = std::make_shared<CtcNode>();
-  node->grad_ = device == Device::cpu ? std::move(out.grad) : out.grad.to(device);
+  node->grad_ = std::move(out.grad);
   node->weight_ = std::move(weight);
   node->reduction_ = options.reduction;
   result.loss = attach(std::move(loss), std::move(node), {&logits});

@@ -21,9 +21,14 @@
 // into 0. Input length 0 gives loss 0 for an empty target and +inf otherwise (PyTorch 1.13
 // reads uninitialised memory there).
 //
-// Devices: logits may be on the cpu or the CUDA device; there the CPU kernel runs on a host
-// copy of them and the loss and the gradient are copied back (why: ctc_loss_forward in
-// ctc.cpp). The lengths and targets may be on either device; their values are read on the host.
+// Devices: logits may be on the cpu or the CUDA device; there the CUDA kernel (cuda/ctc.h) runs
+// the same recursions with one block per utterance, and the loss, its reduction and the
+// gradient stay on the device. The lengths and targets may be on either device; their values
+// are read on the host (the batch's own are there already), which checks them and lays out what
+// the kernel reads. On the CUDA device `impossible` counts the utterances whose target cannot
+// fit in their frames (from the lengths, without reading the device); the CPU kernel counts
+// also one whose logits make every alignment impossible (-inf logits), which on the device
+// shows only as its +inf loss.
 #pragma once
 
 #include <cstdint>

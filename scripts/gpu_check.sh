@@ -311,6 +311,18 @@ else
     --compile none reduce-overhead --rounds 1 --overwrite \
     --csv "$out/bench_copy_task_torch_bert.csv"
 fi
+# The CTC loss's device kernel (layers/cuda/ctc.cu) beside PyTorch's ctc_loss on the same GPU, at
+# the CPU benchmark's shape (T 800, B 8, V 50, 90..110 labels), forward + backward with the
+# log-softmax, each step synchronised: 20-40 s.
+if [ "$emulate" = 1 ]; then
+  not_run bench_ctc_cuda "PyTorch's side needs a real GPU"
+elif ! torch_sees_gpu; then
+  not_run bench_ctc_cuda "python3 has no PyTorch that sees the GPU"
+else
+  step bench_ctc_cuda 90 python3 apps/bench_ctc_torch.py --device cuda \
+    --binary "$build/apps/bench_ctc" --reps 20 --rounds 2 --overwrite \
+    --csv "$out/bench_ctc_cuda.csv"
+fi
 
 # Where the attention types' time goes: each kernel's GPU time (Nsight Compute), one forward +
 # backward of clustered and improved-clustered attention at N = 16384 (after the untimed one).
