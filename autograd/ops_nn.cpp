@@ -14,6 +14,7 @@
 #include "autograd/ops.h"
 #include "core/error.h"
 #include "core/ops.h"
+#include "core/random.h"
 
 namespace clustr {
 
@@ -81,10 +82,11 @@ class LayerNormNode : public Node {
   Tensor x_, mean_, rstd_, gamma_;
 };
 
-// dx = dy * mask / (1 - p) with the forward's mask, regenerated from (seed, offset).
+// dx = dy * mask / (1 - p) with the forward's mask, regenerated from (seed, offset) (an offset
+// in device memory, a draw of a captured graph, is read there again: the replay's own).
 class DropoutNode : public Node {
  public:
-  DropoutNode(float p, uint64_t seed, uint64_t offset) : p_(p), seed_(seed), offset_(offset) {}
+  DropoutNode(float p, uint64_t seed, PhiloxOffset offset) : p_(p), seed_(seed), offset_(offset) {}
   const char* name() const override { return "dropout"; }
   std::vector<Tensor> backward(const Tensor& g) override {
     return {dropout_apply(g, p_, seed_, offset_)};
@@ -92,7 +94,8 @@ class DropoutNode : public Node {
 
  private:
   float p_;
-  uint64_t seed_, offset_;
+  uint64_t seed_;
+  PhiloxOffset offset_;
 };
 
 // Holds the (R, V) view of the logits and the (R) views of target and weight.
@@ -145,7 +148,9 @@ Variable dropout(const Variable& x, float p, Generator& gen, bool training) {
   CLUSTR_CHECK(p >= 0.0f && p < 1.0f, "dropout: expected a drop probability p in [0, 1), got ",
                p);
   if (!training || p == 0.0f) return x;
-  const uint64_t offset = gen.reserve(dropout_blocks(x.numel()));
+  // A device draw: while a CUDA graph is captured, the offset is a slot that each replay's
+  // draws refill (core/random.h's DrawPlan); otherwise the value drawn now.
+  const PhiloxOffset offset = reserve_device(gen, dropout_blocks(x.numel()));
   Tensor y = dropout_apply(x.data(), p, gen.seed(), offset);
   if (!record_needed({&x})) return Variable(std::move(y));
   return attach(std::move(y), std::make_shared<DropoutNode>(p, gen.seed(), offset), {&x});

@@ -6,6 +6,7 @@
 
 #include <vector>
 
+#include "core/philox.h"
 #include "core/precision.h"
 #include "core/tensor.h"
 
@@ -137,7 +138,7 @@ Tensor cross_entropy_backward(const Tensor& dloss, const Tensor& logits, const T
 // `seed` (element i keeps with probability 1 - p, from block offset + i/4, word i%4): y = x *
 // keep / (1 - p). The same (seed, offset) gives the same mask, so backward applies this to dy.
 // Reserve the blocks with Generator::reserve(dropout_blocks(numel)).
-Tensor dropout_apply(const Tensor& x, float p, uint64_t seed, uint64_t offset);
+Tensor dropout_apply(const Tensor& x, float p, uint64_t seed, PhiloxOffset offset);
 inline uint64_t dropout_blocks(int64_t numel) { return static_cast<uint64_t>((numel + 3) / 4); }
 
 // ---- matrix products --------------------------------------------------------------------------

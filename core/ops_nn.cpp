@@ -15,6 +15,7 @@
 #include "core/math.h"
 #include "core/ops.h"
 #include "core/ops_check.h"
+#include "core/random.h"
 
 namespace clustr {
 
@@ -229,13 +230,16 @@ Tensor cross_entropy_backward(const Tensor& dloss, const Tensor& logits, const T
 }
 
 // x (any shape) -> y (same shape).
-Tensor dropout_apply(const Tensor& x, float p, uint64_t seed, uint64_t offset) {
+Tensor dropout_apply(const Tensor& x, float p, uint64_t seed, PhiloxOffset offset) {
   const char* op = "dropout";
   check_f32(op, "x", x);
   CLUSTR_CHECK(p >= 0.0f && p < 1.0f, op, ": expected a drop probability p in [0, 1), got ", p);
   Tensor y = Tensor::empty(x.shape(), DType::f32, x.device());
-  auto fn = on_cuda(x) ? cuda::dropout : cpu::dropout;
-  if (y.numel() > 0) fn(x.f32(), p, seed, offset, y.f32(), y.numel());
+  if (y.numel() == 0) return y;
+  if (on_cuda(x))
+    cuda::dropout(x.f32(), p, seed, offset, y.f32(), y.numel());
+  else
+    cpu::dropout(x.f32(), p, seed, host_offset(offset, op), y.f32(), y.numel());
   return y;
 }
 

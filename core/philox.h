@@ -23,9 +23,14 @@ CLUSTR_HD void philox_mulhilo(uint32_t a, uint32_t b, uint32_t* hi, uint32_t* lo
 // Four 32-bit random words for block number `counter` of the stream with key `seed`.
 // A position in a Philox stream that a kernel may read from device memory: *at when at is set
 // (a draw that a CUDA graph's replays refill, core/random.h's DrawPlan), else value.
+// A plain value converts to one (what a host draw gives); host code reads value() of one it has
+// checked is not `at` (on the CPU there is no device memory to read).
 struct PhiloxOffset {
   const uint64_t* at = nullptr;
   uint64_t value = 0;
+  PhiloxOffset() = default;
+  CLUSTR_HD PhiloxOffset(uint64_t v) : value(v) {}  // NOLINT: implicit on purpose
+  CLUSTR_HD PhiloxOffset(const uint64_t* a, uint64_t v) : at(a), value(v) {}
   CLUSTR_HD uint64_t get() const { return at ? *at : value; }
 };
 

@@ -50,6 +50,12 @@ void DrawPlan::fill(Generator& gen, float* host) const {
   }
 }
 
+uint64_t host_offset(PhiloxOffset offset, const char* op) {
+  CLUSTR_CHECK(offset.at == nullptr, op, ": a random stream offset in device memory (a draw of ",
+               "a CUDA graph's capture) reached a CPU kernel, which cannot read it");
+  return offset.value;
+}
+
 PhiloxOffset reserve_device(Generator& gen, uint64_t blocks) {
   DrawPlan* plan = gen.recording();
   if (!plan) return {nullptr, gen.reserve(blocks)};

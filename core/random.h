@@ -64,6 +64,9 @@ class Generator {
 // the kernels then read (the offset's `at`, the tensor's storage), and the plan's fill() draws
 // them before each replay.
 PhiloxOffset reserve_device(Generator& gen, uint64_t blocks);
+// The value of an offset that host code (a CPU kernel) uses; one in device memory (`at`, a draw
+// of a captured graph) is refused, naming op.
+uint64_t host_offset(PhiloxOffset offset, const char* op);
 Tensor normal_device(const Shape& shape, Generator& gen, Device device, float mean = 0.0f,
                      float stddev = 1.0f);
 

@@ -5,6 +5,7 @@
 
 #include "autograd/ops.h"
 #include "core/error.h"
+#include "core/random.h"
 #include "layers/attention/attention.h"
 #include "layers/attention/full.h"
 
@@ -55,7 +56,7 @@ Variable MultiHeadAttention::forward(const Variable& x, const Tensor& lengths,
     if (training() && config.dropout > 0.0f) {
       options.dropout = config.dropout;
       options.seed = gen.seed();
-      options.offset = gen.reserve(full_attention_dropout_blocks(B, H, N, N));
+      options.offset = reserve_device(gen, full_attention_dropout_blocks(B, H, N, N));
     }
     return out_->forward(full_attention_qkv(qkv, H, lengths, options));
   }

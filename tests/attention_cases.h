@@ -64,7 +64,7 @@ AttentionResult autograd_result(const AttentionInputs& in, F f) {
 // definition, independently of the kernels.
 inline double keep_factor(const ClusteredDropout& d, uint64_t idx) {
   if (d.p <= 0.0f) return 1.0;
-  const Philox4 r = philox4x32(d.seed, d.offset + idx / 4);
+  const Philox4 r = philox4x32(d.seed, d.offset.value + idx / 4);
   return uint_to_unit(r.v[idx % 4]) >= d.p ? 1.0 / (1.0 - double(d.p)) : 0.0;
 }
 

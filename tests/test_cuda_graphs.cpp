@@ -118,3 +118,21 @@ TEST_CASE("cuda graphs: the legacy default stream cannot capture; a destroyed gr
   }
   CHECK(cuda::cached_bytes() > cached);  // the pool's free blocks are the cache's now
 }
+
+TEST_CASE("cuda graphs: dropout reads a stream offset from device memory as it reads a value; a "
+          "CPU kernel refuses one") {
+  if (!cuda::available()) return;
+  const Tensor x = Tensor::from_vector(values(1000, 91), {10, 100});
+  const uint64_t offset = 123457;
+  const Tensor expected = clustr::dropout_apply(x, 0.3f, 77, clustr::PhiloxOffset(offset));
+  // The offset's 8 bytes as two i32 words on the device (what a DrawPlan's slot holds).
+  const Tensor slot = Tensor::from_int_vector(
+      {static_cast<int32_t>(offset & 0xffffffffu), static_cast<int32_t>(offset >> 32)}, {2},
+      Device::cuda);
+  const clustr::PhiloxOffset at(reinterpret_cast<const uint64_t*>(slot.i32()), 0);
+  const Tensor got = clustr::dropout_apply(x.to(Device::cuda), 0.3f, 77, at);
+  CHECK(got.to_vector() == expected.to_vector());
+  CHECK(got.to_vector() != clustr::dropout_apply(x, 0.3f, 77, clustr::PhiloxOffset(0)).to_vector());
+  CHECK_ERROR(clustr::dropout_apply(x, 0.3f, 77, at), "dropout", "offset in device memory",
+              "CPU kernel");
+}

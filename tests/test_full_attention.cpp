@@ -89,7 +89,7 @@ Result reference(const Case& c, const Inputs& in) {
         if (p > 0)
           for (int64_t j = 0; j < seen; ++j) {
             const uint64_t idx = uint64_t((bh * N + i) * S + j);
-            const uint32_t bits = philox4x32(o.seed, o.offset + idx / 4).v[idx % 4];
+            const uint32_t bits = philox4x32(o.seed, o.offset.value + idx / 4).v[idx % 4];
             keep[j] = uint_to_unit(bits) >= float(p) ? scale : 0.0;
           }
         double rowsum = 0;

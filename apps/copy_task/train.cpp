@@ -43,7 +43,8 @@ std::string join_lines(const std::vector<std::string>& lines) {
 // once): a window ends at the next log line, evaluation or checkpoint, or after this many.
 constexpr int64_t kMaxWindow = 100;
 // The device words for a step's random draws (DrawPlan): the clustered types' hash planes
-// (bits x head width per layer) and offsets; far more than the presets need.
+// (bits x head width per layer) and offsets, and the dropout masks' stream offsets (two words
+// each); far more than the presets need.
 constexpr int64_t kPlanWords = 1 << 18;
 
 // Why a run cannot replay its training step from a CUDA graph ("" when it can try): a step that
@@ -51,8 +52,6 @@ constexpr int64_t kPlanWords = 1 << 18;
 std::string graphs_reason(const RunOptions& o, Device device) {
   if (device != Device::cuda) return "the run is on the cpu";
   if (o.cuda_graphs == "off") return "--cuda-graphs off";
-  if (o.model.dropout > 0.0f || o.model.attention.dropout > 0.0f)
-    return "dropout draws its masks' stream offsets on the host at every step";
   return "";
 }
 

@@ -333,7 +333,7 @@ void log_softmax(const float* x, float* y, int64_t rows, int64_t cols);
 
 // Inverted dropout with the Philox stream of core/ops.h's dropout_apply: x, y (n).
 // (core/cuda/nn.cu)
-void dropout(const float* x, float p, uint64_t seed, uint64_t offset, float* y, int64_t n);
+void dropout(const float* x, float p, uint64_t seed, PhiloxOffset offset, float* y, int64_t n);
 
 // The unary derivatives of core/cpu/nn.h (core/cuda/nn.cu).
 // x, y, dy, dx (n): dx = dy * f'(x) for y = unary(op, x); the one of x and y that the

@@ -57,11 +57,13 @@ struct DropoutKernel {
   static constexpr bool kUsesBarrier = false;
   const float* x;
   float p, scale;
-  uint64_t seed, offset;
+  uint64_t seed;
+  PhiloxOffset offset;  // read once per thread (from device memory when `at`)
   float* y;
   int64_t n;
   CLUSTR_DEVICE void operator()(const Thread& t) const {
     const int64_t blocks = (n + 3) / 4;
+    const uint64_t offset = this->offset.get();
     for (int64_t b = global_x(t); b < blocks; b += grid_stride_x(t)) {
       const Philox4 bits = philox4x32(seed, offset + static_cast<uint64_t>(b));
       const int64_t i0 = 4 * b, len = n - i0 < 4 ? n - i0 : 4;
@@ -85,7 +87,7 @@ void unary_backward(UnaryOp op, const float* x, const float* y, const float* dy,
 }
 
 // x, y (n).
-void dropout(const float* x, float p, uint64_t seed, uint64_t offset, float* y, int64_t n) {
+void dropout(const float* x, float p, uint64_t seed, PhiloxOffset offset, float* y, int64_t n) {
   if (n == 0) return;
   require("cuda::dropout");
   const float scale = 1.0f / (1.0f - p);

@@ -129,7 +129,7 @@ void cuda::count_equal(const int32_t*, const int32_t*, int32_t, int64_t, float*)
 }
 void cuda::softmax(const float*, float*, int64_t, int64_t) { no_backend("cuda::softmax"); }
 void cuda::log_softmax(const float*, float*, int64_t, int64_t) { no_backend("cuda::log_softmax"); }
-void cuda::dropout(const float*, float, uint64_t, uint64_t, float*, int64_t) {
+void cuda::dropout(const float*, float, uint64_t, PhiloxOffset, float*, int64_t) {
   no_backend("cuda::dropout");
 }
 void cuda::unary_backward(UnaryOp, const float*, const float*, const float*, float*, int64_t) {

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/ops_check.h"
+#include "core/random.h"
 #include "layers/attention/clustered.h"
 #include "layers/attention/clustered_common.h"
 #include "layers/attention/clustering.h"
@@ -29,7 +30,7 @@ Variable attention(const AttentionConfig& config, const Variable& Q, const Varia
       if (training && config.dropout > 0.0f) {
         options.dropout = config.dropout;
         options.seed = gen.seed();
-        options.offset = gen.reserve(full_attention_dropout_blocks(Q.data(), K.data()));
+        options.offset = reserve_device(gen, full_attention_dropout_blocks(Q.data(), K.data()));
       }
       return full_attention(Q, K, V, lengths, options);
     }
@@ -50,10 +51,10 @@ Variable attention(const AttentionConfig& config, const Variable& Q, const Varia
       if (training && config.dropout > 0.0f) {
         dropout.p = config.dropout;
         dropout.seed = gen.seed();
-        dropout.offset = gen.reserve(
-            improved ? improved_clustered_attention_dropout_blocks(q, K.data(), config.clusters,
-                                                                   config.topk)
-                     : clustered_attention_dropout_blocks(q, K.data(), config.clusters));
+        dropout.offset = reserve_device(
+            gen, improved ? improved_clustered_attention_dropout_blocks(q, K.data(),
+                                                                        config.clusters, config.topk)
+                          : clustered_attention_dropout_blocks(q, K.data(), config.clusters));
       }
       if (improved)
         return improved_clustered_attention(Q, K, V, lengths, c.assignment, config.clusters,

@@ -24,6 +24,7 @@
 
 #include "autograd/node.h"
 #include "core/parallel.h"
+#include "core/random.h"
 #include "layers/attention/clustered_common.h"
 #include "layers/attention/cuda/clustered.h"
 
@@ -237,7 +238,7 @@ ClusteredAttentionOutput clustered_attention_forward(const Tensor& Q, const Tens
     return r;
   }
   const Params p = params_of(d, lengths, assignment, temperature, precision);
-  const Dropout drop = dropout_of(dropout.p, dropout.seed, dropout.offset);
+  const Dropout drop = dropout_of(dropout.p, dropout.seed, host_offset(dropout.offset, "clustered_attention"));
   r.counts = Tensor::empty({d.B, d.H, d.C}, DType::i32, Q.device());
   const float *q = Q.f32(), *k = K.f32(), *v = V.f32();
   float *out = r.out.f32(), *ac = r.weights.f32(), *qc = r.centroids.f32();
@@ -286,7 +287,8 @@ ClusteredAttentionGrads clustered_attention_backward(const Tensor& dout, const T
     return g;
   }
   const Params p = params_of(d, lengths, assignment, temperature, forward.precision);
-  const Dropout drop = dropout_of(forward.dropout.p, forward.dropout.seed, forward.dropout.offset);
+  const Dropout drop = dropout_of(forward.dropout.p, forward.dropout.seed,
+                                  host_offset(forward.dropout.offset, "clustered_attention"));
   const float *k = K.f32(), *v = V.f32(), *ac = forward.weights.f32(),
               *qc = forward.centroids.f32(), *go = dout.f32();
   float *dQ = g.dQ.f32(), *dK = g.dK.f32(), *dV = g.dV.f32();

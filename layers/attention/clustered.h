@@ -34,6 +34,7 @@
 #include <cstdint>
 
 #include "autograd/variable.h"
+#include "core/philox.h"
 #include "core/precision.h"
 #include "core/tensor.h"
 
@@ -42,7 +43,8 @@ namespace clustr {
 // Attention dropout of the clustered types (off when p == 0).
 struct ClusteredDropout {
   float p = 0.0f;                 // probability of dropping a weight, in [0, 1)
-  uint64_t seed = 0, offset = 0;  // the mask's Philox stream and first counter block
+  uint64_t seed = 0;   // the mask's Philox stream
+  PhiloxOffset offset;  // and its first counter block (read on the device when it is `at` one)
 };
 
 // Tensor-level forward: out and what backward needs.

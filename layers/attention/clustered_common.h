@@ -55,11 +55,12 @@ struct Params {
 // scaled by 1 / (1 - p). Off when p == 0.
 struct Dropout {
   float p = 0.0f, scale = 1.0f;
-  uint64_t seed = 0, offset = 0;
-  bool on() const { return p > 0.0f; }
+  uint64_t seed = 0;
+  PhiloxOffset offset;
+  CLUSTR_HD bool on() const { return p > 0.0f; }
 };
 
-inline Dropout dropout_of(float p, uint64_t seed, uint64_t offset) {
+inline Dropout dropout_of(float p, uint64_t seed, PhiloxOffset offset) {
   Dropout d;
   d.p = p;
   d.scale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
@@ -75,7 +76,7 @@ inline void for_each_mask_word(const Dropout& drop, uint64_t idx0, int64_t n, F 
   uint64_t idx = idx0;
   int64_t c = 0;
   while (c < n) {
-    const Philox4 r = philox4x32(drop.seed, drop.offset + idx / 4);
+    const Philox4 r = philox4x32(drop.seed, drop.offset.get() + idx / 4);
     for (uint64_t lane = idx % 4; lane < 4 && c < n; ++lane, ++idx, ++c) f(c, r.v[lane]);
   }
 }

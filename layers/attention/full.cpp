@@ -16,6 +16,7 @@
 #include "core/ops.h"
 #include "core/ops_check.h"
 #include "core/parallel.h"
+#include "core/random.h"
 #include "layers/attention/full_cpu.h"
 #include "layers/attention/cuda/flash.h"
 #include "layers/attention/cuda/full.h"
@@ -145,6 +146,14 @@ cpu::FullAttentionParams with_host_lengths(cpu::FullAttentionParams p, const Ten
   return p;
 }
 
+// with_host_lengths for a CPU kernel, which reads the dropout's offset on the host.
+cpu::FullAttentionParams for_cpu(const cpu::FullAttentionParams& p, const Tensor& lengths,
+                                 std::vector<int32_t>& host_copy,
+                                 const cpu::FullAttentionDims& d) {
+  host_offset(p.offset, "full_attention");
+  return with_host_lengths(p, lengths, host_copy, d);
+}
+
 // Scratch for a kernel: `floats` floats (an undefined tensor when none are needed).
 Tensor workspace(int64_t floats, Device device) {
   return floats > 0 ? Tensor::empty({floats}, DType::f32, device) : Tensor();
@@ -244,7 +253,7 @@ FullAttentionOutput full_attention_forward(const Tensor& Q, const Tensor& K, con
   Tensor ws = workspace(cpu::full_attention_forward_workspace(d, threads), Q.device());
   std::vector<int32_t> host_lengths;
   cpu::full_attention_forward(d, cpu::contiguous_layout(d),
-                              with_host_lengths(p, lengths, host_lengths, d), Q.f32(), K.f32(), V.f32(),
+                              for_cpu(p, lengths, host_lengths, d), Q.f32(), K.f32(), V.f32(),
                               r.out.f32(), r.logsumexp.f32(), ws.defined() ? ws.f32() : nullptr,
                               threads);
   return r;
@@ -278,7 +287,7 @@ FullAttentionGrads full_attention_backward(const Tensor& dout, const Tensor& Q, 
   Tensor ws = workspace(cpu::full_attention_backward_workspace(d, threads), Q.device());
   std::vector<int32_t> host_lengths;
   cpu::full_attention_backward(d, cpu::contiguous_layout(d),
-                               with_host_lengths(p, lengths, host_lengths, d), Q.f32(), K.f32(), V.f32(),
+                               for_cpu(p, lengths, host_lengths, d), Q.f32(), K.f32(), V.f32(),
                                out.f32(), logsumexp.f32(), dout.f32(), g.dQ.f32(), g.dK.f32(),
                                g.dV.f32(), ws.defined() ? ws.f32() : nullptr, threads);
   return g;
@@ -341,7 +350,7 @@ FullAttentionOutput full_attention_qkv_forward(const Tensor& qkv, int64_t heads,
   const float* q = qkv.f32();
   std::vector<int32_t> host_lengths;
   cpu::full_attention_forward(d, qkv_layout(d),
-                              with_host_lengths(params_of(d, options), lengths, host_lengths, d), q,
+                              for_cpu(params_of(d, options), lengths, host_lengths, d), q,
                               q + D, q + 2 * D, r.out.f32(), r.logsumexp.f32(),
                               ws.defined() ? ws.f32() : nullptr, threads);
   return r;
@@ -388,7 +397,7 @@ Tensor full_attention_qkv_backward(const Tensor& dout, const Tensor& qkv, int64_
   float* dq = dqkv.f32();
   std::vector<int32_t> host_lengths;
   cpu::full_attention_backward(d, qkv_layout(d),
-                               with_host_lengths(params_of(d, options), lengths, host_lengths, d), q,
+                               for_cpu(params_of(d, options), lengths, host_lengths, d), q,
                                q + D, q + 2 * D, out.f32(), logsumexp.f32(), dout.f32(), dq,
                                dq + D, dq + 2 * D, ws.defined() ? ws.f32() : nullptr, threads);
   return dqkv;

@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "autograd/variable.h"
+#include "core/philox.h"
 #include "core/precision.h"
 #include "core/tensor.h"
 
@@ -23,7 +24,8 @@ struct FullAttentionOptions {
   float temperature = 0.0f;  // <= 0: 1/sqrt(E)
   bool causal = false;
   float dropout = 0.0f;      // probability of dropping an attention weight
-  uint64_t seed = 0, offset = 0;  // dropout stream
+  uint64_t seed = 0;   // dropout stream
+  PhiloxOffset offset;  // its first counter block (read on the device when it is `at` one)
   // The precision of the products Q K^T and P V and of their gradients (core/precision.h):
   // bf16 reads Q, K, V, the weights P and the gradients rounded to bf16, with f32 sums; the
   // softmax, its log-sum-exp and the dropout stay f32. The differentiable ops use bf16 when

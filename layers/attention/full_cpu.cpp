@@ -296,7 +296,7 @@ void forward_block(const FullAttentionDims& d, const FullAttentionLayout& hl,
       for (int64_t r = 0; r < k.rows; ++r) {
         float* x = s + r * lay.bk;
         const int64_t n = lim.limit(r);
-        dropout_bits(p.seed, p.offset, math::attention_dropout_index(k.bh, d.N, k.i0 + r, d.S, k0),
+        dropout_bits(p.seed, p.offset.value, math::attention_dropout_index(k.bh, d.N, k.i0 + r, d.S, k0),
                      n, bits);
         for (int64_t c = 0; c < n; ++c)
           x[c] = math::dropout_value(x[c], bits[c], p.dropout, scale);
@@ -352,7 +352,7 @@ void backward_block(const FullAttentionDims& d, const FullAttentionLayout& hl,
     drop.p = p.dropout;
     drop.scale = 1.0f / (1.0f - p.dropout);
     drop.seed = p.seed;
-    drop.offset = p.offset;
+    drop.offset = p.offset.value;
     drop.row_stride = static_cast<uint64_t>(d.S);
     drop.bits = reinterpret_cast<uint32_t*>(D + round16(lay.bq));
   }

@@ -19,6 +19,8 @@
 
 #include <cstdint>
 
+#include "core/philox.h"
+
 namespace clustr::cpu {
 
 struct FullAttentionDims {
@@ -56,9 +58,10 @@ struct FullAttentionParams {
   bool causal = false;               // needs N == S
   float temperature = 1.0f;          // > 0: logits = temperature * q . k
   float dropout = 0.0f;              // in [0, 1)
-  uint64_t seed = 0, offset = 0;     // dropout: element idx = ((b H + h) N + i) S + j keeps when
-                                     // uint_to_unit(philox4x32(seed, offset + idx/4).v[idx%4])
-                                     // >= dropout, and is then scaled by 1 / (1 - dropout)
+  uint64_t seed = 0;                 // dropout: element idx = ((b H + h) N + i) S + j keeps
+  PhiloxOffset offset;               // when uint_to_unit(philox4x32(seed, offset +
+                                     // idx/4).v[idx%4]) >= dropout, and is then scaled by
+                                     // 1 / (1 - dropout); offset read on the device when `at`
   bool bf16 = false;                 // the products read their operands rounded to bf16
 };
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "autograd/node.h"
+#include "core/random.h"
 #include "layers/attention/clustered_common.h"
 #include "layers/attention/improved_clustered_cpu.h"
 #include "layers/attention/cuda/improved_clustered.h"
@@ -95,7 +96,9 @@ ImprovedClusteredAttentionOutput improved_clustered_attention_forward(
   }
   cpu::improved_clustered_attention_forward(
       d, params_of(d, lengths, assignment, temperature, precision),
-      dropout_of(dropout.p, dropout.seed, dropout.offset), topk, kw, Q.f32(), K.f32(), V.f32(),
+      dropout_of(dropout.p, dropout.seed,
+                 host_offset(dropout.offset, "improved_clustered_attention")),
+      topk, kw, Q.f32(), K.f32(), V.f32(),
       r.out.f32(), r.weights.f32(), r.centroids.f32(), r.counts.i32(), r.topk.i32(),
       r.mass.f32());
   return r;
@@ -140,7 +143,9 @@ ImprovedClusteredAttentionGrads improved_clustered_attention_backward(
   }
   cpu::improved_clustered_attention_backward(
       d, params_of(d, lengths, assignment, temperature, forward.precision),
-      dropout_of(forward.dropout.p, forward.dropout.seed, forward.dropout.offset), kw, Q.f32(),
+      dropout_of(forward.dropout.p, forward.dropout.seed,
+                 host_offset(forward.dropout.offset, "improved_clustered_attention")),
+      kw, Q.f32(),
       K.f32(), V.f32(), forward.weights.f32(), forward.centroids.f32(), forward.topk.i32(),
       forward.mass.f32(), dout.f32(), g.dQ.f32(), g.dK.f32(), g.dV.f32());
   return g;

@@ -13,6 +13,7 @@
 #include "core/math.h"
 #include "core/ops_check.h"
 #include "core/philox.h"
+#include "core/random.h"
 
 namespace clustr {
 
@@ -131,7 +132,8 @@ Variable heads_out(const Variable& x, const Sizes& s) { return reshape(x, {s.B, 
 Variable cluster_dropout(const ClusteredDropout& d, const Sizes& s, int64_t C) {
   const int64_t n = s.B * s.H * C * s.S;
   std::vector<float> f(static_cast<size_t>(n));
-  for (int64_t x = 0; x < n; ++x) f[x] = keep_factor(d.p, d.seed, d.offset, uint64_t(x));
+  const uint64_t offset = host_offset(d.offset, "reference attention");
+  for (int64_t x = 0; x < n; ++x) f[x] = keep_factor(d.p, d.seed, offset, uint64_t(x));
   return constant(f, {s.B * s.H, C, s.S});
 }
 
@@ -148,6 +150,7 @@ Variable full_attention_reference(const Variable& Q, const Variable& K, const Va
   // mask: the keys query i may not see; keep: 0 for padded queries and rows that see no key,
   // else the dropout factor of element ((b H + h) N + i) S + l.
   std::vector<float> mask(static_cast<size_t>(P * N * S), 0.0f), keep(mask.size());
+  const uint64_t offset = host_offset(options.offset, "reference attention");
   for (int64_t p = 0; p < P; ++p)
     for (int64_t i = 0; i < N; ++i) {
       const int64_t L = s.keys(p), seen = causal ? std::min(L, i + 1) : L;
@@ -155,8 +158,7 @@ Variable full_attention_reference(const Variable& Q, const Variable& K, const Va
       for (int64_t l = 0; l < S; ++l) {
         const int64_t x = (p * N + i) * S + l;
         if (l >= seen) mask[x] = kMasked;
-        keep[x] = row ? keep_factor(options.dropout, options.seed, options.offset, uint64_t(x))
-                      : 0.0f;
+        keep[x] = row ? keep_factor(options.dropout, options.seed, offset, uint64_t(x)) : 0.0f;
       }
     }
   const float t = temperature_of(options.temperature, s.E);
@@ -282,7 +284,8 @@ Variable improved_clustered_attention_reference(const Variable& Q, const Variabl
       for (size_t x = 0; x < keys.size(); ++x) {
         const int64_t at = (p * N + i) * S + keys[x];
         not_top[at] = 0.0f;
-        slot[at] = keep_factor(dropout.p, dropout.seed, dropout.offset,
+        slot[at] = keep_factor(dropout.p, dropout.seed,
+                               host_offset(dropout.offset, "reference attention"),
                                uint64_t(P * C * S + (p * N + i) * w) + x);
       }
     }

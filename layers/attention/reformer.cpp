@@ -36,7 +36,7 @@ struct Dims {
 
 using clustered_detail::Dropout;
 
-// The dropout of a call's options (off when p is 0).
+// The dropout of a call's options (off when p is 0); its offset is a host value (ReformerOptions).
 Dropout dropout_of(const ReformerOptions& o) {
   return clustered_detail::dropout_of(o.dropout, o.seed, o.offset);
 }
@@ -44,13 +44,13 @@ Dropout dropout_of(const ReformerOptions& o) {
 // The dropout factor of query i and key j in round x of pair bh (reformer.h's mask).
 float keep_factor(const Dropout& drop, const Dims& d, int64_t bh, int64_t x, int64_t i,
                   int64_t j) {
-  return reformer_detail::keep_factor(drop.seed, drop.offset,
+  return reformer_detail::keep_factor(drop.seed, drop.offset.value,
                                       reformer_detail::mask_index(d.N, d.X, bh, x, i, j), drop.p,
                                       drop.scale);
 }
 
 cuda::ReformerDropout device_dropout(const Dropout& drop) {
-  return cuda::ReformerDropout{drop.p, drop.scale, drop.seed, drop.offset};
+  return cuda::ReformerDropout{drop.p, drop.scale, drop.seed, drop.offset.value};
 }
 
 Dims check_inputs(const char* op, const Tensor& Q, const Tensor& V, const Tensor& lengths,

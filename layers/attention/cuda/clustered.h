@@ -16,6 +16,8 @@
 
 #include <cstdint>
 
+#include "core/philox.h"
+
 namespace clustr::cuda {
 
 struct ClusteredDims {
@@ -29,7 +31,8 @@ struct ClusteredParams {
   const int32_t *count = nullptr, *start = nullptr, *order = nullptr;  // device members
   float temperature = 1.0f;               // > 0
   float dropout = 0.0f;                   // p in [0, 1); 0: off
-  uint64_t seed = 0, offset = 0;          // the mask's Philox stream
+  uint64_t seed = 0;                      // the mask's Philox stream
+  PhiloxOffset offset;                    // its first block (device memory when `at`)
   bool bf16 = false;                      // the C x S products with bf16 operands
 };
 

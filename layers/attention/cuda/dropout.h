@@ -17,7 +17,8 @@ struct AddDouble {
 // The dropout of one call: element idx of the weights keeps when its Philox word says so.
 struct Dropout {
   float p = 0.0f, scale = 1.0f;
-  uint64_t seed = 0, offset = 0;
+  uint64_t seed = 0;
+  PhiloxOffset offset;
   CLUSTR_HD bool on() const { return p > 0.0f; }
 };
 
@@ -43,7 +44,7 @@ CLUSTR_DEVICE void for_each_word(const Thread& t, const Dropout& drop, uint64_t 
   if (n <= 0) return;
   const uint64_t first = idx0 / 4, last = (idx0 + static_cast<uint64_t>(n) - 1) / 4;
   for (uint64_t q = first + t.thread_idx().x; q <= last; q += t.block_dim().x) {
-    const Philox4 w = philox4x32(drop.seed, drop.offset + q);
+    const Philox4 w = philox4x32(drop.seed, drop.offset.get() + q);
     for (uint64_t k = 0; k < 4; ++k) {
       const int64_t c = static_cast<int64_t>(4 * q + k - idx0);
       if (c >= 0 && c < n) f(c, w.v[k]);

@@ -116,15 +116,16 @@ CLUSTR_DEVICE uint32_t word(const Philox4& w, uint64_t k) {
 }
 // Weight element idx and idx + 1 (full_cpu.h's numbering) after dropout: x0, x1 scaled or 0.
 CLUSTR_DEVICE void drop_pair(const Dropout& d, uint64_t idx, float& x0, float& x1) {
-  const Philox4 w = philox4x32(d.seed, d.offset + idx / 4);
+  const uint64_t block = d.offset.get() + idx / 4;
+  const Philox4 w = philox4x32(d.seed, block);
   const uint64_t k = idx % 4;
-  const uint32_t w1 = k < 3 ? word(w, k + 1) : philox4x32(d.seed, d.offset + idx / 4 + 1).v[0];
+  const uint32_t w1 = k < 3 ? word(w, k + 1) : philox4x32(d.seed, block + 1).v[0];
   x0 = math::dropout_value(x0, word(w, k), d.p, d.scale);
   x1 = math::dropout_value(x1, w1, d.p, d.scale);
 }
 // The Philox word of one element.
 CLUSTR_DEVICE uint32_t dropout_word(const Dropout& d, uint64_t idx) {
-  return word(philox4x32(d.seed, d.offset + idx / 4), idx % 4);
+  return word(philox4x32(d.seed, d.offset.get() + idx / 4), idx % 4);
 }
 
 CLUSTR_DEVICE void zero(FragC& f) { f.x[0] = f.x[1] = f.x[2] = f.x[3] = 0.0f; }

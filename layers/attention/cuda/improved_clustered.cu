@@ -251,7 +251,7 @@ CLUSTR_DEVICE void member_weights(const Thread& t, const float* q, const TopkRow
 
 // The Philox word of element x of a member's dropout mask (improved_clustered.h).
 CLUSTR_DEVICE uint32_t mask_word(const Dropout& d, uint64_t x) {
-  const Philox4 w = philox4x32(d.seed, d.offset + x / 4);
+  const Philox4 w = philox4x32(d.seed, d.offset.get() + x / 4);
   const uint64_t k = x % 4;
   return k == 0 ? w.v[0] : k == 1 ? w.v[1] : k == 2 ? w.v[2] : w.v[3];
 }
