@@ -3,7 +3,7 @@
 //   reshape:    dx = reshape(dy, x.shape)              (a view both ways)
 //   permute:    dx = permute(dy, inverse(perm))
 //   slice:      dx = zeros(x.shape); dx[..., start:start+len, ...] += dy
-//   concat:     dx_k = slice(dy, axis, offset_k, len_k)
+//   concat:     dx_k = slice(dy, axis, offset_k, len_k), all k at once (split)
 //   sum(axis):  dx = broadcast_to(dy with the axis kept as 1, x.shape); mean scales by 1/len
 //   sum_all:    dx = broadcast_to(dy, x.shape);        mean_all scales by 1/numel
 #include <memory>
@@ -73,13 +73,9 @@ class ConcatNode : public Node {
   ConcatNode(int axis, std::vector<int64_t> lens) : axis_(axis), lens_(std::move(lens)) {}
   const char* name() const override { return "concat"; }
   std::vector<Tensor> backward(const Tensor& g) override {
-    std::vector<Tensor> out(lens_.size());
-    int64_t offset = 0;
-    for (size_t k = 0; k < lens_.size(); ++k) {
-      if (needs_grad(k)) out[k] = slice(g, axis_, offset, lens_[k]);
-      offset += lens_[k];
-    }
-    return out;
+    std::vector<bool> wanted(lens_.size());
+    for (size_t k = 0; k < lens_.size(); ++k) wanted[k] = needs_grad(k);
+    return split(g, axis_, lens_, wanted);  // one pass over g
   }
 
  private:

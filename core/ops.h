@@ -82,6 +82,11 @@ Tensor slice(const Tensor& x, int axis, int64_t start, int64_t length);
 void slice_add_(Tensor& dst, int axis, int64_t start, const Tensor& src);
 // Tensors joined along `axis`; they agree on every other axis. f32 or i32.
 Tensor concat(const std::vector<Tensor>& xs, int axis);
+// The inverse of concat: x's consecutive pieces of lens[k] elements along `axis` (summing to
+// its length there), in one pass; with `wanted` given, the pieces it marks false are left
+// undefined. f32 or i32.
+std::vector<Tensor> split(const Tensor& x, int axis, const std::vector<int64_t>& lens,
+                          const std::vector<bool>& wanted = {});
 
 // ---- backward kernels of the nn ops ---------------------------------------------------------
 // dx = dy * f'(x) for y = unary(op, x). Each formula uses x or y, whichever is cheaper and

@@ -175,4 +175,35 @@ Tensor concat(const std::vector<Tensor>& xs, int axis) {
   return y;
 }
 
+std::vector<Tensor> split(const Tensor& x, int axis, const std::vector<int64_t>& lens,
+                          const std::vector<bool>& wanted) {
+  const char* op = "split";
+  check_words(op, "x", x);
+  const AxisView v = axis_view(x.shape(), axis_of(op, x, axis));
+  CLUSTR_CHECK(wanted.empty() || wanted.size() == lens.size(), op, ": expected ", lens.size(),
+               " wanted flags (one per piece), got ", wanted.size());
+  int64_t total = 0;
+  for (size_t k = 0; k < lens.size(); ++k) {
+    CLUSTR_CHECK(lens[k] >= 0, op, ": piece ", k, " has a negative length ", lens[k]);
+    total += lens[k];
+  }
+  CLUSTR_CHECK(total == v.len, op, ": the pieces' lengths sum to ", total, ", not to the ",
+               v.len, " elements along axis ", axis, " of x ", describe(x));
+  std::vector<Tensor> ys(lens.size());
+  std::vector<uint32_t*> ptrs(lens.size(), nullptr);
+  for (size_t k = 0; k < lens.size(); ++k) {
+    if (!wanted.empty() && !wanted[k]) continue;
+    Shape s = x.shape();
+    s[v.axis] = lens[k];
+    ys[k] = Tensor::empty(s, x.dtype(), x.device());
+    if (ys[k].numel() > 0) ptrs[k] = static_cast<uint32_t*>(ys[k].raw());
+  }
+  if (x.numel() > 0) {
+    auto fn = on_cuda(x) ? cuda::split : cpu::split;
+    fn(static_cast<const uint32_t*>(x.raw()), v.outer, v.inner, static_cast<int>(lens.size()),
+       lens.data(), ptrs.data());
+  }
+  return ys;
+}
+
 }  // namespace clustr

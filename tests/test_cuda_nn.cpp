@@ -364,7 +364,29 @@ TEST_CASE("cuda shape ops: broadcast_to, sum_to, slice, slice_add_ and concat ma
       CAPTURE(clustr::to_string(s));
       CAPTURE(axis);
       compare_devices([&](const Inputs& v) { return clustr::concat(v, axis); }, parts, 0);
+      // And apart again, the middle piece not wanted.
+      const std::vector<int64_t> lens = {s[axis], 1, 2 * len + 1};
+      compare_devices(
+          [&](const Inputs& v) {
+            Inputs out = clustr::split(clustr::concat(v, axis), axis, lens, {true, false, true});
+            out.erase(out.begin() + 1);
+            return out;
+          },
+          parts, {{"piece 0", 0}, {"piece 2", 0}});
     }
+  }
+  // Nineteen pieces (three launches of up to eight), of 0 to 3 columns, joined and split.
+  {
+    Inputs pieces;
+    std::vector<int64_t> lens;
+    for (int k = 0; k < 19; ++k) {
+      lens.push_back(k % 4);
+      pieces.push_back(on_cpu(random_values(5 * (k % 4), 700 + k), {5, k % 4}));
+    }
+    compare_devices([&](const Inputs& v) { return clustr::concat(v, 1); }, pieces, 0);
+    const Tensor whole = clustr::concat(pieces, 1);
+    const std::vector<Tensor> back = clustr::split(on_device(whole), 1, lens);
+    for (int k = 0; k < 19; ++k) CHECK(back[k].to_vector() == pieces[k].to_vector());
   }
   Tensor a = Tensor::from_int_vector({1, 2}, {2, 1}), b = Tensor::from_int_vector({3, 4}, {2, 1});
   CHECK(clustr::concat({on_device(a), on_device(b)}, 1).to_int_vector() ==

@@ -209,6 +209,34 @@ TEST_CASE("concat along every axis, f32 and i32, including empty pieces") {
   CHECK(concat({Tensor::zeros({0, 3}), Tensor::zeros({0, 3})}, 0).shape() == Shape{0, 3});
 }
 
+TEST_CASE("split is concat's inverse: every axis, empty and unwanted pieces, f32 and i32") {
+  const Tensor x = Tensor::from_vector(random_values(4 * 11 * 3, 95), {4, 11, 3});
+  for (int axis : {0, 1, 2}) {
+    INFO("axis ", axis);
+    const int64_t len = x.shape()[axis];
+    // Pieces 0, 1, the rest (one empty): their slices, in order.
+    const std::vector<int64_t> lens = {1, 0, len - 1};
+    const std::vector<Tensor> ys = split(x, axis, lens);
+    REQUIRE(ys.size() == 3);
+    CHECK(ys[0].to_vector() == slice(x, axis, 0, 1).to_vector());
+    CHECK(ys[1].numel() == 0);
+    CHECK(ys[2].to_vector() == slice(x, axis, 1, len - 1).to_vector());
+    CHECK(concat(ys, axis).to_vector() == x.to_vector());
+    const std::vector<Tensor> some = split(x, axis, lens, {false, true, true});
+    CHECK(!some[0].defined());
+    CHECK(some[2].to_vector() == ys[2].to_vector());
+  }
+  // Eleven pieces of one element along axis 1 (more than one device launch holds), i32.
+  const Tensor i = Tensor::from_int_vector(iota_ints(2 * 11, 0), {2, 11});
+  const std::vector<Tensor> cols = split(i, 1, std::vector<int64_t>(11, 1));
+  CHECK(cols[10].to_int_vector() == std::vector<int32_t>{10, 21});
+  CHECK(concat(cols, 1).to_int_vector() == i.to_int_vector());
+  CHECK_ERROR(split(x, 1, {5, 5}), "split", "sum to 10", "11 elements along axis 1");
+  CHECK_ERROR(split(x, 1, {12, -1}), "split", "piece 1", "negative");
+  CHECK_ERROR(split(x, 1, {11}, {true, false}), "split", "expected 1 wanted flags");
+  CHECK_ERROR(split(x, 3, {11}), "split", "axis 3");
+}
+
 TEST_CASE("concat on the parallel path") {
   const Tensor a = Tensor::from_vector(random_values(300 * 70, 90), {300, 70});
   const Tensor b = Tensor::from_vector(random_values(300 * 130, 91), {300, 130});

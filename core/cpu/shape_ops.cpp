@@ -207,4 +207,17 @@ void concat(int n, const uint32_t* const* xs, const int64_t* lens, int64_t outer
   }
 }
 
+// x (outer, sum(lens), inner) -> ys[k] (outer, lens[k], inner), the non-null ones.
+void split(const uint32_t* x, int64_t outer, int64_t inner, int n, const int64_t* lens,
+           uint32_t* const* ys) {
+  int64_t L = 0;
+  for (int k = 0; k < n; ++k) L += lens[k];
+  int64_t off = 0;
+  for (int k = 0; k < n; ++k) {
+    if (ys[k])
+      rows_op<false>(x + off * inner, L * inner, ys[k], lens[k] * inner, outer, lens[k] * inner);
+    off += lens[k];
+  }
+}
+
 }  // namespace clustr::cpu

@@ -35,4 +35,9 @@ void slice_add(float* dst, int64_t outer, int64_t len, int64_t inner, int64_t st
 void concat(int n, const uint32_t* const* xs, const int64_t* lens, int64_t outer, int64_t inner,
             uint32_t* y);
 
+// The inverse: ys[k] (outer, lens[k], inner) = x's pieces along the middle axis, for each
+// non-null ys[k].
+void split(const uint32_t* x, int64_t outer, int64_t inner, int n, const int64_t* lens,
+           uint32_t* const* ys);
+
 }  // namespace clustr::cpu

@@ -398,5 +398,7 @@ void slice_add(float* dst, int64_t outer, int64_t len, int64_t inner, int64_t st
                const float* src, int64_t length);
 void concat(int n, const uint32_t* const* xs, const int64_t* lens, int64_t outer, int64_t inner,
             uint32_t* y);
+void split(const uint32_t* x, int64_t outer, int64_t inner, int n, const int64_t* lens,
+           uint32_t* const* ys);
 
 }  // namespace clustr::cuda

@@ -181,6 +181,9 @@ void cuda::slice(const uint32_t*, int64_t, int64_t, int64_t, int64_t, int64_t, u
 void cuda::slice_add(float*, int64_t, int64_t, int64_t, int64_t, const float*, int64_t) {
   no_backend("cuda::slice_add");
 }
+void cuda::split(const uint32_t*, int64_t, int64_t, int, const int64_t*, uint32_t* const*) {
+  no_backend("cuda::split");
+}
 void cuda::concat(int, const uint32_t* const*, const int64_t*, int64_t, int64_t, uint32_t*) {
   no_backend("cuda::concat");
 }

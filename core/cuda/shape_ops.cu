@@ -171,19 +171,87 @@ void slice_add(float* dst, int64_t outer, int64_t len, int64_t inner, int64_t st
                 length * inner);
 }
 
+namespace {
+
+// Up to kPieces pieces of an axis in one launch (concat and split): piece k holds columns
+// [begin[k], begin[k + 1]) of the group's `width` columns of each of the `rows` rows of the
+// whole (its rows `pitch` words apart, the group starting at `whole`), and is itself (rows,
+// begin[k + 1] - begin[k]). One thread per word of the group, each word written by one thread:
+// the result is the CPU's bit for bit.
+constexpr int kPieces = 8;
+struct Pieces {
+  uint32_t* ptr[kPieces];  // split: null for a piece not wanted
+  int64_t begin[kPieces + 1];
+  int n;
+};
+
+template <bool Split>
+struct PiecesKernel {
+  static constexpr bool kUsesBarrier = false;
+  Pieces p;
+  uint32_t* whole;
+  int64_t pitch, rows, width;
+  CLUSTR_DEVICE void operator()(const Thread& t) const {
+    for (int64_t e = global_x(t); e < rows * width; e += grid_stride_x(t)) {
+      const int64_t r = e / width, c = e - r * width;
+      int k = 0;
+      while (k + 1 < p.n && c >= p.begin[k + 1]) ++k;
+      const int64_t w = p.begin[k + 1] - p.begin[k];
+      uint32_t* piece = p.ptr[k];
+      if (Split) {
+        if (piece) piece[r * w + (c - p.begin[k])] = whole[r * pitch + c];
+      } else {
+        whole[r * pitch + c] = piece[r * w + (c - p.begin[k])];
+      }
+    }
+  }
+};
+
+// The n pieces of ptrs (lens along the axis) and the whole (outer, sum(lens), inner), in
+// launches of kPieces pieces.
+template <bool Split>
+void pieces_op(const char* name, int n, uint32_t* const* ptrs, const int64_t* lens, int64_t outer,
+               int64_t inner, uint32_t* whole) {
+  int64_t L = 0;
+  for (int k = 0; k < n; ++k) L += lens[k];
+  const int64_t width = L * inner;
+  if (outer * width == 0) return;
+  int64_t off = 0;
+  for (int first = 0; first < n; first += kPieces) {
+    Pieces p{};
+    p.n = n - first < kPieces ? n - first : kPieces;
+    p.begin[0] = 0;
+    for (int k = 0; k < p.n; ++k) {
+      p.ptr[k] = ptrs[first + k];
+      p.begin[k + 1] = p.begin[k] + lens[first + k] * inner;
+    }
+    // The group's columns [off, off + group) of each row of the whole.
+    const int64_t group = p.begin[p.n];
+    if (group > 0)
+      launch(name, {elementwise_blocks(outer * group)}, {kElementwiseThreads}, 0,
+             PiecesKernel<Split>{p, whole + off, width, outer, group});
+    off += group;
+  }
+}
+
+}  // namespace
+
 // xs[k] (outer, lens[k], inner) -> y (outer, sum(lens), inner) (=); xs is a host array of n
-// device pointers.
+// device pointers; one launch per 8 pieces.
 void concat(int n, const uint32_t* const* xs, const int64_t* lens, int64_t outer, int64_t inner,
             uint32_t* y) {
   require("cuda::concat");
-  int64_t L = 0;
-  for (int k = 0; k < n; ++k) L += lens[k];
-  int64_t off = 0;
-  for (int k = 0; k < n; ++k) {
-    rows_op<false>("cuda::concat", xs[k], lens[k] * inner, y + off * inner, L * inner, outer,
-                   lens[k] * inner);
-    off += lens[k];
-  }
+  std::vector<uint32_t*> ptrs(static_cast<size_t>(n));
+  for (int k = 0; k < n; ++k) ptrs[k] = const_cast<uint32_t*>(xs[k]);  // read only
+  pieces_op<false>("cuda::concat", n, ptrs.data(), lens, outer, inner, y);
+}
+
+// x (outer, sum(lens), inner) -> ys[k] (outer, lens[k], inner) (=) for the non-null ys[k]; one
+// launch per 8 pieces.
+void split(const uint32_t* x, int64_t outer, int64_t inner, int n, const int64_t* lens,
+           uint32_t* const* ys) {
+  require("cuda::split");
+  pieces_op<true>("cuda::split", n, ys, lens, outer, inner, const_cast<uint32_t*>(x));
 }
 
 }  // namespace clustr::cuda
