@@ -470,6 +470,9 @@ CtcOutput ctc_forward_device(const CtcBatch& c, const Tensor& logits, int blank,
   const int64_t B = c.B, T = c.T, V = c.V;
   int64_t Umax = 0;
   for (int64_t b = 0; b < B; ++b) Umax = std::max<int64_t>(Umax, c.tl[b]);
+  CLUSTR_CHECK(Umax <= cuda::kCtcMaxLabels, "ctc_loss: a target of ", Umax, " labels is longer ",
+               "than the CUDA kernel takes (", cuda::kCtcMaxLabels, " labels, for its rows in a ",
+               "block's shared memory); compute this loss on the cpu");
   const int64_t Pmax = 2 * Umax + 1;
   std::vector<int32_t> words(static_cast<size_t>(cuda::ctc_info_words(B, Pmax)), 0);
   int32_t* header = words.data();

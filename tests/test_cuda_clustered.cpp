@@ -484,3 +484,57 @@ TEST_CASE("cuda clustered types: the launches of a forward + backward do not gro
     CHECK(launches(1, 1, 1030) == launches(2, 2, 1100));
   }
 }
+
+TEST_CASE("cuda clustered types: backward reuses the forward's grouping of the queries (the same "
+          "bits, and neither the grouping's launches nor the assignment's check again)") {
+  if (!clustr::cuda::available()) return;
+  const int64_t B = 2, H = 2, N = 17, E = 4, C = 3;
+  auto dev = [](const Tensor& t) { return t.to(Device::cuda); };
+  const Tensor q = dev(random_tensor({B, H, N, E}, 501));
+  const Tensor k = dev(random_tensor({B, H, N, E}, 502));
+  const Tensor v = dev(random_tensor({B, H, N, E}, 503));
+  const Tensor dout = dev(random_tensor({B, H, N, E}, 504));
+  std::vector<int32_t> a(static_cast<size_t>(B * H * N));
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<int32_t>((i * 7) % C);
+  const Tensor assignment = dev(Tensor::from_int_vector(a, {B, H, N}));
+  const Tensor lengths = dev(Tensor::from_int_vector({17, 11}, {B}));
+  auto launches = [] { return clustr::cuda::launch_counts().kernels; };
+  {
+    const clustr::ClusteredAttentionOutput f =
+        clustr::clustered_attention_forward(q, k, v, lengths, assignment, C);
+    REQUIRE(f.start.defined());
+    REQUIRE(f.order.defined());
+    clustr::ClusteredAttentionOutput regroup = f;
+    regroup.start = regroup.order = Tensor();
+    const auto l0 = launches();
+    const clustr::ClusteredAttentionGrads g =
+        clustr::clustered_attention_backward(dout, k, v, lengths, assignment, f);
+    const auto l1 = launches();
+    const clustr::ClusteredAttentionGrads h =
+        clustr::clustered_attention_backward(dout, k, v, lengths, assignment, regroup);
+    const auto l2 = launches();
+    CHECK(g.dQ.to_vector() == h.dQ.to_vector());
+    CHECK(g.dK.to_vector() == h.dK.to_vector());
+    CHECK(g.dV.to_vector() == h.dV.to_vector());
+    // Grouping: a fill and three kernels; the assignment's check: a fill and a kernel.
+    CHECK(l2 - l1 == (l1 - l0) + 6);
+  }
+  {
+    const clustr::ImprovedClusteredAttentionOutput f =
+        clustr::improved_clustered_attention_forward(q, k, v, lengths, assignment, C, 5);
+    REQUIRE(f.start.defined());
+    clustr::ImprovedClusteredAttentionOutput regroup = f;
+    regroup.start = regroup.order = Tensor();
+    const auto l0 = launches();
+    const clustr::ImprovedClusteredAttentionGrads g =
+        clustr::improved_clustered_attention_backward(dout, q, k, v, lengths, assignment, f);
+    const auto l1 = launches();
+    const clustr::ImprovedClusteredAttentionGrads h =
+        clustr::improved_clustered_attention_backward(dout, q, k, v, lengths, assignment, regroup);
+    const auto l2 = launches();
+    CHECK(g.dQ.to_vector() == h.dQ.to_vector());
+    CHECK(g.dK.to_vector() == h.dK.to_vector());
+    CHECK(g.dV.to_vector() == h.dV.to_vector());
+    CHECK(l2 - l1 == (l1 - l0) + 6);
+  }
+}

@@ -38,6 +38,7 @@
 #include "core/tensor.h"
 #include "cuda_check.h"
 #include "layers/ctc.h"
+#include "layers/cuda/ctc.h"
 #include "layers/dropout.h"
 #include "layers/embedding.h"
 #include "layers/layer_norm.h"
@@ -494,6 +495,13 @@ TEST_CASE("cuda ctc: bad inputs on the device get the cpu's errors") {
               "input_lengths[1] = 6", "outside [0, T = 5]");
   CHECK_ERROR(clustr::ctc_loss(Variable(x), il, ints({1, 2, 3}), dev(ints({2, 2}))),
               "concatenated targets", "sum(target_lengths) = 4");
+  // A target longer than the kernel's rows fit in shared memory: refused before any launch.
+  const int64_t U = clustr::cuda::kCtcMaxLabels + 1;
+  const Tensor long_x = dev(random_tensor({1, U, 3}, 1310));
+  const Tensor long_target = Tensor::from_int_vector(std::vector<int32_t>(U, 1), {U});
+  CHECK_ERROR(clustr::ctc_loss(Variable(long_x), ints({static_cast<int32_t>(U)}), long_target,
+                               ints({static_cast<int32_t>(U)})),
+              "ctc_loss", "4001 labels", "longer than the CUDA kernel takes", "on the cpu");
 }
 
 // ---- layers on the device ----------------------------------------------------------------------

@@ -235,6 +235,8 @@ ClusteredAttentionOutput clustered_attention_forward(const Tensor& Q, const Tens
     cuda::clustered_attention_forward(cd, dp.p, Q.f32(), K.f32(), V.f32(), r.out.f32(),
                                       r.weights.f32(), r.centroids.f32(), ws.f32());
     r.counts = dp.count;
+    r.start = dp.start;
+    r.order = dp.order;
     return r;
   }
   const Params p = params_of(d, lengths, assignment, temperature, precision);
@@ -266,19 +268,27 @@ ClusteredAttentionGrads clustered_attention_backward(const Tensor& dout, const T
                ": expected assignment (B, H, N) and K (B, H, S, E), got ", describe(assignment),
                " and ", K.defined() ? describe(K) : "undefined");
   const Shape q_shape{assignment.size(0), assignment.size(1), assignment.size(2), K.size(3)};
+  // On the device the forward's grouping of the assignment is reused (its values were checked
+  // there); the assignment must be the forward's.
+  const bool grouped = K.device() == Device::cuda && forward.start.defined();
   const Dims d = check_inputs(op, q_shape, K, V, lengths, assignment, clusters, temperature,
-                              true);
+                              true, !grouped);
   check_saved(op, "dout", dout, K, DType::f32, {d.B, d.H, d.N, d.M});
   check_saved(op, "weights", forward.weights, K, DType::f32, {d.B, d.H, d.C, d.S});
   check_saved(op, "centroids", forward.centroids, K, DType::f32, {d.B, d.H, d.C, d.E});
   check_saved(op, "counts", forward.counts, K, DType::i32, {d.B, d.H, d.C});
+  if (grouped) {
+    check_saved(op, "start", forward.start, K, DType::i32, {d.B * d.H * (d.C + 1)});
+    check_saved(op, "order", forward.order, K, DType::i32, {d.B * d.H * d.N});
+  }
   ClusteredAttentionGrads g;
   g.dQ = Tensor::empty(q_shape, DType::f32, K.device());
   g.dK = Tensor::empty(K.shape(), DType::f32, K.device());
   g.dV = Tensor::empty(V.shape(), DType::f32, K.device());
   if (K.device() == Device::cuda) {
     DeviceParams dp;
-    device_params(d, lengths, assignment, temperature, forward.dropout, forward.precision, dp);
+    device_params(d, lengths, assignment, temperature, forward.dropout, forward.precision, dp,
+                  forward.counts, forward.start, forward.order);
     const cuda::ClusteredDims cd{d.B, d.H, d.N, d.S, d.E, d.M, d.C};
     const Tensor ws = device_workspace(cuda::clustered_attention_backward_workspace(cd, dp.p));
     cuda::clustered_attention_backward(cd, dp.p, K.f32(), V.f32(), forward.weights.f32(),
@@ -314,6 +324,8 @@ Variable clustered_attention(const Variable& Q, const Variable& K, const Variabl
   node->saved_.weights = std::move(r.weights);
   node->saved_.centroids = std::move(r.centroids);
   node->saved_.counts = std::move(r.counts);
+  node->saved_.start = std::move(r.start);
+  node->saved_.order = std::move(r.order);
   node->saved_.dropout = r.dropout;
   node->saved_.precision = r.precision;
   node->temperature_ = temperature;

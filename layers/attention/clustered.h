@@ -53,6 +53,9 @@ struct ClusteredAttentionOutput {
   Tensor weights;    // Ac (B, H, C, S) before dropout: 0 on masked keys and for empty clusters
   Tensor centroids;  // Qc (B, H, C, E): 0 for empty clusters
   Tensor counts;     // i32 (B, H, C): members of each cluster
+  // On the CUDA device, the members grouped by cluster (i32 (B H (C + 1)) starts, (B H N)
+  // query order), which backward reuses instead of grouping again; undefined on the cpu.
+  Tensor start, order;
   ClusteredDropout dropout;  // the forward's, so that backward draws the same mask
   Precision precision = Precision::fp32;  // the forward's products', which backward's follow
 };

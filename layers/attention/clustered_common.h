@@ -278,10 +278,11 @@ using detail::check_f32;
 // Checks dtypes, devices, shapes, lengths (values in [0, S]), the assignment (values in
 // [-1, C)), C and the temperature against Q's shape (B, H, N, E); returns the sizes. Tensors on
 // the CUDA device are refused unless `cuda_ok` (the op has device kernels); their values are
-// checked on a host copy.
+// checked on a host copy. Without `assignment_values` the assignment's values are not looked at
+// (a backward on the device that reuses its forward's grouping of the same, checked, assignment).
 inline Dims check_inputs(const char* op, const Shape& q_shape, const Tensor& K, const Tensor& V,
                   const Tensor& lengths, const Tensor& assignment, int64_t clusters,
-                  float temperature, bool cuda_ok = false) {
+                  float temperature, bool cuda_ok = false, bool assignment_values = true) {
   check_f32(op, "K", K);
   check_f32(op, "V", V);
   detail::check_dtype(op, "assignment", assignment, DType::i32);
@@ -312,7 +313,9 @@ inline Dims check_inputs(const char* op, const Shape& q_shape, const Tensor& K, 
   // copied, to name the first bad value. When the device's checks are deferred, a kernel
   // records the first bad one (the kernels leave such a query's row alone).
   const bool on_device = assignment.device() == Device::cuda;
-  if (on_device && cuda::deferring_checks())
+  if (!assignment_values) {
+    // checked by the forward
+  } else if (on_device && cuda::deferring_checks())
     cuda::check_range_on_device(op, "assignment", assignment.i32(), d.B * d.H * d.N, -1,
                                 static_cast<int32_t>(clusters));
   else if (!on_device || cuda::count_outside_clusters({d.B, d.H, d.N, 0, 0, 0, d.C},
@@ -360,15 +363,22 @@ struct DeviceParams {
   Tensor count, start, order;  // i32 on the device: (B, H, C), (B, H, C + 1), (B, H, N)
   cuda::ClusteredParams p;
 };
+// With `start` defined, (count, start, order) are this assignment's grouping already (a
+// forward's, which its backward reuses); otherwise the members are grouped here.
 inline void device_params(const Dims& d, const Tensor& lengths, const Tensor& assignment,
                           float temperature, const ClusteredDropout& dropout,
-                          Precision precision, DeviceParams& r) {
+                          Precision precision, DeviceParams& r, const Tensor& count = Tensor(),
+                          const Tensor& start = Tensor(), const Tensor& order = Tensor()) {
   const int64_t BH = d.B * d.H;
-  r.count = Tensor::empty({d.B, d.H, d.C}, DType::i32, Device::cuda);
-  r.start = Tensor::empty({BH * (d.C + 1)}, DType::i32, Device::cuda);
-  r.order = Tensor::empty({BH * d.N}, DType::i32, Device::cuda);
-  cuda::group_members({d.B, d.H, d.N, d.S, d.E, d.M, d.C}, assignment.i32(), r.count.i32(),
-                      r.start.i32(), r.order.i32());
+  if (start.defined()) {
+    r.count = count, r.start = start, r.order = order;
+  } else {
+    r.count = Tensor::empty({d.B, d.H, d.C}, DType::i32, Device::cuda);
+    r.start = Tensor::empty({BH * (d.C + 1)}, DType::i32, Device::cuda);
+    r.order = Tensor::empty({BH * d.N}, DType::i32, Device::cuda);
+    cuda::group_members({d.B, d.H, d.N, d.S, d.E, d.M, d.C}, assignment.i32(), r.count.i32(),
+                        r.start.i32(), r.order.i32());
+  }
   if (lengths.defined()) {
     // The GEMMs are sized per run of equal lengths from a host copy, except in a step that
     // must not wait for the host (cuda::deferring_checks(): a graph's capture): there they span

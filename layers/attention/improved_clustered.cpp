@@ -92,6 +92,8 @@ ImprovedClusteredAttentionOutput improved_clustered_attention_forward(
                                                r.out.f32(), r.weights.f32(), r.centroids.f32(),
                                                r.topk.i32(), r.mass.f32(), ws.f32());
     r.counts = dp.count;
+    r.start = dp.start;
+    r.order = dp.order;
     return r;
   }
   cpu::improved_clustered_attention_forward(
@@ -116,8 +118,11 @@ ImprovedClusteredAttentionGrads improved_clustered_attention_backward(
                forward.topk.defined() ? describe(forward.topk) : "undefined");
   check_dropout(op, forward.dropout);
   const int64_t clusters = forward.topk.size(2), kw = forward.topk.size(3);
+  // On the device the forward's grouping of the assignment is reused (its values were checked
+  // there); the assignment must be the forward's.
+  const bool grouped = K.device() == Device::cuda && forward.start.defined();
   const Dims d = check_inputs(op, Q.shape(), K, V, lengths, assignment, clusters, temperature,
-                              true);
+                              true, !grouped);
   check_saved(op, "dout", dout, K, DType::f32, {d.B, d.H, d.N, d.M});
   check_saved(op, "weights", forward.weights, K, DType::f32, {d.B, d.H, d.C, d.S});
   check_saved(op, "centroids", forward.centroids, K, DType::f32, {d.B, d.H, d.C, d.E});
@@ -125,13 +130,18 @@ ImprovedClusteredAttentionGrads improved_clustered_attention_backward(
   check_saved(op, "mass", forward.mass, K, DType::f32, {d.B, d.H, d.C});
   check_saved(op, "topk", forward.topk, K, DType::i32, {d.B, d.H, d.C, kw});
   CLUSTR_CHECK(kw <= d.S, op, ": the forward's topk width ", kw, " exceeds S = ", d.S);
+  if (grouped) {
+    check_saved(op, "start", forward.start, K, DType::i32, {d.B * d.H * (d.C + 1)});
+    check_saved(op, "order", forward.order, K, DType::i32, {d.B * d.H * d.N});
+  }
   ImprovedClusteredAttentionGrads g;
   g.dQ = Tensor::empty(Q.shape(), DType::f32, K.device());
   g.dK = Tensor::empty(K.shape(), DType::f32, K.device());
   g.dV = Tensor::empty(V.shape(), DType::f32, K.device());
   if (K.device() == Device::cuda) {
     DeviceParams dp;
-    device_params(d, lengths, assignment, temperature, forward.dropout, forward.precision, dp);
+    device_params(d, lengths, assignment, temperature, forward.dropout, forward.precision, dp,
+                  forward.counts, forward.start, forward.order);
     const cuda::ClusteredDims cd{d.B, d.H, d.N, d.S, d.E, d.M, d.C};
     const Tensor ws =
         device_workspace(cuda::improved_clustered_attention_backward_workspace(cd, kw, dp.p));

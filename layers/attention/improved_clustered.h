@@ -50,6 +50,7 @@ struct ImprovedClusteredAttentionOutput {
   Tensor counts;     // i32 (B, H, C): members of each cluster
   Tensor topk;       // i32 (B, H, C, min(k, S)): T_j in ascending key order, -1 padded
   Tensor mass;       // m_j (B, H, C): 0 for empty clusters
+  Tensor start, order;  // on the CUDA device: the grouping backward reuses (clustered.h)
   ClusteredDropout dropout;  // the forward's, so that backward draws the same masks
   Precision precision = Precision::fp32;  // the forward's products', which backward's follow
 };

@@ -22,6 +22,11 @@ namespace clustr::cuda {
 
 constexpr int32_t kCtcRun = 0, kCtcEmpty = 1, kCtcImpossible = 2;
 
+// The longest target the kernel takes: a block keeps two beta rows and a row of posteriors of
+// 2U + 3 floats in shared memory, which at this U still fits the 99 KiB that every GPU from
+// compute capability 8.6 on gives a block (227 KiB on an H100 or H200).
+constexpr int64_t kCtcMaxLabels = 4000;
+
 inline int64_t ctc_info_words(int64_t B, int64_t Pmax) { return 3 * B + 3 * B * Pmax; }
 
 // loss (B) = -ln p(target_b | logits_b) (+inf when impossible, NaN from NaN logits); with grad

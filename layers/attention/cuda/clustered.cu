@@ -112,15 +112,19 @@ void clustered_attention_backward(const ClusteredDims& d, const ClusteredParams&
 namespace {
 
 // count[p C + j] += 1 for each query of pair p in cluster j: a thread per query, integer atomics
-// (exact in any order). Also counts the values outside [-1, C) into *outside when it is not null.
+// (exact in any order). Also counts the values outside [-1, C) into *outside when it is not null,
+// and zeroes order[q] when order is not null (the slots of padded queries, which no member
+// fills, are then 0 as on the CPU).
 struct CountMembersKernel {
   static constexpr bool kUsesBarrier = false;
   const int32_t* a;
   int32_t* count;    // (B H C), zeroed before, or null
   int32_t* outside;  // (1), zeroed before, or null
+  int32_t* order;    // (B H N) or null
   int64_t N, C, total;
   CLUSTR_DEVICE void operator()(const Thread& t) const {
     for (int64_t q = global_x(t); q < total; q += grid_stride_x(t)) {
+      if (order) order[q] = 0;
       const int32_t j = a[q];
       if (j < -1 || j >= C) {
         if (outside) atomic_add(outside, 1);
@@ -178,9 +182,8 @@ void group_members(const ClusteredDims& d, const int32_t* assignment, int32_t* c
   if (BH == 0) return;
   require("cuda::group_members");
   fill_i32(count, 0, BH * d.C);
-  fill_i32(order, 0, total);
   launch("cuda::group_members (counts)", {elementwise_blocks(total)}, {kElementwiseThreads}, 0,
-         CountMembersKernel{assignment, count, nullptr, d.N, d.C, total});
+         CountMembersKernel{assignment, count, nullptr, order, d.N, d.C, total});
   launch("cuda::group_members (starts)", {elementwise_blocks(BH)}, {kElementwiseThreads}, 0,
          MemberStartKernel{count, start, d.C, BH});
   const unsigned threads = row_threads(d.N);
@@ -195,7 +198,7 @@ int64_t count_outside_clusters(const ClusteredDims& d, const int32_t* assignment
   Scratch<int32_t> outside(1);
   fill_i32(outside.get(), 0, 1);
   launch("cuda::count_outside_clusters", {elementwise_blocks(total)}, {kElementwiseThreads}, 0,
-         CountMembersKernel{assignment, nullptr, outside.get(), d.N, d.C, total});
+         CountMembersKernel{assignment, nullptr, outside.get(), nullptr, d.N, d.C, total});
   int32_t n = 0;
   copy_d2h(&n, outside.get(), sizeof(n));
   return n;
