@@ -579,6 +579,27 @@ class CtcNode : public Node {
 
 namespace {
 
+// The CtcLoss of a forward's output and its reduced loss, with the node that scales the saved
+// gradient when `record`: by the per-utterance weights on the cpu, through the kernel's layout
+// (info) on the device.
+CtcLoss finish(const Variable& logits, CtcOutput out, Tensor loss, bool record,
+               CtcReduction reduction, std::vector<float> weight, Tensor info) {
+  CtcLoss result;
+  result.per_utterance = std::move(out.loss);
+  result.impossible = out.impossible;
+  if (!record) {
+    result.loss = Variable(std::move(loss));
+    return result;
+  }
+  auto node = std::make_shared<CtcNode>();
+  node->grad_ = std::move(out.grad);
+  node->weight_ = std::move(weight);
+  node->info_ = std::move(info);
+  node->reduction_ = reduction;
+  result.loss = attach(std::move(loss), std::move(node), {&logits});
+  return result;
+}
+
 // ctc_loss on the CUDA device: the per-utterance losses, the reduction and the gradient's
 // scaling all stay there (cuda/ctc.h), with the CPU's formulas and order of operations.
 CtcLoss ctc_loss_device(const Variable& logits, const CtcBatch& c, const CtcOptions& options,
@@ -591,19 +612,8 @@ CtcLoss ctc_loss_device(const Variable& logits, const CtcBatch& c, const CtcOpti
                      : Tensor::empty(Shape{}, DType::f32, x.device());
   cuda::ctc_reduce(out.loss.f32(), info.i32(), c.B, reduction_code(options.reduction),
                    options.zero_infinity, loss.f32());
-  CtcLoss result;
-  result.per_utterance = std::move(out.loss);
-  result.impossible = out.impossible;
-  if (!record) {
-    result.loss = Variable(std::move(loss));
-    return result;
-  }
-  auto node = std::make_shared<CtcNode>();
-  node->grad_ = std::move(out.grad);
-  node->info_ = std::move(info);
-  node->reduction_ = options.reduction;
-  result.loss = attach(std::move(loss), std::move(node), {&logits});
-  return result;
+  return finish(logits, std::move(out), std::move(loss), record, options.reduction, {},
+                std::move(info));
 }
 
 }  // namespace
@@ -641,19 +651,8 @@ CtcLoss ctc_loss(const Variable& logits, const Tensor& input_lengths, const Tens
     loss = Tensor::scalar(static_cast<float>(total));
   }
 
-  CtcLoss result;
-  result.per_utterance = std::move(out.loss);
-  result.impossible = out.impossible;
-  if (!record) {
-    result.loss = Variable(std::move(loss));
-    return result;
-  }
-  auto node = std::make_shared<CtcNode>();
-  node->grad_ = std::move(out.grad);
-  node->weight_ = std::move(weight);
-  node->reduction_ = options.reduction;
-  result.loss = attach(std::move(loss), std::move(node), {&logits});
-  return result;
+  return finish(logits, std::move(out), std::move(loss), record, options.reduction,
+                std::move(weight), Tensor());
 }
 
 }  // namespace clustr

@@ -25,10 +25,6 @@ namespace clustr::cuda {
 
 namespace {
 
-struct AddDouble {
-  CLUSTR_HD double operator()(double a, double b) const { return a + b; }
-};
-
 // A loss and a weight summed together.
 struct Sums2 {
   double loss, weight;

@@ -237,6 +237,10 @@ CLUSTR_DEVICE Span block_span(const Thread& t, int64_t n) {
 // step the lower half adds the upper half (any block size, not only powers of two), with a
 // barrier between steps; the order of the combinations is fixed, so the result is deterministic.
 // Every thread of the block must call it (it contains barriers).
+// AddDouble is its op (and warp_reduce's) for sums kept in double.
+struct AddDouble {
+  CLUSTR_HD double operator()(double a, double b) const { return a + b; }
+};
 template <class T, class Op>
 CLUSTR_DEVICE T block_reduce(const Thread& t, T v, T* scratch, Op op) {
   const unsigned n = t.block_dim().x, i = t.thread_idx().x;

@@ -22,10 +22,6 @@ namespace clustr::cuda {
 
 namespace {
 
-struct AddDouble {
-  CLUSTR_HD double operator()(double a, double b) const { return a + b; }
-};
-
 // The three row sums of backward (math::layer_norm_row_grad): g, d and g * d.
 struct Sums3 {
   double g, d, gd;

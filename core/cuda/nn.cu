@@ -63,9 +63,9 @@ struct DropoutKernel {
   int64_t n;
   CLUSTR_DEVICE void operator()(const Thread& t) const {
     const int64_t blocks = (n + 3) / 4;
-    const uint64_t offset = this->offset.get();
+    const uint64_t first = offset.get();
     for (int64_t b = global_x(t); b < blocks; b += grid_stride_x(t)) {
-      const Philox4 bits = philox4x32(seed, offset + static_cast<uint64_t>(b));
+      const Philox4 bits = philox4x32(seed, first + static_cast<uint64_t>(b));
       const int64_t i0 = 4 * b, len = n - i0 < 4 ? n - i0 : 4;
       for (int64_t k = 0; k < len; ++k)
         y[i0 + k] = math::dropout_value(x[i0 + k], bits.v[k], p, scale);

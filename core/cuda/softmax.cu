@@ -17,10 +17,6 @@ namespace clustr::cuda {
 
 namespace {
 
-struct AddDouble {
-  CLUSTR_HD double operator()(double a, double b) const { return a + b; }
-};
-
 // Per row r of x (rows, cols): m = max, s = sum exp(x - m) (double); softmax exp(x - m) / s or
 // log-softmax x - m - log(s). A fully masked row (m = -inf) gives 0 / -inf, as on the CPU;
 // every thread sees the same m, so the branch is taken by the whole block.

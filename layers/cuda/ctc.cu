@@ -42,10 +42,6 @@ struct AddPair {
   }
 };
 
-struct AddDouble {
-  CLUSTR_HD double operator()(double a, double b) const { return a + b; }
-};
-
 // lp (rows, V) = log_softmax(x (rows, V)), one block a row, in the CPU kernel's formula (ctc.cpp's
 // log_softmax_rows): the row max m, the sum of exp_term(x - m) in double, then x - (m + ln s)
 // with the shift rounded to float once. Only the order of the double additions differs, so the

@@ -73,10 +73,6 @@ struct AdamOp {
   }
 };
 
-struct AddDouble {
-  CLUSTR_HD double operator()(double a, double b) const { return a + b; }
-};
-
 // Up to kTensorsPerLaunch float arrays for one launch of a sum of squares: array k is
 // x[k] (n[k] floats) and owns the launch's blocks [first[k], first[k + 1]).
 struct SquaresList {
@@ -106,7 +102,7 @@ struct SumSquaresKernel {
       const double xi = list.x[k][i];
       acc += xi * xi;
     }
-    const double total = core_cuda::block_reduce(t, acc, t.shared<double>(), AddDouble{});
+    const double total = core_cuda::block_reduce(t, acc, t.shared<double>(), core_cuda::AddDouble{});
     if (t.thread_idx().x == 0) partial[b] = total;
   }
 };

@@ -22,7 +22,6 @@
 
 namespace clustr::cuda::clustered_kernels {
 
-using attention_kernels::AddDouble;
 using attention_kernels::Dropout;
 using attention_kernels::dropout_of;
 using attention_kernels::for_each_word;

@@ -1,6 +1,6 @@
-// Device helpers shared by the attention kernels (cuda/full.cu, cuda/clustered_kernels.h): the
-// double sum of block_reduce and the attention-dropout mask words. Written against
-// core/cuda/kernel.h; included only by those files.
+// Device helpers shared by the attention kernels (cuda/full.cu, cuda/clustered_kernels.h,
+// cuda/flash_kernels.h): the attention-dropout mask words. Written against core/cuda/kernel.h;
+// included only by those files.
 #pragma once
 
 #include <cstdint>
@@ -9,10 +9,6 @@
 #include "core/philox.h"
 
 namespace clustr::cuda::attention_kernels {
-
-struct AddDouble {
-  CLUSTR_HD double operator()(double a, double b) const { return a + b; }
-};
 
 // The dropout of one call: element idx of the weights keeps when its Philox word says so.
 struct Dropout {

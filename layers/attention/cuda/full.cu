@@ -83,7 +83,6 @@ int64_t score_floats(const FullAttentionDims& d) {
   return group_sequences(d) * d.H * block_rows(d) * max64(1, d.S);
 }
 
-using attention_kernels::AddDouble;
 using attention_kernels::Dropout;
 using attention_kernels::dropout_of;
 using attention_kernels::for_each_word;
