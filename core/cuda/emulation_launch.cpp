@@ -1,11 +1,11 @@
-// Device emulation's kernel launcher (see core/cuda/emulation.h, part 2): schedules, a
-// block's threads run in turn or as fibers (barriers, warp shuffles), and ThreadSanitizer's view
-// of them. The runtime subset is emulation.cpp. Compiled only with -DCLUSTR_CUDA=EMULATE.
+// Device emulation's kernel launcher (see core/cuda/emulation.h, part 2): a block's threads run
+// in turn or as fibers (barriers, warp shuffles), in the order of the schedule
+// (emulation_schedule.cpp), and ThreadSanitizer's view of them. The runtime subset is
+// emulation.cpp. Compiled only with -DCLUSTR_CUDA=EMULATE.
 #include <ucontext.h>
 
 #include <algorithm>
 #include <atomic>
-#include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -13,7 +13,6 @@
 #include <exception>
 #include <memory>
 #include <mutex>
-#include <numeric>
 #include <string>
 #include <vector>
 
@@ -51,118 +50,11 @@ float atomic_add_f32(float* p, float v) {
   return expected;
 }
 
-const char* order_name(Order o) {
-  switch (o) {
-    case Order::forward: return "forward";
-    case Order::reverse: return "reverse";
-    case Order::random: return "random";
-  }
-  return "?";
-}
-
-Schedule parse_schedule(const char* text) {
-  const std::string t = text == nullptr ? "" : text;
-  if (t == "forward") return {Order::forward, 0};
-  if (t == "reverse") return {Order::reverse, 0};
-  if (t == "random") return {Order::random, 1};
-  if (t.rfind("random:", 0) == 0 && t.size() > 7 && t.size() <= 7 + 20 &&
-      t.find_first_not_of("0123456789", 7) == std::string::npos) {
-    errno = 0;
-    const unsigned long long seed = std::strtoull(t.c_str() + 7, nullptr, 10);
-    if (errno == 0) return {Order::random, seed};
-  }
-  throw Error(detail::cat("CLUSTR_EMULATION_SCHEDULE='", t, "': expected forward, reverse, "
-                          "random or random:SEED (SEED a decimal number below 2^64)"));
-}
-
 namespace {
-
-struct ScheduleState {
-  std::mutex mu;
-  bool set = false;
-  Schedule schedule;
-  std::string error;  // a CLUSTR_EMULATION_SCHEDULE that parse_schedule refused
-};
-
-ScheduleState& schedule_state() {
-  static ScheduleState* s = [] {
-    auto* st = new ScheduleState;
-    if (const char* v = std::getenv("CLUSTR_EMULATION_SCHEDULE")) {
-      try {
-        st->schedule = parse_schedule(v);
-      } catch (const Error& e) {
-        st->error = e.what();
-      }
-    }
-    return st;
-  }();
-  return *s;
-}
 
 std::atomic<uint64_t> launch_counter{0};
 
-// splitmix64: the stream of one (seed, launch, block, round) of a random schedule.
-uint64_t mix(uint64_t& x) {
-  uint64_t z = (x += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-uint64_t stream_of(const Schedule& s, uint64_t launch, uint64_t block, uint64_t round) {
-  uint64_t x = s.seed;
-  uint64_t h = mix(x) ^ launch;
-  h = mix(h) ^ block;
-  h = mix(h) ^ round;
-  return mix(h);
-}
-
-// The order of n threads of a block for one round: out[i] = the i-th to run.
-void thread_order(const Schedule& s, uint64_t launch, uint64_t block, uint64_t round,
-                  std::vector<unsigned>& out, unsigned n) {
-  out.resize(n);
-  for (unsigned i = 0; i < n; ++i) out[i] = s.order == Order::reverse ? n - 1 - i : i;
-  if (s.order != Order::random) return;
-  uint64_t x = stream_of(s, launch, block, round);
-  for (unsigned i = n; i > 1; --i) std::swap(out[i - 1], out[mix(x) % i]);  // Fisher-Yates
-}
-
-// The block that runs i-th of `blocks`: forward, reverse, or an affine bijection of [0, blocks)
-// (multiplier coprime with blocks) whose constants the launch draws.
-struct BlockOrder {
-  Order order = Order::forward;
-  uint64_t blocks = 1, mul = 1, add = 0;
-
-  BlockOrder(const Schedule& s, uint64_t launch, uint64_t n) : order(s.order), blocks(n) {
-    if (order != Order::random || n < 2) return;
-    uint64_t x = stream_of(s, launch, ~uint64_t{0}, 0);
-    add = mix(x) % n;
-    mul = mix(x) % n;
-    while (std::gcd(mul, n) != 1) mul = (mul + 1) % n;
-  }
-  uint64_t operator()(uint64_t i) const {
-    if (order == Order::reverse) return blocks - 1 - i;
-    if (order == Order::forward) return i;
-    __extension__ typedef unsigned __int128 Wide;  // mul * i may pass 2^64
-    return static_cast<uint64_t>((static_cast<Wide>(mul) * i + add) % blocks);
-  }
-};
-
 }  // namespace
-
-Schedule current_schedule() {
-  ScheduleState& st = schedule_state();
-  std::lock_guard<std::mutex> lock(st.mu);
-  if (!st.set && !st.error.empty()) throw Error(st.error);
-  return st.schedule;
-}
-
-void set_schedule(Schedule s) {
-  ScheduleState& st = schedule_state();
-  std::lock_guard<std::mutex> lock(st.mu);
-  st.schedule = s;
-  st.set = true;
-}
 
 namespace {
 

@@ -2,7 +2,8 @@
 // the emulated runtime (emulation.cpp): access to the device's memory, whether devices are
 // switched off, whether a stream is live, whether a range of bytes lies inside one live device
 // allocation, and recording an error for cudaGetLastError; and what the warp instructions and
-// asynchronous copies (emulation_mma.cpp) ask of the launcher's fibers (emulation_launch.cpp).
+// asynchronous copies (emulation_mma.cpp) ask of the launcher's fibers (emulation_launch.cpp);
+// and the schedules (emulation_schedule.cpp) the launcher runs blocks and threads in.
 // Internal to device emulation.
 #pragma once
 
@@ -75,5 +76,20 @@ AsyncCopies& async_copies(Fibers* block);
 void shared_memory(Fibers* block, unsigned char** begin, size_t* bytes);
 // "thread (x, y, z) of block (x, y, z)" of the running fiber, for messages.
 std::string running_thread(Fibers* block);
+
+// ---- schedules (emulation_schedule.cpp), for the launcher ----
+
+// The order of n threads of a block for one round: out[i] = the i-th to run.
+void thread_order(const Schedule& s, uint64_t launch, uint64_t block, uint64_t round,
+                  std::vector<unsigned>& out, unsigned n);
+
+// The block that runs i-th of `blocks`: forward, reverse, or an affine bijection of [0, blocks)
+// (multiplier coprime with blocks) whose constants the launch draws.
+struct BlockOrder {
+  Order order = Order::forward;
+  uint64_t blocks = 1, mul = 1, add = 0;
+  BlockOrder(const Schedule& s, uint64_t launch, uint64_t n);
+  uint64_t operator()(uint64_t i) const;
+};
 
 }  // namespace clustr::cuda::emulation
