@@ -8,14 +8,14 @@ namespace clustr {
 
 EncoderLayer::EncoderLayer(int64_t dim, int64_t heads, int64_t hidden,
                            const AttentionConfig& attention, float dropout, Activation activation,
-                           bool pre_norm, Generator& gen)
+                           bool pre_norm, Generator& gen, float norm_eps)
     : pre_norm_(pre_norm) {
   attention_ = register_module("attention",
                                std::make_shared<MultiHeadAttention>(dim, heads, attention, gen));
   feedforward_ = register_module(
       "feedforward", std::make_shared<FeedForward>(dim, hidden, activation, dropout, gen));
-  norm1_ = register_module("norm1", std::make_shared<LayerNorm>(dim));
-  norm2_ = register_module("norm2", std::make_shared<LayerNorm>(dim));
+  norm1_ = register_module("norm1", std::make_shared<LayerNorm>(dim, norm_eps));
+  norm2_ = register_module("norm2", std::make_shared<LayerNorm>(dim, norm_eps));
   dropout1_ = register_module("dropout1", std::make_shared<Dropout>(dropout));
   dropout2_ = register_module("dropout2", std::make_shared<Dropout>(dropout));
 }
@@ -37,13 +37,13 @@ Variable EncoderLayer::forward(const Variable& x, const Tensor& lengths, Generat
 
 Encoder::Encoder(int64_t num_layers, int64_t dim, int64_t heads, int64_t hidden,
                  const AttentionConfig& attention, float dropout, Activation activation,
-                 bool pre_norm, Generator& gen) {
+                 bool pre_norm, Generator& gen, float norm_eps) {
   CLUSTR_CHECK(num_layers > 0, "Encoder: expected at least one layer, got ", num_layers);
   layers_ = register_module("layers", std::make_shared<ModuleList<EncoderLayer>>());
   for (int64_t i = 0; i < num_layers; ++i)
     layers_->push_back(std::make_shared<EncoderLayer>(dim, heads, hidden, attention, dropout,
-                                                      activation, pre_norm, gen));
-  if (pre_norm) norm_ = register_module("norm", std::make_shared<LayerNorm>(dim));
+                                                      activation, pre_norm, gen, norm_eps));
+  if (pre_norm) norm_ = register_module("norm", std::make_shared<LayerNorm>(dim, norm_eps));
 }
 
 Variable Encoder::forward(const Variable& x, const Tensor& lengths, Generator& gen) const {

@@ -35,8 +35,10 @@ class EncoderLayer : public Module {
   //                                                    x = norm2(x + drop(ff(x)))
   //   pre-norm (PyTorch's norm_first=True):            x = x + drop(attn(norm1(x)))
   //                                                    x = x + drop(ff(norm2(x)))
+  // norm_eps: the layer norms' epsilon (PyTorch's default 1e-5; BERT checkpoints use 1e-12).
   EncoderLayer(int64_t dim, int64_t heads, int64_t hidden, const AttentionConfig& attention,
-               float dropout, Activation activation, bool pre_norm, Generator& gen);
+               float dropout, Activation activation, bool pre_norm, Generator& gen,
+               float norm_eps = 1e-5f);
 
   // x (B, N, D), lengths i32 (B) or undefined (all valid) -> (B, N, D). Outputs at padded
   // positions (>= lengths[b]) are finite but meaningless: only the attention masks them.
@@ -63,7 +65,7 @@ class Encoder : public Module {
  public:
   Encoder(int64_t num_layers, int64_t dim, int64_t heads, int64_t hidden,
           const AttentionConfig& attention, float dropout, Activation activation, bool pre_norm,
-          Generator& gen);
+          Generator& gen, float norm_eps = 1e-5f);
 
   // x (B, N, D), lengths i32 (B) or undefined -> (B, N, D).
   Variable forward(const Variable& x, const Tensor& lengths, Generator& gen) const;

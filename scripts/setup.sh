@@ -16,7 +16,7 @@
 set -euo pipefail
 
 packages=(g++ cmake make doctest-dev libcli11-dev libstb-dev nlohmann-json3-dev libsndfile1-dev
-          libsoxr-dev libsentencepiece-dev libopenblas0)
+          libsoxr-dev libsentencepiece-dev libicu-dev libopenblas0 python3 python3-venv)
 speech_packages=(espeak-ng sox flite wordnet-base fortunes festlex-cmu festival festvox-kallpc16k
                  festvox-kdlpc16k)
 real_speech_packages=(tuxpaint-stamps-default alsa-utils festlex-cmu)
