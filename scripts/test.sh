@@ -29,7 +29,7 @@ echo "== release build =="
 cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2> /dev/null | head -1 |
       tr -d ' ' || true)
 if [ -n "$cap" ]; then arch=${cap/./}; else arch=80-virtual; fi
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DCLUSTR_AUDIO=ON -DCLUSTR_SENTENCEPIECE=ON "-DCLUSTR_CUDA_ARCHITECTURES=$arch"
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DCLUSTR_AUDIO=ON -DCLUSTR_SENTENCEPIECE=ON -DCLUSTR_ICU=ON "-DCLUSTR_CUDA_ARCHITECTURES=$arch"
 cmake --build build -j "$jobs"
 ctest --test-dir build --output-on-failure -j "$jobs"
 
