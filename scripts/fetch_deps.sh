@@ -20,11 +20,11 @@ if [ $# -ne 1 ]; then
 fi
 dir=$1
 # libsndfile and libsoxr (audio files, for the speech app) with the libraries libsndfile needs,
-# and SentencePiece (word-piece labels);
+# SentencePiece (word-piece labels) and ICU (Unicode for the WordPiece tokenizer);
 # gpu_check.sh puts deps/root's library folder on LD_LIBRARY_PATH for those.
 packages=(doctest-dev libcli11-dev nlohmann-json3-dev libstb-dev libstb0
           libsndfile1-dev libsndfile1 libsoxr-dev libsoxr0 libsentencepiece-dev libsentencepiece0
-          libflac12 libmp3lame0 libmpg123-0 libogg0 libopus0 libvorbis0a libvorbisenc2)
+          libicu-dev libicu72 libflac12 libmp3lame0 libmpg123-0 libogg0 libopus0 libvorbis0a libvorbisenc2)
 
 mkdir -p "$dir/debs" "$dir/root"
 dir=$(cd "$dir" && pwd)
