@@ -9,6 +9,14 @@
 //       normalisation); prints their cosine similarities (up to 12 sentences), and with
 //       --compare-with TYPE the cosine between each sentence's embedding under --attention and
 //       under TYPE; --out writes them (S, D) with the sentences in its metadata.
+//   text tasks --out DIR        the two WordNet tasks (word in context; spans in long contexts)
+//                               as JSON lines, DIR/wic/ and DIR/span/, with DIR/STATS.md
+//   text finetune --task wic|span --data DIR [--out RUN] [--resume RUN]
+//                               fine-tunes the pretrained model (full attention by default)
+//   text evaluate --checkpoint RUN [--split test] [--attention TYPE]
+//   text matrix --checkpoint RUN [--split test]
+//                               the fine-tuned model under full, clustered, improved-clustered
+//                               and oracle-top attention, without retraining (Table 4's layout)
 //
 // Every command takes --device cpu|cuda (the model is read on the CPU, then moved), --precision
 // fp32|bf16 (the matrix products' precision) and --threads. The pieces live in apps/text/.
@@ -20,17 +28,23 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <filesystem>
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "apps/common/device.h"
 #include "apps/common/flag_table.h"
 #include "apps/common/flags.h"
+#include "apps/common/metrics_file.h"
 #include "apps/common/run_folder.h"
 #include "apps/common/settings.h"
 #include "apps/common/training.h"
+#include "apps/text/finetune.h"
 #include "apps/text/pretrained.h"
+#include "data/text_tasks.h"
+#include "data/wordnet.h"
 #include "core/error.h"
 #include "core/safetensors.h"
 
@@ -171,6 +185,118 @@ int embed_command(EmbedOptions& o, FlagTable& table) {
   return 0;
 }
 
+// ---- tasks -----------------------------------------------------------------------------------
+
+struct TasksOptions {
+  std::string out;
+  std::string wordnet = "/usr/share/wordnet";
+  std::string model = default_pretrained_dir();
+  uint64_t seed = 1;
+  int span_pieces = 320;
+  std::vector<int64_t> span_examples = {6000, 600, 600};
+  bool overwrite = false;
+};
+
+int tasks_command(const TasksOptions& o) {
+  namespace fs = std::filesystem;
+  CLUSTR_CHECK(o.span_examples.size() == 3, "--span-examples takes three counts (train dev "
+               "test), got ", o.span_examples.size());
+  for (const char* task : {"wic", "span"})
+    for (const char* split : {"train", "dev", "test"}) {
+      const std::string path = o.out + "/" + task + "/" + split + ".jsonl";
+      CLUSTR_CHECK(o.overwrite || !fs::exists(path), path, " exists (--overwrite replaces it)");
+    }
+  const auto t0 = Clock::now();
+  const WordNet wordnet = read_wordnet(o.wordnet);
+  Generator gen(1);
+  const PretrainedModel m = load_pretrained(o.model, AttentionConfig{}, gen);
+  WicOptions wo;
+  wo.seed = o.seed;
+  const auto wic = build_wic(wordnet, wo);
+  SpanOptions so;
+  so.seed = o.seed;
+  so.target_pieces = o.span_pieces;
+  so.max_examples = {o.span_examples[0], o.span_examples[1], o.span_examples[2]};
+  const auto span = build_span_task(wordnet, *m.tokenizer, so);
+  fs::create_directories(o.out + "/wic");
+  fs::create_directories(o.out + "/span");
+  std::vector<WicStats> ws;
+  std::vector<SpanStats> ss;
+  for (int i = 0; i < 3; ++i) {
+    const std::string split = split_name(static_cast<Split>(i));
+    write_wic_jsonl(o.out + "/wic/" + split + ".jsonl", wic[i].examples, o.overwrite);
+    write_span_jsonl(o.out + "/span/" + split + ".jsonl", span[i].examples, o.overwrite);
+    ws.push_back(wic_stats(wic[i]));
+    ss.push_back(span_stats(span[i]));
+  }
+  const std::string stats = "# The WordNet tasks (seed " + std::to_string(o.seed) +
+                            ")\n\n## Word in context\n\n" + wic_stats_markdown(ws) +
+                            "\n## Spans in long contexts\n\n" + span_stats_markdown(ss);
+  write_lines_atomically(o.out + "/STATS.md", {stats});
+  std::printf("%s\nwrote %s/wic and %s/span in %.1f s\n", stats.c_str(), o.out.c_str(),
+              o.out.c_str(), seconds_since(t0));
+  return 0;
+}
+
+// ---- evaluate and matrix ------------------------------------------------------------------------
+
+struct EvaluateOptions {
+  std::string checkpoint, model, data, split = "test", precision = "fp32";
+  int64_t batch = 32;
+  int64_t max_examples = 0;
+  AttentionConfig attention;
+  MachineOptions machine;
+};
+
+// The score line of one evaluation: the task's metrics.
+std::string score_text(Task task, const Score& s) {
+  if (task == Task::wic)
+    return detail::cat("accuracy ", exact_text(float(s.accuracy)), ", loss ",
+                       exact_text(float(s.loss)));
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "F1 %.4f, exact match %.4f, loss %.4f", s.f1, s.exact_match,
+                s.loss);
+  return buf;
+}
+
+int evaluate_command(EvaluateOptions& o, bool matrix) {
+  const Device device = prepare_machine(o.machine);
+  const Precision precision = parse_precision(o.precision);
+  AttentionConfig given = o.attention;
+  FinetunedModel f = load_finetuned(o.checkpoint, o.model, AttentionConfig{});
+  f.model->to(device);
+  const std::string data = o.data.empty() ? f.data : o.data;
+  EncodedSet set = load_split(f.task, data, o.split, *f.tokenizer, f.max_length);
+  if (o.max_examples > 0 && static_cast<int64_t>(set.examples.size()) > o.max_examples)
+    set.examples.resize(o.max_examples);
+  std::printf("checkpoint %s: task %s, %zu %s examples of %s (dropped %lld)\n",
+              f.checkpoint.c_str(), task_name(f.task), set.examples.size(), o.split.c_str(),
+              data.c_str(), static_cast<long long>(set.dropped_too_long + set.dropped_unaligned));
+  std::vector<AttentionConfig> types;
+  if (matrix) {
+    for (AttentionType t : {AttentionType::full, AttentionType::clustered,
+                            AttentionType::improved_clustered, AttentionType::oracle_top}) {
+      AttentionConfig a = given;
+      a.type = t;
+      types.push_back(a);
+    }
+  } else {
+    types.push_back(given);
+  }
+  std::printf("%-24s %s\n", "attention", "score");
+  for (const AttentionConfig& a : types) {
+    a.validate();
+    f.model->bert().set_attention(a);
+    const Score s = evaluate_task(*f.model, set.examples, *f.tokenizer, o.batch, precision);
+    std::string name = attention_type_name(a.type);
+    if (uses_clusters(a.type)) name += "-" + std::to_string(a.clusters);
+    if (a.type == AttentionType::oracle_top) name += "-" + std::to_string(a.topk);
+    std::printf("%-24s %s  (%.1f s)\n", name.c_str(), score_text(f.task, s).c_str(), s.seconds);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -200,9 +326,105 @@ int main(int argc, char** argv) try {
   embed->add_flag("--overwrite", e.overwrite, "let --out replace an existing file");
   embed_table.add_to(*embed, {"cuda-graphs"});
 
+  TasksOptions t;
+  CLI::App* tasks = app.add_subcommand("tasks", "build the two WordNet tasks into a folder");
+  tasks->add_option("--out", t.out, "the folder (wic/ and span/ with train, dev and test "
+                    "JSON lines, and STATS.md)")->required();
+  tasks->add_option("--wordnet", t.wordnet, "WordNet's data folder (Debian's wordnet-base)")
+      ->capture_default_str();
+  tasks->add_option("--model", t.model, "the pretrained model's folder (its tokenizer measures "
+                    "the contexts)")->capture_default_str();
+  tasks->add_option("--seed", t.seed, "the tasks' seed")->capture_default_str();
+  tasks->add_option("--span-pieces", t.span_pieces, "span task: the contexts' length in word "
+                    "pieces")->capture_default_str();
+  tasks->add_option("--span-examples", t.span_examples, "span task: at most this many train, "
+                    "dev and test examples")->expected(3);
+  tasks->add_flag("--overwrite", t.overwrite, "replace the task files in --out");
+
+  FinetuneOptions f;
+  f.model = default_pretrained_dir();
+  f.attention.clusters = 25;
+  FlagTable finetune_table;
+  add_attention_settings(finetune_table, f.attention);
+  add_machine_settings(finetune_table, f.machine);
+  std::string task = "wic";
+  CLI::App* finetune_cmd = app.add_subcommand("finetune", "fine-tune the pretrained model on a "
+                                                          "task");
+  finetune_cmd->add_option("--task", task, "wic | span")->capture_default_str();
+  finetune_cmd->add_option("--data", f.data, "the task folder (`text tasks`)")->required();
+  finetune_cmd->add_option("--model", f.model, "the pretrained model's folder")
+      ->capture_default_str();
+  finetune_cmd->add_option("--out", f.out, "the run folder (default: the first free one of "
+                           "runs/text-<task>, -2, ...)");
+  finetune_cmd->add_flag("--overwrite", f.overwrite, "let a new run replace the run in --out");
+  finetune_cmd->add_option("--resume", f.resume, "continue the run in this folder exactly");
+  finetune_cmd->add_option("--epochs", f.epochs)->capture_default_str();
+  finetune_cmd->add_option("--batch", f.batch)->capture_default_str();
+  finetune_cmd->add_option("--lr", f.lr, "AdamW's peak learning rate")->capture_default_str();
+  finetune_cmd->add_option("--weight-decay", f.weight_decay)->capture_default_str();
+  finetune_cmd->add_option("--warmup", f.warmup, "fraction of the steps in the linear warm-up "
+                           "(then a linear decay to 0)")->capture_default_str();
+  finetune_cmd->add_option("--clip", f.clip, "max global gradient norm")->capture_default_str();
+  finetune_cmd->add_option("--max-train", f.max_train, "use the first N training examples "
+                           "only (0: all)")->capture_default_str();
+  finetune_cmd->add_option("--max-dev", f.max_dev, "evaluate on the first N dev examples only "
+                           "(0: all)")->capture_default_str();
+  finetune_cmd->add_option("--max-steps", f.max_steps, "stop after N steps in all (0: at the "
+                           "end of --epochs; the schedule spans --epochs either way)")
+      ->capture_default_str();
+  finetune_cmd->add_option("--max-length", f.max_length, "word pieces per input")
+      ->capture_default_str();
+  finetune_cmd->add_option("--log-interval", f.log_interval)->capture_default_str();
+  finetune_cmd->add_option("--seed", f.seed)->capture_default_str();
+  finetune_cmd->add_option("--precision", f.precision, "fp32 | bf16")->capture_default_str();
+  finetune_table.add_to(*finetune_cmd, {"cuda-graphs"});
+
+  EvaluateOptions ev, mx;
+  ev.attention.clusters = mx.attention.clusters = 25;
+  FlagTable evaluate_table, matrix_table;
+  add_attention_settings(evaluate_table, ev.attention);
+  add_machine_settings(evaluate_table, ev.machine);
+  add_attention_settings(matrix_table, mx.attention, /*with_type=*/false);
+  add_machine_settings(matrix_table, mx.machine);
+  CLI::App* evaluate_cmd = app.add_subcommand("evaluate", "a fine-tuned model's score on a split, "
+                                                          "with any attention");
+  CLI::App* matrix_cmd = app.add_subcommand("matrix", "a fine-tuned model's score with full, "
+                                                      "clustered, improved-clustered and "
+                                                      "oracle-top attention (Table 4)");
+  for (auto [cmd, opt, table] : {std::make_tuple(evaluate_cmd, &ev, &evaluate_table),
+                                 std::make_tuple(matrix_cmd, &mx, &matrix_table)}) {
+    cmd->add_option("--checkpoint", opt->checkpoint, "a checkpoint, or a run folder (best, then "
+                    "last)")->required();
+    cmd->add_option("--split", opt->split, "train | dev | test")->capture_default_str();
+    cmd->add_option("--data", opt->data, "the task folder (default: the one it was trained on)");
+    cmd->add_option("--model", opt->model, "the pretrained model's folder (default: the one it "
+                    "was trained from)");
+    cmd->add_option("--batch", opt->batch)->capture_default_str();
+    cmd->add_option("--max-examples", opt->max_examples, "the first N examples of the split "
+                    "only (0: all)")->capture_default_str();
+    cmd->add_option("--precision", opt->precision, "fp32 | bf16")->capture_default_str();
+    table->add_to(*cmd, {"cuda-graphs"});
+  }
+
   CLI11_PARSE(app, argc, argv);
   check_integer_flags(app);
   if (embed->parsed()) return embed_command(e, embed_table);
+  if (tasks->parsed()) return tasks_command(t);
+  if (finetune_cmd->parsed()) {
+    finetune_table.validate();
+    f.task = parse_task(task);
+    f.out_given = finetune_cmd->count("--out") > 0;
+    if (!f.out_given) f.out = std::string("runs/text-") + task_name(f.task);
+    return finetune(f, stdout);
+  }
+  if (evaluate_cmd->parsed()) {
+    evaluate_table.validate();
+    return evaluate_command(ev, false);
+  }
+  if (matrix_cmd->parsed()) {
+    matrix_table.validate();
+    return evaluate_command(mx, true);
+  }
   return 0;
 } catch (const std::exception& ex) {
   std::fprintf(stderr, "text: %s\n", error_text(ex).c_str());

@@ -16,7 +16,8 @@
 set -euo pipefail
 
 packages=(g++ cmake make doctest-dev libcli11-dev libstb-dev nlohmann-json3-dev libsndfile1-dev
-          libsoxr-dev libsentencepiece-dev libicu-dev libopenblas0 python3 python3-venv)
+          libsoxr-dev libsentencepiece-dev libicu-dev libopenblas0 python3 python3-venv
+          wordnet-base)
 speech_packages=(espeak-ng sox flite wordnet-base fortunes festlex-cmu festival festvox-kallpc16k
                  festvox-kdlpc16k)
 real_speech_packages=(tuxpaint-stamps-default alsa-utils festlex-cmu)
