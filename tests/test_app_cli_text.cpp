@@ -17,6 +17,7 @@
 #include "app_cli.h"
 #include "check.h"
 #include "core/safetensors.h"
+#include "pretrained.h"
 
 #ifndef CLUSTR_APP_TEXT
 #error "CLUSTR_APP_TEXT must name the text app's executable (tests/CMakeLists.txt)"
@@ -27,16 +28,10 @@ using clustr::test::run_app;
 
 namespace {
 
-std::string pretrained_dir() {
-  const char* env = std::getenv("CLUSTR_PRETRAINED_DIR");
-  return env && *env ? env : CLUSTR_PRETRAINED_DIR;
-}
+using clustr::test::pretrained_dir;
+using clustr::test::wordnet_present;
 
-bool pretrained_present() {
-  return std::filesystem::exists(pretrained_dir() + "/model.safetensors");
-}
-
-bool wordnet_present() { return std::filesystem::exists("/usr/share/wordnet/data.noun"); }
+bool pretrained_present() { return clustr::test::pretrained_has("model.safetensors"); }
 
 const std::vector<std::string> kSentences = {"A man is eating food.",
                                              "A man is eating a piece of bread.",

@@ -28,12 +28,10 @@
 #include "core/random.h"
 #include "core/safetensors.h"
 #include "layers/bert.h"
+#include "pretrained.h"
 
 #ifndef CLUSTR_FIXTURE_DIR
 #error "CLUSTR_FIXTURE_DIR must name the folder of the reference fixtures (tests/CMakeLists.txt)"
-#endif
-#ifndef CLUSTR_PRETRAINED_DIR
-#error "CLUSTR_PRETRAINED_DIR must name the default folder of the pretrained model"
 #endif
 
 using namespace clustr;
@@ -41,14 +39,11 @@ using clustr::test::random_tensor;
 
 namespace {
 
-std::string pretrained_dir() {
-  const char* env = std::getenv("CLUSTR_PRETRAINED_DIR");
-  return env && *env ? env : CLUSTR_PRETRAINED_DIR;
-}
+using clustr::test::pretrained_dir;
 
 bool pretrained_present() {
-  return std::filesystem::exists(pretrained_dir() + "/model.safetensors") &&
-         std::filesystem::exists(pretrained_dir() + "/config.json");
+  return clustr::test::pretrained_has("model.safetensors") &&
+         clustr::test::pretrained_has("config.json");
 }
 
 // Row b's first `len` vectors of a (B, N, D) tensor, flattened.

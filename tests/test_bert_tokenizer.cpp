@@ -21,12 +21,10 @@
 
 #include "core/error.h"
 #include "data/bert_tokenizer.h"
+#include "pretrained.h"
 
 #ifndef CLUSTR_FIXTURE_DIR
 #error "CLUSTR_FIXTURE_DIR must name the folder of the reference fixtures (tests/CMakeLists.txt)"
-#endif
-#ifndef CLUSTR_PRETRAINED_DIR
-#error "CLUSTR_PRETRAINED_DIR must name the default folder of the pretrained model"
 #endif
 
 using namespace clustr;
@@ -36,12 +34,9 @@ namespace {
 using Ids = std::vector<int32_t>;
 using Pieces = std::vector<std::string>;
 
-std::string pretrained_vocab() {
-  const char* env = std::getenv("CLUSTR_PRETRAINED_DIR");
-  return std::string(env && *env ? env : CLUSTR_PRETRAINED_DIR) + "/vocab.txt";
-}
+std::string pretrained_vocab() { return clustr::test::pretrained_dir() + "/vocab.txt"; }
 
-bool vocab_present() { return std::filesystem::exists(pretrained_vocab()); }
+bool vocab_present() { return clustr::test::pretrained_has("vocab.txt"); }
 
 const std::string kText = std::string(CLUSTR_FIXTURE_DIR) + "/text/";
 

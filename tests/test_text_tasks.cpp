@@ -18,10 +18,8 @@
 
 #include "check.h"
 #include "data/text_tasks.h"
+#include "pretrained.h"
 
-#ifndef CLUSTR_PRETRAINED_DIR
-#error "CLUSTR_PRETRAINED_DIR must name the default folder of the pretrained model"
-#endif
 
 // CHECK_HAS(message, "part", ...): the message contains every part.
 #define CHECK_HAS(message, ...)                                                         \
@@ -37,14 +35,10 @@ using clustr::test::write_text;
 
 namespace {
 
-const char* const kWordNet = "/usr/share/wordnet";
+const char* const kWordNet = clustr::test::wordnet_dir();
+using clustr::test::wordnet_present;
 
-bool wordnet_present() { return std::filesystem::exists(std::string(kWordNet) + "/data.noun"); }
-
-std::string pretrained_vocab() {
-  const char* env = std::getenv("CLUSTR_PRETRAINED_DIR");
-  return std::string(env && *env ? env : CLUSTR_PRETRAINED_DIR) + "/vocab.txt";
-}
+std::string pretrained_vocab() { return clustr::test::pretrained_dir() + "/vocab.txt"; }
 
 bool span_inputs_present() {
   return wordnet_present() && std::filesystem::exists(pretrained_vocab());
