@@ -85,13 +85,12 @@ std::vector<std::string> read_lines(const std::string& path) {
   return lines;
 }
 
-float cosine(const std::vector<float>& e, int64_t D, int64_t a, int64_t b) {
-  double dot = 0, na = 0, nb = 0;
-  for (int64_t d = 0; d < D; ++d) {
-    const double x = e[a * D + d], y = e[b * D + d];
-    dot += x * y, na += x * x, nb += y * y;
-  }
-  return na > 0 && nb > 0 ? static_cast<float>(dot / std::sqrt(na * nb)) : 0.0f;
+// The cosine of two D-vectors.
+float cosine(const float* x, const float* y, int64_t D) {
+  double dot = 0, nx = 0, ny = 0;
+  for (int64_t d = 0; d < D; ++d) dot += double(x[d]) * y[d], nx += double(x[d]) * x[d],
+                                  ny += double(y[d]) * y[d];
+  return nx > 0 && ny > 0 ? static_cast<float>(dot / std::sqrt(nx * ny)) : 0.0f;
 }
 
 int embed_command(EmbedOptions& o, FlagTable& table) {
@@ -151,7 +150,7 @@ int embed_command(EmbedOptions& o, FlagTable& table) {
     std::printf("cosine similarity:\n");
     for (int64_t a = 0; a < S; ++a) {
       std::printf("  [%2lld]", static_cast<long long>(a));
-      for (int64_t b = 0; b < S; ++b) std::printf(" %6.3f", cosine(v, D, a, b));
+      for (int64_t b = 0; b < S; ++b) std::printf(" %6.3f", cosine(&v[a * D], &v[b * D], D));
       const std::string& s = o.sentences[a];
       std::printf("  %s\n", s.size() > 60 ? (s.substr(0, 57) + "...").c_str() : s.c_str());
     }
@@ -161,11 +160,8 @@ int embed_command(EmbedOptions& o, FlagTable& table) {
     const Tensor f = embed(m, o.sentences, o.batch, precision, gen, source);
     const std::vector<float> w = f.to_vector();
     double sum = 0, lowest = 2;
-    std::vector<float> joined(static_cast<size_t>(2 * D));
     for (int64_t s = 0; s < S; ++s) {
-      std::copy(v.begin() + s * D, v.begin() + (s + 1) * D, joined.begin());
-      std::copy(w.begin() + s * D, w.begin() + (s + 1) * D, joined.begin() + D);
-      const double cs = cosine(joined, D, 0, 1);
+      const double cs = cosine(&v[s * D], &w[s * D], D);
       sum += cs;
       lowest = std::min(lowest, cs);
     }

@@ -13,6 +13,7 @@
 #include "apps/common/run_folder.h"
 #include "apps/common/stop_signal.h"
 #include "apps/common/training.h"
+#include "apps/text/pretrained.h"
 #include "autograd/ops.h"
 #include "core/error.h"
 #include "layers/checkpoint.h"
@@ -293,7 +294,7 @@ FinetunedModel load_finetuned(const std::string& path, const std::string& model_
   f.model = std::make_unique<TaskModel>(f.task, BertConfig::read(cfg), attention, gen);
   load_checkpoint(f.checkpoint, *f.model);
   f.model->eval();
-  f.tokenizer = std::make_unique<BertTokenizer>(BertTokenizer::load(f.model_dir + "/vocab.txt"));
+  f.tokenizer = std::make_unique<BertTokenizer>(load_tokenizer(f.model_dir));
   return f;
 }
 

@@ -46,8 +46,14 @@ std::string default_pretrained_dir() {
   return env && *env ? std::string(env) : std::string(CLUSTR_SOURCE_DIR) + "/models/all-MiniLM-L6-v2";
 }
 
-PretrainedModel load_pretrained(const std::string& dir, const AttentionConfig& attention,
-                                Generator& gen) {
+BertTokenizer load_tokenizer(const std::string& dir) {
+  const std::string config = dir + "/tokenizer_config.json";
+  const bool lower_case = !std::filesystem::exists(config) ||
+                          json_bool(read_json(config), "do_lower_case", true, config);
+  return BertTokenizer::load(dir + "/vocab.txt", lower_case);
+}
+
+BertConfig read_pretrained_config(const std::string& dir) {
   namespace fs = std::filesystem;
   CLUSTR_CHECK(fs::is_directory(dir), "no pretrained model folder ", dir,
                " (python3 data/prepare_pretrained.py writes all-MiniLM-L6-v2 there; --model "
@@ -55,20 +61,22 @@ PretrainedModel load_pretrained(const std::string& dir, const AttentionConfig& a
   for (const char* name : {"config.json", "model.safetensors", "vocab.txt"})
     CLUSTR_CHECK(fs::exists(fs::path(dir) / name), dir, ": the pretrained model folder has no ",
                  name);
+  return BertConfig::read(dir + "/config.json");
+}
+
+PretrainedModel load_pretrained(const std::string& dir, const AttentionConfig& attention,
+                                Generator& gen) {
+  namespace fs = std::filesystem;
+  const BertConfig config = read_pretrained_config(dir);
   const auto file = [&](const char* name) { return (fs::path(dir) / name).string(); };
 
   PretrainedModel m;
   m.dir = dir;
-  const BertConfig config = BertConfig::read(file("config.json"));
   m.model = std::make_unique<BertModel>(config, attention, gen);
   load_bert_weights(file("model.safetensors"), *m.model);
   m.model->eval();
 
-  bool lower_case = true;
-  if (fs::exists(file("tokenizer_config.json")))
-    lower_case = json_bool(read_json(file("tokenizer_config.json")), "do_lower_case", true,
-                           file("tokenizer_config.json"));
-  m.tokenizer = std::make_unique<BertTokenizer>(BertTokenizer::load(file("vocab.txt"), lower_case));
+  m.tokenizer = std::make_unique<BertTokenizer>(load_tokenizer(dir));
   CLUSTR_CHECK(m.tokenizer->size() <= config.vocab_size, dir, ": vocab.txt has ",
                m.tokenizer->size(), " pieces, more than the model's ", config.vocab_size);
 

@@ -33,6 +33,14 @@ struct PretrainedModel {
   bool normalize = true;     // modules.json ends with sentence-transformers' Normalize
 };
 
+// The configuration of a pretrained model's folder (config.json), after checking that the
+// folder holds the config, the weights and the vocabulary (saying how to make it when absent).
+BertConfig read_pretrained_config(const std::string& dir);
+
+// The folder's WordPiece tokenizer: vocab.txt, lower-casing as tokenizer_config.json says
+// (do_lower_case; true when absent).
+BertTokenizer load_tokenizer(const std::string& dir);
+
 // Reads the folder; the model is on the cpu in evaluation mode, with `attention` in its layers.
 // Throws clustr::Error naming the folder and the file for anything missing or malformed (the
 // pooling must be mean pooling: the only one implemented), and says how to make the folder

@@ -78,10 +78,11 @@ int finetune(const FinetuneOptions& o, std::FILE* log) {
   const Device device = prepare_machine(o.machine);
 
   Generator gen(derive_key(o.seed, 0));
-  PretrainedModel pre = load_pretrained(o.model, o.attention, gen);
-  const int max_length = static_cast<int>(std::min<int64_t>(o.max_length, pre.model->config().max_positions));
-  EncodedSet train = load_split(o.task, o.data, "train", *pre.tokenizer, max_length);
-  EncodedSet dev = load_split(o.task, o.data, "dev", *pre.tokenizer, max_length);
+  const BertConfig config = read_pretrained_config(o.model);
+  const BertTokenizer tokenizer = load_tokenizer(o.model);
+  const int max_length = static_cast<int>(std::min<int64_t>(o.max_length, config.max_positions));
+  EncodedSet train = load_split(o.task, o.data, "train", tokenizer, max_length);
+  EncodedSet dev = load_split(o.task, o.data, "dev", tokenizer, max_length);
   if (o.max_train > 0 && static_cast<int64_t>(train.examples.size()) > o.max_train)
     train.examples.resize(o.max_train);
   if (o.max_dev > 0 && static_cast<int64_t>(dev.examples.size()) > o.max_dev)
@@ -89,17 +90,9 @@ int finetune(const FinetuneOptions& o, std::FILE* log) {
   CLUSTR_CHECK(!train.examples.empty() && !dev.examples.empty(), "finetune: the ", task_name(o.task),
                " task at ", o.data, " has no usable train or dev examples");
 
-  // The task model starts from the pretrained encoder: its parameters are copied over.
-  TaskModel model(o.task, pre.model->config(), o.attention, gen);
-  {
-    const auto from = pre.model->named_parameters();
-    const auto to = model.bert().named_parameters();
-    for (size_t i = 0; i < from.size(); ++i) {
-      Tensor t = to[i].second.data();  // shares the parameter's storage
-      t.copy_from(from[i].second.data());
-    }
-  }
-  pre.model.reset();
+  // The task model starts from the pretrained encoder's weights.
+  TaskModel model(o.task, config, o.attention, gen);
+  load_bert_weights(o.model + "/model.safetensors", model.bert());
   model.to(device);
   optim::AdamOptions adam = optim::adamw_defaults();
   adam.lr = o.lr;
@@ -170,7 +163,7 @@ int finetune(const FinetuneOptions& o, std::FILE* log) {
           order.begin() + std::min<int64_t>(order.size(), (k + 1) * o.batch));
       model.train();
       optimizer.set_lr(lr_at(step, total, o.lr, o.warmup));
-      const Batch b = make_batch(train.examples, rows, pre.tokenizer->pad_id(), o.task, device);
+      const Batch b = make_batch(train.examples, rows, tokenizer.pad_id(), o.task, device);
       Variable loss;
       {
         const PrecisionScope scope(precision);
@@ -205,7 +198,7 @@ int finetune(const FinetuneOptions& o, std::FILE* log) {
       }
     }
     // The end of an epoch (or of --max-steps): evaluate on dev, log, save.
-    const Score s = evaluate_task(model, dev.examples, *pre.tokenizer, o.batch * 2, precision);
+    const Score s = evaluate_task(model, dev.examples, tokenizer, o.batch * 2, precision);
     const double score = main_score(o.task, s);
     Row row;
     row.step = step;
