@@ -14,6 +14,9 @@
 //   text finetune --task wic|span --data DIR [--out RUN] [--resume RUN]
 //                               fine-tunes the pretrained model (full attention by default)
 //   text evaluate --checkpoint RUN [--split test] [--attention TYPE]
+//   text pretrain [--corpus PATH...] [--out RUN]
+//                               a masked language model learnt from text (a SentencePiece
+//                               vocabulary learnt first); RUN is then a model folder for --model
 //   text matrix --checkpoint RUN [--split test]
 //                               the fine-tuned model under full, clustered, improved-clustered
 //                               and oracle-top attention, without retraining (Table 4's layout)
@@ -42,6 +45,7 @@
 #include "apps/common/settings.h"
 #include "apps/common/training.h"
 #include "apps/text/finetune.h"
+#include "apps/text/pretrain.h"
 #include "apps/text/pretrained.h"
 #include "data/text_tasks.h"
 #include "data/wordnet.h"
@@ -204,8 +208,10 @@ int tasks_command(const TasksOptions& o) {
     }
   const auto t0 = Clock::now();
   const WordNet wordnet = read_wordnet(o.wordnet);
-  Generator gen(1);
-  const PretrainedModel m = load_pretrained(o.model, AttentionConfig{}, gen);
+  const TextTokenizer tokenizer = TextTokenizer::load(o.model);
+  CLUSTR_CHECK(tokenizer.bert(), "tasks: --model ", o.model, " has a ", tokenizer.kind(),
+               " tokenizer; the tasks measure their contexts in a WordPiece vocabulary's pieces "
+               "(a pretrained model's folder, such as all-MiniLM-L6-v2)");
   WicOptions wo;
   wo.seed = o.seed;
   const auto wic = build_wic(wordnet, wo);
@@ -213,7 +219,7 @@ int tasks_command(const TasksOptions& o) {
   so.seed = o.seed;
   so.target_pieces = o.span_pieces;
   so.max_examples = {o.span_examples[0], o.span_examples[1], o.span_examples[2]};
-  const auto span = build_span_task(wordnet, *m.tokenizer, so);
+  const auto span = build_span_task(wordnet, *tokenizer.bert(), so);
   fs::create_directories(o.out + "/wic");
   fs::create_directories(o.out + "/span");
   std::vector<WicStats> ws;
@@ -375,6 +381,50 @@ int main(int argc, char** argv) try {
   finetune_cmd->add_option("--precision", f.precision, "fp32 | bf16")->capture_default_str();
   finetune_table.add_to(*finetune_cmd, {"cuda-graphs"});
 
+  PretrainOptions pt;
+  FlagTable pretrain_table;
+  add_attention_settings(pretrain_table, pt.attention);
+  add_machine_settings(pretrain_table, pt.machine);
+  CLI::App* pretrain_cmd = app.add_subcommand("pretrain", "pretrain a BERT-style encoder from "
+                                                          "scratch as a masked language model");
+  pretrain_cmd->add_option("--corpus", pt.corpus, "text files or folders (default: the fortune "
+                           "files and the Python documentation, where installed)");
+  pretrain_cmd->add_option("--max-corpus-bytes", pt.max_corpus_bytes, "read at most this much "
+                           "text (0: all)")->capture_default_str();
+  pretrain_cmd->add_option("--out", pt.out, "the run folder, which is also the model's folder "
+                           "(default: the first free one of runs/text-pretrain, -2, ...)");
+  pretrain_cmd->add_flag("--overwrite", pt.overwrite, "let a new run replace the run in --out");
+  pretrain_cmd->add_option("--resume", pt.resume, "continue the run in this folder exactly");
+  pretrain_cmd->add_option("--vocab", pt.vocab, "SentencePiece pieces (the special ones "
+                           "included)")->capture_default_str();
+  pretrain_cmd->add_option("--layers", pt.layers)->capture_default_str();
+  pretrain_cmd->add_option("--hidden", pt.hidden, "the model width D")->capture_default_str();
+  pretrain_cmd->add_option("--heads", pt.heads)->capture_default_str();
+  pretrain_cmd->add_option("--intermediate", pt.intermediate, "the feed-forward width")
+      ->capture_default_str();
+  pretrain_cmd->add_option("--length", pt.length, "pieces per sequence, [CLS] and [SEP] "
+                           "included (also the positions the model knows)")->capture_default_str();
+  pretrain_cmd->add_option("--batch", pt.batch)->capture_default_str();
+  pretrain_cmd->add_option("--steps", pt.steps, "the schedule's steps")->capture_default_str();
+  pretrain_cmd->add_option("--max-steps", pt.max_steps, "stop after N steps in all (0: --steps; "
+                           "the schedule spans --steps either way)")->capture_default_str();
+  pretrain_cmd->add_option("--lr", pt.lr, "AdamW's peak learning rate")->capture_default_str();
+  pretrain_cmd->add_option("--weight-decay", pt.weight_decay)->capture_default_str();
+  pretrain_cmd->add_option("--warmup", pt.warmup, "fraction of the steps in the linear warm-up "
+                           "(then a linear decay to 0)")->capture_default_str();
+  pretrain_cmd->add_option("--clip", pt.clip, "max global gradient norm")->capture_default_str();
+  pretrain_cmd->add_option("--mask", pt.mask, "the fraction of pieces predicted (80% [MASK], "
+                           "10% random, 10% kept)")->capture_default_str();
+  pretrain_cmd->add_option("--dropout", pt.dropout)->capture_default_str();
+  pretrain_cmd->add_option("--eval-interval", pt.eval_interval, "steps between evaluations on "
+                           "dev (each writes the model's files)")->capture_default_str();
+  pretrain_cmd->add_option("--max-dev", pt.max_dev, "dev sequences evaluated")
+      ->capture_default_str();
+  pretrain_cmd->add_option("--log-interval", pt.log_interval)->capture_default_str();
+  pretrain_cmd->add_option("--seed", pt.seed)->capture_default_str();
+  pretrain_cmd->add_option("--precision", pt.precision, "fp32 | bf16")->capture_default_str();
+  pretrain_table.add_to(*pretrain_cmd, {"cuda-graphs"});
+
   EvaluateOptions ev, mx;
   ev.attention.clusters = mx.attention.clusters = 25;
   FlagTable evaluate_table, matrix_table;
@@ -412,6 +462,12 @@ int main(int argc, char** argv) try {
     f.out_given = finetune_cmd->count("--out") > 0;
     if (!f.out_given) f.out = std::string("runs/text-") + task_name(f.task);
     return finetune(f, stdout);
+  }
+  if (pretrain_cmd->parsed()) {
+    pretrain_table.validate();
+    pt.out_given = pretrain_cmd->count("--out") > 0;
+    if (!pt.out_given) pt.out = "runs/text-pretrain";
+    return pretrain(pt, stdout);
   }
   if (evaluate_cmd->parsed()) {
     evaluate_table.validate();

@@ -329,14 +329,24 @@ void BertTokenizer::word_pieces(const std::u32string& word, std::vector<int32_t>
 
 BertEncoding BertTokenizer::encode(const std::string& a, const std::string* b,
                                    int max_length) const {
-  const int specials = b ? 3 : 2;
-  CLUSTR_CHECK(max_length >= specials, "BertTokenizer::encode: max_length ", max_length,
-               " leaves no room for the ", specials, " special pieces of ",
-               b ? "[CLS] a [SEP] b [SEP]" : "[CLS] a [SEP]", "; expected at least ", specials);
-  std::vector<int32_t> ia = encode(a), ib;
+  check_room(max_length, b != nullptr);
+  std::vector<int32_t> ib;
   if (b) ib = encode(*b);
+  return bert_inputs(encode(a), b ? &ib : nullptr, max_length, cls_, sep_);
+}
 
-  const size_t budget = size_t(max_length - specials);
+void check_room(int max_length, bool pair) {
+  const int specials = pair ? 3 : 2;
+  CLUSTR_CHECK(max_length >= specials, "encode: max_length ", max_length,
+               " leaves no room for the ", specials, " special pieces of ",
+               pair ? "[CLS] a [SEP] b [SEP]" : "[CLS] a [SEP]", "; expected at least ", specials);
+}
+
+BertEncoding bert_inputs(std::vector<int32_t> ia, const std::vector<int32_t>* b, int max_length,
+                         int32_t cls, int32_t sep) {
+  check_room(max_length, b != nullptr);
+  std::vector<int32_t> ib = b ? *b : std::vector<int32_t>{};
+  const size_t budget = size_t(max_length - (b ? 3 : 2));
   if (ia.size() + ib.size() > budget) {
     size_t keep_a = budget, keep_b = 0;
     if (b) {
@@ -352,13 +362,13 @@ BertEncoding BertTokenizer::encode(const std::string& a, const std::string* b,
   }
 
   BertEncoding e;
-  e.ids.push_back(cls_);
+  e.ids.push_back(cls);
   e.ids.insert(e.ids.end(), ia.begin(), ia.end());
-  e.ids.push_back(sep_);
+  e.ids.push_back(sep);
   e.type_ids.assign(e.ids.size(), 0);
   if (b) {
     e.ids.insert(e.ids.end(), ib.begin(), ib.end());
-    e.ids.push_back(sep_);
+    e.ids.push_back(sep);
     e.type_ids.resize(e.ids.size(), 1);
   }
   return e;
@@ -374,5 +384,7 @@ int32_t BertTokenizer::id(const std::string& piece) const {
   const auto it = ids_.find(piece);
   return it == ids_.end() ? -1 : it->second;
 }
+
+int64_t utf8_error_offset(const std::string& text) { return decode_utf8(text, nullptr); }
 
 }  // namespace clustr

@@ -44,6 +44,17 @@ struct BertEncoding {
   std::vector<int32_t> type_ids;  // (L) 0 for [CLS] A [SEP], 1 for B [SEP]
 };
 
+// The byte offset of the first ill-formed UTF-8 sequence of `text` (stray, cut short, overlong,
+// a surrogate or past U+10FFFF), or -1 when it is valid UTF-8.
+int64_t utf8_error_offset(const std::string& text);
+
+// [CLS] a [SEP], or [CLS] a [SEP] b [SEP] when b is not null, from the texts' ids, cut to
+// max_length ids in all as BertTokenizer::encode(a, b, max_length) says; any vocabulary's
+// [CLS] and [SEP] ids. check_room throws when max_length leaves no room for the special pieces.
+void check_room(int max_length, bool pair);
+BertEncoding bert_inputs(std::vector<int32_t> a, const std::vector<int32_t>* b, int max_length,
+                         int32_t cls, int32_t sep);
+
 class BertTokenizer {
  public:
   // Reads vocab.txt: one piece per line (a final newline and "\r" line ends allowed), id = line

@@ -71,17 +71,20 @@ WordPieces::~WordPieces() = default;
 
 #if CLUSTR_WITH_SENTENCEPIECE
 
-WordPieces WordPieces::train(const std::vector<std::string>& sentences, int vocab_size) {
+WordPieces WordPieces::train(const std::vector<std::string>& sentences, int vocab_size,
+                             const WordPieceOptions& options) {
   CLUSTR_CHECK(!sentences.empty(), "word pieces: no transcripts to learn them from");
   CLUSTR_CHECK(vocab_size >= 2, "word pieces: the vocabulary size must be at least 2, got ",
                vocab_size);
   WordPieces w;
   Sentences it(sentences);
-  const std::unordered_map<std::string, std::string> args = {
+  std::string controls;
+  for (const std::string& c : options.control_symbols) controls += (controls.empty() ? "" : ",") + c;
+  std::unordered_map<std::string, std::string> args = {
       {"vocab_size", std::to_string(vocab_size)},
       {"model_type", "unigram"},
-      {"character_coverage", "1.0"},            // every character of the transcripts is a piece
-      {"normalization_rule_name", "identity"},  // the transcripts are normalised already
+      {"character_coverage", std::to_string(options.character_coverage)},
+      {"normalization_rule_name", options.normalization},
       {"bos_id", "-1"},
       {"eos_id", "-1"},
       {"unk_id", "0"},
@@ -89,6 +92,7 @@ WordPieces WordPieces::train(const std::vector<std::string>& sentences, int voca
       {"input_sentence_size", "0"},  // all of them, no sampling
       {"max_sentence_length", "65536"},
       {"minloglevel", "2"}};
+  if (!controls.empty()) args["control_symbols"] = controls;
   const auto st = sentencepiece::SentencePieceTrainer::Train(args, &it, &w.impl_->proto);
   CLUSTR_CHECK(st.ok(), "word pieces: cannot learn ", vocab_size, " pieces from ", sentences.size(),
                " transcripts: ", reason(st));
@@ -147,9 +151,49 @@ std::vector<std::string> WordPieces::encode(const std::string& sentence) const {
   return out;
 }
 
+std::vector<int32_t> WordPieces::encode_ids(const std::string& text) const {
+  std::vector<int> ids;
+  const auto st = impl_->sp.Encode(text, &ids);
+  CLUSTR_CHECK(st.ok(), "word pieces: cannot encode '", text, "': ", reason(st));
+  return std::vector<int32_t>(ids.begin(), ids.end());
+}
+
+std::string WordPieces::decode(const std::vector<int32_t>& ids) const {
+  std::vector<int> in;
+  for (int32_t i : ids) {
+    CLUSTR_CHECK(i >= 0 && i < size(), "word pieces: id ", i, " is outside the vocabulary's [0, ",
+                 size(), ")");
+    in.push_back(i);
+  }
+  std::string text;
+  const auto st = impl_->sp.Decode(in, &text);
+  CLUSTR_CHECK(st.ok(), "word pieces: cannot decode: ", reason(st));
+  return text;
+}
+
+int32_t WordPieces::size() const { return impl_->sp.GetPieceSize(); }
+
+int32_t WordPieces::id(const std::string& piece) const {
+  const int i = impl_->sp.PieceToId(piece);
+  return impl_->sp.IdToPiece(i) == piece ? i : -1;
+}
+
+std::string WordPieces::piece(int32_t id) const {
+  CLUSTR_CHECK(id >= 0 && id < size(), "word pieces: id ", id, " is outside the vocabulary's [0, ",
+               size(), ")");
+  return impl_->sp.IdToPiece(id);
+}
+
 #else
 
-WordPieces WordPieces::train(const std::vector<std::string>&, int) { no_sentencepiece(); }
+WordPieces WordPieces::train(const std::vector<std::string>&, int, const WordPieceOptions&) {
+  no_sentencepiece();
+}
+std::vector<int32_t> WordPieces::encode_ids(const std::string&) const { no_sentencepiece(); }
+std::string WordPieces::decode(const std::vector<int32_t>&) const { no_sentencepiece(); }
+int32_t WordPieces::size() const { no_sentencepiece(); }
+int32_t WordPieces::id(const std::string&) const { no_sentencepiece(); }
+std::string WordPieces::piece(int32_t) const { no_sentencepiece(); }
 WordPieces WordPieces::load(const std::string&) { no_sentencepiece(); }
 void WordPieces::save(const std::string&) const { no_sentencepiece(); }
 std::vector<std::string> WordPieces::pieces() const { no_sentencepiece(); }

@@ -156,6 +156,39 @@ BertModel::BertModel(const BertConfig& c, const AttentionConfig& attention, Gene
   }
 }
 
+std::string BertConfig::to_json() const {
+  const Json j = {{"model_type", "bert"},
+                  {"architectures", {"BertForMaskedLM"}},
+                  {"vocab_size", vocab_size},
+                  {"hidden_size", hidden},
+                  {"num_hidden_layers", layers},
+                  {"num_attention_heads", heads},
+                  {"intermediate_size", intermediate},
+                  {"max_position_embeddings", max_positions},
+                  {"type_vocab_size", type_vocab_size},
+                  {"layer_norm_eps", layer_norm_eps},
+                  {"hidden_dropout_prob", dropout},
+                  {"attention_probs_dropout_prob", attention_dropout},
+                  {"hidden_act", activation_name(activation)},
+                  {"position_embedding_type", "absolute"}};
+  return j.dump(2) + "\n";
+}
+
+MaskedLmHead::MaskedLmHead(const BertConfig& c, Generator& gen) : config_(c) {
+  transform_ = register_module("transform", std::make_shared<Linear>(c.hidden, c.hidden, true, gen));
+  norm_ = register_module("norm", std::make_shared<LayerNorm>(c.hidden, c.layer_norm_eps));
+  bias_ = register_parameter("bias", Tensor::zeros({c.vocab_size}));
+  Tensor w = transform_->weight().data(), b = transform_->bias().data();
+  normal_(w, gen, 0.0f, 0.02f);
+  b.fill(0.0f);
+}
+
+Variable MaskedLmHead::forward(const Variable& x, const Variable& table) const {
+  Variable h = transform_->forward(x);
+  h = config_.activation == Activation::gelu ? gelu(h) : relu(h);
+  return linear(norm_->forward(h), table, bias_);
+}
+
 Variable BertModel::forward(const Tensor& ids, const Tensor& types, const Tensor& lengths,
                             Generator& gen) const {
   return encoder_->forward(embeddings_->forward(ids, types, gen), lengths, gen);

@@ -63,6 +63,8 @@ struct BertConfig {
   // mistyped entry, and for what this model does not implement (a model_type other than bert,
   // an activation other than gelu or relu, position embeddings other than absolute).
   static BertConfig read(const std::string& path);
+  // The config.json text that read() reads back (model_type bert, Hugging Face's key names).
+  std::string to_json() const;
   // Throws clustr::Error for sizes that cannot make a model (e.g. D not a multiple of H).
   void validate() const;
 };
@@ -111,6 +113,24 @@ class BertModel : public Module {
   std::shared_ptr<BertEmbeddings> embeddings_;
   std::shared_ptr<Encoder> encoder_;
   std::shared_ptr<Linear> pooler_;
+};
+
+// BERT's masked-language-model head (BertForMaskedLM's cls.predictions): a dense layer D -> D,
+// the model's activation and a layer norm, then a score for every piece of the vocabulary from
+// the word embeddings' own table (tied, as BERT ties them) plus a bias. Submodules "transform"
+// (Linear) and "norm" (LayerNorm), parameter "bias" (V); initialised as BERT's (normal(0, 0.02)
+// weights, zero biases).
+class MaskedLmHead : public Module {
+ public:
+  MaskedLmHead(const BertConfig& config, Generator& gen);
+  // x (..., D) token outputs, table the model's word embeddings (V, D) -> (..., V) logits.
+  Variable forward(const Variable& x, const Variable& table) const;
+
+ private:
+  BertConfig config_;
+  std::shared_ptr<Linear> transform_;
+  std::shared_ptr<LayerNorm> norm_;
+  Variable bias_;
 };
 
 // The mean of each row's first lengths[b] token vectors (sentence-transformers' mean pooling):

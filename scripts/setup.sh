@@ -13,6 +13,8 @@
 #                                  the packages whose real recorded English speech
 #                                  data/make_real_speech.py lists (tuxpaint-stamps-default,
 #                                  alsa-utils), and the dictionary to import it with
+#   bash scripts/setup.sh text     the text that `text pretrain` reads by default: the fortune
+#                                  files (fortunes) and the Python documentation (python3-doc)
 set -euo pipefail
 
 packages=(g++ cmake make doctest-dev libcli11-dev libstb-dev nlohmann-json3-dev libsndfile1-dev
@@ -21,12 +23,14 @@ packages=(g++ cmake make doctest-dev libcli11-dev libstb-dev nlohmann-json3-dev 
 speech_packages=(espeak-ng sox flite wordnet-base fortunes festlex-cmu festival festvox-kallpc16k
                  festvox-kdlpc16k)
 real_speech_packages=(tuxpaint-stamps-default alsa-utils festlex-cmu)
+text_packages=(fortunes python3-doc)
 
 for group in "$@"; do
   case "$group" in
     speech) packages+=("${speech_packages[@]}") ;;
     real-speech) packages+=("${real_speech_packages[@]}") ;;
-    *) echo "setup: unknown group '$group' (known: speech, real-speech)" >&2; exit 2 ;;
+    text) packages+=("${text_packages[@]}") ;;
+    *) echo "setup: unknown group '$group' (known: speech, real-speech, text)" >&2; exit 2 ;;
   esac
 done
 

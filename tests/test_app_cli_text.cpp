@@ -17,6 +17,7 @@
 #include "app_cli.h"
 #include "check.h"
 #include "core/safetensors.h"
+#include "data/text_tasks.h"
 #include "pretrained.h"
 
 #ifndef CLUSTR_APP_TEXT
@@ -219,6 +220,109 @@ TEST_CASE("text cli: a fine-tuning run stopped early and resumed ends with the u
   CHECK_FAILS_WITH(text({"evaluate", "--checkpoint", temp_dir() + "/absent"}), "--checkpoint");
 }
 
+#if CLUSTR_WITH_SENTENCEPIECE
+// A corpus with structure a small masked language model learns in a few hundred steps: in
+// "the <colour> <animal> <verb> the <thing> ." the verb and the thing follow from the animal,
+// the colour is random (so no loss below the colour's ln 4 / 8 per piece is possible).
+std::string synthetic_corpus() {
+  const std::string dir = temp_dir() + "/corpus";
+  std::filesystem::create_directories(dir);
+  const char* colours[] = {"red", "green", "blue", "yellow"};
+  const char* animals[] = {"cat", "dog", "bird", "horse", "fish", "mouse"};
+  const char* verbs[] = {"chases", "fetches", "sings", "pulls", "swims", "nibbles"};
+  const char* things[] = {"ball", "stick", "song", "cart", "river", "cheese"};
+  std::string text;
+  uint32_t x = 12345;
+  for (int i = 0; i < 3000; ++i) {
+    x = x * 1103515245u + 12345u;
+    const uint32_t a = (x >> 16) % 6, c = (x >> 8) % 4;
+    text += std::string("the ") + colours[c] + " " + animals[a] + " " + verbs[a] + " the " +
+            things[a] + " .";
+    text += i % 4 == 3 ? "\n\n" : "\n";
+  }
+  clustr::test::write_text(dir + "/animals.txt", text);
+  clustr::test::write_text(dir + "/binary.dat", std::string("\0\1\2", 3));
+  return dir;
+}
+
+std::vector<std::string> tiny_pretrain(const std::string& out, std::vector<std::string> extra) {
+  std::vector<std::string> args = {"pretrain", "--corpus", synthetic_corpus(), "--vocab", "48",
+                                   "--layers", "2", "--hidden", "48", "--heads", "4",
+                                   "--intermediate", "96", "--length", "32", "--batch", "32",
+                                   "--steps", "400", "--eval-interval", "200", "--lr", "5e-3",
+                                   "--dropout", "0", "--log-interval", "200", "--out", out};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
+TEST_CASE("text cli: pretrain learns a small corpus below a stated loss, resumes exactly, and "
+          "its folder is a model that embed and finetune read") {
+  const std::string a = temp_dir() + "/pretrain", b = temp_dir() + "/pretrain-resumed";
+  std::filesystem::remove_all(a);
+  std::filesystem::remove_all(b);
+  const AppRun r = text(tiny_pretrain(a, {}));
+  CHECK_STATUS(r, 0);
+  CHECK_OUTPUT_HAS(r, "(1 skipped: not UTF-8 text)");
+  // The masked pieces' loss (the pieces are mostly single letters at this vocabulary size):
+  // ln 48 = 3.87 for a guess, 3.04 at the first evaluation (step 200), 2.56 measured at the end.
+  const std::string key = "step 400: dev loss ";
+  const size_t at = r.output.find(key);
+  REQUIRE_MESSAGE(at != std::string::npos, r.output);
+  const double loss = std::stod(r.output.substr(at + key.size()));
+  CHECK_MESSAGE(loss < 2.8, "dev loss ", loss, "\n", r.output);
+  for (const char* f : {"config.json", "model.safetensors", "pieces.model", "metrics.csv",
+                        "loss.png", "last.safetensors", "sentence_bert_config.json"})
+    CHECK_MESSAGE(std::filesystem::exists(a + "/" + f), f);
+
+  CHECK_STATUS(text(tiny_pretrain(b, {"--max-steps", "150"})), 0);
+  const AppRun resumed = text(tiny_pretrain(b, {"--resume", b}));
+  CHECK_STATUS(resumed, 0);
+  CHECK_OUTPUT_HAS(resumed, "resumed " + b + "/last.safetensors at step 150");
+  const auto x = tensors_of(a + "/last.safetensors"), y = tensors_of(b + "/last.safetensors");
+  REQUIRE(x.size() == y.size());
+  int64_t differ = 0;
+  for (const auto& [name, v] : x) differ += y.count(name) == 0 || y.at(name) != v;
+  CHECK_MESSAGE(differ == 0, differ, " of ", x.size(), " tensors differ");
+  CHECK_FAILS_WITH(text(tiny_pretrain(b, {"--resume", b, "--mask", "0.2"})),
+                   "--mask: the run has 0.15, now 0.2");
+
+  // The folder as a model: embeddings (no normalisation: the folder has no modules.json).
+  const AppRun e = text({"embed", "--model", a, "the red cat chases the ball .",
+                         "the blue cat chases the ball .", "the red fish swims the river ."});
+  CHECK_STATUS(e, 0);
+  CHECK_OUTPUT_HAS(e, "2 layers, D 48, 4 heads");
+  CHECK_OUTPUT_MATCHES(e, "\\[ 0\\]  1\\.000  0\\.9");
+
+  // Fine-tuning it on a word-in-context folder whose label is plain in the second sentence.
+  const std::string data = temp_dir() + "/tiny-wic";
+  std::filesystem::create_directories(data + "/wic");
+  std::vector<clustr::WicExample> examples;
+  for (int i = 0; i < 48; ++i) {
+    clustr::WicExample w;
+    w.lemma = "cat";
+    w.sentence1 = "the red cat chases the ball .";
+    w.sentence2 = i % 2 ? "the blue cat chases the ball ." : "the green cat chases the ball .";
+    w.span1 = {8, 11};
+    w.span2 = {w.sentence2.find("cat"), w.sentence2.find("cat") + 3};
+    w.synset1 = "02121620-n";
+    w.synset2 = i % 2 ? "02121620-n" : "02985606-n";
+    w.label = i % 2;
+    examples.push_back(w);
+  }
+  for (const char* split : {"train", "dev"})
+    clustr::write_wic_jsonl(data + "/wic/" + split + ".jsonl", examples, true);
+  const std::string ft = temp_dir() + "/pretrain-finetuned";
+  std::filesystem::remove_all(ft);
+  const AppRun f = text({"finetune", "--task", "wic", "--data", data, "--model", a, "--batch",
+                         "8", "--epochs", "6", "--lr", "1e-3", "--log-interval", "36", "--out",
+                         ft});
+  CHECK_STATUS(f, 0);
+  // A coin's loss, ln 2 = 0.69, after the first epoch (0.68 measured); 0.33 after the sixth.
+  CHECK_OUTPUT_MATCHES(f, "epoch 6: dev loss 0\\.[0-3][0-9]*, accuracy 1\\.0000");
+  CHECK_OUTPUT_MATCHES(f, "epoch 1: dev loss 0\\.6[0-9]*, accuracy");
+}
+#endif
+
 TEST_CASE("text cli: bad input is refused with a clear error") {
   CHECK_FAILS_WITH(text({"embed", "--model", temp_dir() + "/absent", "x"}),
                    "no pretrained model folder");
@@ -226,4 +330,8 @@ TEST_CASE("text cli: bad input is refused with a clear error") {
   CHECK_FAILS_WITH(text({"embed", "--batch", "0", "x"}), "--batch must be >= 1, got 0");
   CHECK_FAILS_WITH(text({"embed", "--file", temp_dir() + "/absent.txt"}), "--file: cannot open");
   CHECK_FAILS_WITH(text({"embed", "--attention", "bogus", "x"}), "bogus");
+  CHECK_FAILS_WITH(text({"pretrain", "--corpus", temp_dir() + "/absent", "--out",
+                         temp_dir() + "/never"}),
+                   "--corpus: " + temp_dir() + "/absent does not exist");
+  CHECK_FAILS_WITH(text({"pretrain", "--mask", "1.5"}), "--mask must be in (0, 1), got 1.5");
 }

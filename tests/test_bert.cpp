@@ -209,6 +209,34 @@ TEST_CASE("bert: mean_pool averages the valid rows only, l2_normalize gives unit
       {random_tensor({3, 4}, 8, 0.5f, 2.0f)});
 }
 
+TEST_CASE("bert: the masked-LM head is dense, GELU, layer norm, then the tied word table plus a "
+          "bias, and passes gradcheck through the table and its input") {
+  Generator gen(5);
+  BertConfig c = tiny_config();
+  MaskedLmHead head(c, gen);
+  const auto params = head.named_parameters();
+  CHECK(params.size() == 5);  // transform (2), norm (2), bias
+  const auto p = [&](const char* name) {
+    for (const auto& [n, v] : params)
+      if (n == name) return v;
+    FAIL("no parameter ", name);
+    return Variable();
+  };
+  Tensor bias = p("bias").data();
+  CHECK(bias.shape() == Shape{c.vocab_size});
+  normal_(bias, gen, 0.0f, 0.5f);  // non-zero, so that a missing bias shows
+  const Tensor x = random_tensor({3, c.hidden}, 11);
+  const Tensor table = random_tensor({c.vocab_size, c.hidden}, 12);
+  const Variable h = layer_norm(gelu(linear(Variable(x), p("transform.weight"), p("transform.bias"))),
+                                p("norm.weight"), p("norm.bias"), c.layer_norm_eps);
+  const Variable expected = linear(h, Variable(table), p("bias"));
+  CHECK_CLOSE(head.forward(Variable(x), Variable(table)).data().to_vector(),
+              expected.data().to_vector(), 1e-6, 1e-6);
+  clustr::test::check_grad(
+      "masked-LM head", [&](const std::vector<Variable>& v) { return head.forward(v[0], v[1]); },
+      {x, table});
+}
+
 TEST_CASE("bert: the embeddings refuse ids longer than the position table and types of "
           "another shape") {
   Generator gen(9);

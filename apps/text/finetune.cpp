@@ -42,7 +42,7 @@ TaskModel::TaskModel(Task task, const BertConfig& config, const AttentionConfig&
 
 // ---- encoding --------------------------------------------------------------------------------
 
-EncodedSet encode_wic(const std::vector<WicExample>& examples, const BertTokenizer& tokenizer,
+EncodedSet encode_wic(const std::vector<WicExample>& examples, const TextTokenizer& tokenizer,
                       int max_length) {
   EncodedSet out;
   for (const WicExample& e : examples) {
@@ -57,7 +57,7 @@ EncodedSet encode_wic(const std::vector<WicExample>& examples, const BertTokeniz
   return out;
 }
 
-EncodedSet encode_span(const std::vector<SpanExample>& examples, const BertTokenizer& tokenizer,
+EncodedSet encode_span(const std::vector<SpanExample>& examples, const TextTokenizer& tokenizer,
                        int max_length) {
   EncodedSet out;
   for (const SpanExample& e : examples) {
@@ -95,7 +95,7 @@ EncodedSet encode_span(const std::vector<SpanExample>& examples, const BertToken
 }
 
 EncodedSet load_split(Task task, const std::string& data_dir, const std::string& split,
-                      const BertTokenizer& tokenizer, int max_length) {
+                      const TextTokenizer& tokenizer, int max_length) {
   const std::string path = data_dir + "/" + task_name(task) + "/" + split + ".jsonl";
   CLUSTR_CHECK(std::filesystem::exists(path), "no ", split, " split of the ", task_name(task),
                " task at ", path, " (`text tasks --out ", data_dir, "` builds the tasks)");
@@ -161,20 +161,6 @@ Variable task_loss(Task task, const Batch& batch, const Variable& output) {
 
 namespace {
 
-// The text of pieces [first, last] of `ids`: "##" pieces glued to the piece before.
-std::string pieces_text(const BertTokenizer& tokenizer, const std::vector<int32_t>& ids,
-                        int64_t first, int64_t last) {
-  std::string text;
-  for (int64_t i = first; i <= last; ++i) {
-    const std::string& p = tokenizer.piece(ids[i]);
-    if (p.rfind("##", 0) == 0)
-      text += p.substr(2);
-    else
-      text += (text.empty() ? "" : " ") + p;
-  }
-  return text;
-}
-
 // The best span of row b: max start + end logit over context positions with
 // start <= end < start + kMaxAnswerPieces.
 std::pair<int64_t, int64_t> best_span(const std::vector<float>& start,
@@ -193,7 +179,7 @@ std::pair<int64_t, int64_t> best_span(const std::vector<float>& start,
 }  // namespace
 
 Score evaluate_task(const TaskModel& model, const std::vector<Encoded>& examples,
-                    const BertTokenizer& tokenizer, int64_t batch, Precision precision) {
+                    const TextTokenizer& tokenizer, int64_t batch, Precision precision) {
   CLUSTR_CHECK(!examples.empty(), "evaluate: no examples");
   const auto t0 = Clock::now();
   const Device device = device_of(model);
@@ -225,7 +211,7 @@ Score evaluate_task(const TaskModel& model, const std::vector<Encoded>& examples
       for (int64_t r = 0; r < B; ++r) {
         const Encoded& x = examples[rows[r]];
         const auto [first_piece, last_piece] = best_span(s, e, N, r, x);
-        const std::string text = pieces_text(tokenizer, x.ids, first_piece, last_piece);
+        const std::string text = tokenizer.text(x.ids, first_piece, last_piece);
         em += squad_exact_match(text, {x.answer});
         f1 += squad_f1(text, {x.answer});
       }
@@ -294,7 +280,7 @@ FinetunedModel load_finetuned(const std::string& path, const std::string& model_
   f.model = std::make_unique<TaskModel>(f.task, BertConfig::read(cfg), attention, gen);
   load_checkpoint(f.checkpoint, *f.model);
   f.model->eval();
-  f.tokenizer = std::make_unique<BertTokenizer>(load_tokenizer(f.model_dir));
+  f.tokenizer = std::make_unique<TextTokenizer>(TextTokenizer::load(f.model_dir));
   return f;
 }
 

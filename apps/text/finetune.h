@@ -33,7 +33,7 @@
 #include "core/precision.h"
 #include "core/random.h"
 #include "core/tensor.h"
-#include "data/bert_tokenizer.h"
+#include "apps/text/tokenizer.h"
 #include "data/text_tasks.h"
 #include "layers/bert.h"
 #include "layers/linear.h"
@@ -76,9 +76,9 @@ struct EncodedSet {
   int64_t dropped_unaligned = 0;   // span: the answer's pieces are not the context's
 };
 
-EncodedSet encode_wic(const std::vector<WicExample>& examples, const BertTokenizer& tokenizer,
+EncodedSet encode_wic(const std::vector<WicExample>& examples, const TextTokenizer& tokenizer,
                       int max_length);
-EncodedSet encode_span(const std::vector<SpanExample>& examples, const BertTokenizer& tokenizer,
+EncodedSet encode_span(const std::vector<SpanExample>& examples, const TextTokenizer& tokenizer,
                        int max_length);
 
 // A padded batch on `device`: ids and types (B, N), lengths (B); target i32 (B) (the label, or
@@ -104,12 +104,12 @@ struct Score {
 };
 // The model (in evaluation mode) on every example, `batch` at a time, longest first.
 Score evaluate_task(const TaskModel& model, const std::vector<Encoded>& examples,
-                    const BertTokenizer& tokenizer, int64_t batch, Precision precision);
+                    const TextTokenizer& tokenizer, int64_t batch, Precision precision);
 
 // The data of a task folder (`text tasks` writes wic/ and span/ folders of train.jsonl,
 // dev.jsonl, test.jsonl) encoded for the model: the split's file, read and encoded.
 EncodedSet load_split(Task task, const std::string& data_dir, const std::string& split,
-                      const BertTokenizer& tokenizer, int max_length);
+                      const TextTokenizer& tokenizer, int max_length);
 
 struct FinetuneOptions {
   Task task = Task::wic;
@@ -153,7 +153,7 @@ struct FinetunedModel {
   std::string checkpoint, model_dir, data;
   int max_length = 384;
   std::unique_ptr<TaskModel> model;
-  std::unique_ptr<BertTokenizer> tokenizer;
+  std::unique_ptr<TextTokenizer> tokenizer;
 };
 FinetunedModel load_finetuned(const std::string& path, const std::string& model_dir,
                               const AttentionConfig& attention);

@@ -46,19 +46,12 @@ std::string default_pretrained_dir() {
   return env && *env ? std::string(env) : std::string(CLUSTR_SOURCE_DIR) + "/models/all-MiniLM-L6-v2";
 }
 
-BertTokenizer load_tokenizer(const std::string& dir) {
-  const std::string config = dir + "/tokenizer_config.json";
-  const bool lower_case = !std::filesystem::exists(config) ||
-                          json_bool(read_json(config), "do_lower_case", true, config);
-  return BertTokenizer::load(dir + "/vocab.txt", lower_case);
-}
-
 BertConfig read_pretrained_config(const std::string& dir) {
   namespace fs = std::filesystem;
   CLUSTR_CHECK(fs::is_directory(dir), "no pretrained model folder ", dir,
                " (python3 data/prepare_pretrained.py writes all-MiniLM-L6-v2 there; --model "
                "names another folder)");
-  for (const char* name : {"config.json", "model.safetensors", "vocab.txt"})
+  for (const char* name : {"config.json", "model.safetensors"})
     CLUSTR_CHECK(fs::exists(fs::path(dir) / name), dir, ": the pretrained model folder has no ",
                  name);
   return BertConfig::read(dir + "/config.json");
@@ -76,8 +69,8 @@ PretrainedModel load_pretrained(const std::string& dir, const AttentionConfig& a
   load_bert_weights(file("model.safetensors"), *m.model);
   m.model->eval();
 
-  m.tokenizer = std::make_unique<BertTokenizer>(load_tokenizer(dir));
-  CLUSTR_CHECK(m.tokenizer->size() <= config.vocab_size, dir, ": vocab.txt has ",
+  m.tokenizer = std::make_unique<TextTokenizer>(TextTokenizer::load(dir));
+  CLUSTR_CHECK(m.tokenizer->size() <= config.vocab_size, dir, ": the tokenizer has ",
                m.tokenizer->size(), " pieces, more than the model's ", config.vocab_size);
 
   m.max_length = config.max_positions;

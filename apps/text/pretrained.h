@@ -1,6 +1,6 @@
 // A pretrained sentence encoder as data/prepare_pretrained.py writes it to a folder: the BERT
 // model (config.json, model.safetensors), its WordPiece tokenizer (vocab.txt,
-// tokenizer_config.json) and sentence-transformers' pooling (1_Pooling/config.json, modules.json,
+// tokenizer_config.json; a model that `text pretrain` made has pieces.model instead) and sentence-transformers' pooling (1_Pooling/config.json, modules.json,
 // sentence_bert_config.json). embed() turns sentences into sentence embeddings as
 // SentenceTransformer.encode does: [CLS] text [SEP] cut to the model's maximum length, the
 // encoder, mean pooling over the valid tokens, and L2 normalisation when the model has it.
@@ -15,7 +15,7 @@
 #include "core/precision.h"
 #include "core/random.h"
 #include "core/tensor.h"
-#include "data/bert_tokenizer.h"
+#include "apps/text/tokenizer.h"
 #include "layers/attention/config.h"
 #include "layers/bert.h"
 
@@ -28,7 +28,7 @@ std::string default_pretrained_dir();
 struct PretrainedModel {
   std::string dir;
   std::unique_ptr<BertModel> model;
-  std::unique_ptr<BertTokenizer> tokenizer;
+  std::unique_ptr<TextTokenizer> tokenizer;
   int64_t max_length = 512;  // the sentence model's max_seq_length (its inputs are cut there)
   bool normalize = true;     // modules.json ends with sentence-transformers' Normalize
 };
@@ -36,10 +36,6 @@ struct PretrainedModel {
 // The configuration of a pretrained model's folder (config.json), after checking that the
 // folder holds the config, the weights and the vocabulary (saying how to make it when absent).
 BertConfig read_pretrained_config(const std::string& dir);
-
-// The folder's WordPiece tokenizer: vocab.txt, lower-casing as tokenizer_config.json says
-// (do_lower_case; true when absent).
-BertTokenizer load_tokenizer(const std::string& dir);
 
 // Reads the folder; the model is on the cpu in evaluation mode, with `attention` in its layers.
 // Throws clustr::Error naming the folder and the file for anything missing or malformed (the

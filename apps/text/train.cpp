@@ -16,6 +16,7 @@
 #include "apps/common/training.h"
 #include "apps/text/finetune.h"
 #include "apps/text/pretrained.h"
+#include "apps/text/schedule.h"
 #include "autograd/ops.h"
 #include "core/error.h"
 #include "layers/checkpoint.h"
@@ -40,26 +41,6 @@ MetricsLog<Row> metrics_log() {
                           {"seconds", nullptr, &Row::seconds, "%.6g"}});
 }
 
-// The order of epoch `epoch`'s training examples: a Fisher-Yates shuffle with its own stream,
-// so a resumed run finds the same order at any step.
-std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch) {
-  std::vector<int64_t> order(n);
-  std::iota(order.begin(), order.end(), 0);
-  std::mt19937_64 rng(derive_key(seed, 1000 + static_cast<uint64_t>(epoch)));
-  for (int64_t i = n - 1; i > 0; --i)
-    std::swap(order[i], order[static_cast<int64_t>(rng() % static_cast<uint64_t>(i + 1))]);
-  return order;
-}
-
-// The lr after `done` of `total` steps: linear warm-up over the first warmup * total, then a
-// linear decay to 0 (BERT's fine-tuning schedule).
-float lr_at(int64_t done, int64_t total, float lr, float warmup) {
-  const double w = std::max(1.0, std::floor(double(warmup) * double(total)));
-  const double t = double(done) + 1;
-  if (t <= w) return float(lr * t / w);
-  return float(lr * std::max(0.0, (double(total) - t + 1) / std::max(1.0, double(total) - w)));
-}
-
 double main_score(Task task, const Score& s) { return task == Task::wic ? s.accuracy : s.f1; }
 
 }  // namespace
@@ -79,7 +60,7 @@ int finetune(const FinetuneOptions& o, std::FILE* log) {
 
   Generator gen(derive_key(o.seed, 0));
   const BertConfig config = read_pretrained_config(o.model);
-  const BertTokenizer tokenizer = load_tokenizer(o.model);
+  const TextTokenizer tokenizer = TextTokenizer::load(o.model);
   const int max_length = static_cast<int>(std::min<int64_t>(o.max_length, config.max_positions));
   EncodedSet train = load_split(o.task, o.data, "train", tokenizer, max_length);
   EncodedSet dev = load_split(o.task, o.data, "dev", tokenizer, max_length);
@@ -88,7 +69,11 @@ int finetune(const FinetuneOptions& o, std::FILE* log) {
   if (o.max_dev > 0 && static_cast<int64_t>(dev.examples.size()) > o.max_dev)
     dev.examples.resize(o.max_dev);
   CLUSTR_CHECK(!train.examples.empty() && !dev.examples.empty(), "finetune: the ", task_name(o.task),
-               " task at ", o.data, " has no usable train or dev examples");
+               " task at ", o.data, " has no usable train or dev examples (dropped: ",
+               train.dropped_too_long + dev.dropped_too_long, " longer than ", max_length,
+               " pieces, the least of --max-length and the model's ", config.max_positions,
+               " positions; ", train.dropped_unaligned + dev.dropped_unaligned,
+               " whose answer is not whole pieces of the context)");
 
   // The task model starts from the pretrained encoder's weights.
   TaskModel model(o.task, config, o.attention, gen);

@@ -1,0 +1,36 @@
+// What the text app's two training loops (finetune, pretrain) share: the order of an epoch's
+// examples and BERT's learning-rate schedule.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "apps/common/training.h"
+
+namespace clustr::text {
+
+// The order of epoch `epoch`'s n examples: a Fisher-Yates shuffle with its own stream, so a
+// resumed run finds the same order at any step.
+inline std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch) {
+  std::vector<int64_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  std::mt19937_64 rng(derive_key(seed, 1000 + static_cast<uint64_t>(epoch)));
+  for (int64_t i = n - 1; i > 0; --i)
+    std::swap(order[i], order[static_cast<int64_t>(rng() % static_cast<uint64_t>(i + 1))]);
+  return order;
+}
+
+// The lr after `done` of `total` steps: linear warm-up over the first warmup * total, then a
+// linear decay to 0 (BERT's schedule).
+inline float lr_at(int64_t done, int64_t total, float lr, float warmup) {
+  const double w = std::max(1.0, std::floor(double(warmup) * double(total)));
+  const double t = double(done) + 1;
+  if (t <= w) return float(lr * t / w);
+  return float(lr * std::max(0.0, (double(total) - t + 1) / std::max(1.0, double(total) - w)));
+}
+
+}  // namespace clustr::text
