@@ -17,6 +17,8 @@
 //   text pretrain [--corpus PATH...] [--out RUN]
 //                               a masked language model learnt from text (a SentencePiece
 //                               vocabulary learnt first); RUN is then a model folder for --model
+//   text table4 [--out DIR] [--quick]
+//                               the paper's Table 4 in one command (apps/text/experiment.h)
 //   text matrix --checkpoint RUN [--split test]
 //                               the fine-tuned model under full, clustered, improved-clustered
 //                               and oracle-top attention, without retraining (Table 4's layout)
@@ -44,11 +46,10 @@
 #include "apps/common/run_folder.h"
 #include "apps/common/settings.h"
 #include "apps/common/training.h"
+#include "apps/text/experiment.h"
 #include "apps/text/finetune.h"
 #include "apps/text/pretrain.h"
 #include "apps/text/pretrained.h"
-#include "data/text_tasks.h"
-#include "data/wordnet.h"
 #include "core/error.h"
 #include "core/safetensors.h"
 
@@ -87,14 +88,6 @@ std::vector<std::string> read_lines(const std::string& path) {
   }
   CLUSTR_CHECK(!in.bad(), "--file: reading ", path, " failed");
   return lines;
-}
-
-// The cosine of two D-vectors.
-float cosine(const float* x, const float* y, int64_t D) {
-  double dot = 0, nx = 0, ny = 0;
-  for (int64_t d = 0; d < D; ++d) dot += double(x[d]) * y[d], nx += double(x[d]) * x[d],
-                                  ny += double(y[d]) * y[d];
-  return nx > 0 && ny > 0 ? static_cast<float>(dot / std::sqrt(nx * ny)) : 0.0f;
 }
 
 int embed_command(EmbedOptions& o, FlagTable& table) {
@@ -187,59 +180,6 @@ int embed_command(EmbedOptions& o, FlagTable& table) {
 
 // ---- tasks -----------------------------------------------------------------------------------
 
-struct TasksOptions {
-  std::string out;
-  std::string wordnet = "/usr/share/wordnet";
-  std::string model = default_pretrained_dir();
-  uint64_t seed = 1;
-  int span_pieces = 320;
-  std::vector<int64_t> span_examples = {6000, 600, 600};
-  bool overwrite = false;
-};
-
-int tasks_command(const TasksOptions& o) {
-  namespace fs = std::filesystem;
-  CLUSTR_CHECK(o.span_examples.size() == 3, "--span-examples takes three counts (train dev "
-               "test), got ", o.span_examples.size());
-  for (const char* task : {"wic", "span"})
-    for (const char* split : {"train", "dev", "test"}) {
-      const std::string path = o.out + "/" + task + "/" + split + ".jsonl";
-      CLUSTR_CHECK(o.overwrite || !fs::exists(path), path, " exists (--overwrite replaces it)");
-    }
-  const auto t0 = Clock::now();
-  const WordNet wordnet = read_wordnet(o.wordnet);
-  const TextTokenizer tokenizer = TextTokenizer::load(o.model);
-  CLUSTR_CHECK(tokenizer.bert(), "tasks: --model ", o.model, " has a ", tokenizer.kind(),
-               " tokenizer; the tasks measure their contexts in a WordPiece vocabulary's pieces "
-               "(a pretrained model's folder, such as all-MiniLM-L6-v2)");
-  WicOptions wo;
-  wo.seed = o.seed;
-  const auto wic = build_wic(wordnet, wo);
-  SpanOptions so;
-  so.seed = o.seed;
-  so.target_pieces = o.span_pieces;
-  so.max_examples = {o.span_examples[0], o.span_examples[1], o.span_examples[2]};
-  const auto span = build_span_task(wordnet, *tokenizer.bert(), so);
-  fs::create_directories(o.out + "/wic");
-  fs::create_directories(o.out + "/span");
-  std::vector<WicStats> ws;
-  std::vector<SpanStats> ss;
-  for (int i = 0; i < 3; ++i) {
-    const std::string split = split_name(static_cast<Split>(i));
-    write_wic_jsonl(o.out + "/wic/" + split + ".jsonl", wic[i].examples, o.overwrite);
-    write_span_jsonl(o.out + "/span/" + split + ".jsonl", span[i].examples, o.overwrite);
-    ws.push_back(wic_stats(wic[i]));
-    ss.push_back(span_stats(span[i]));
-  }
-  const std::string stats = "# The WordNet tasks (seed " + std::to_string(o.seed) +
-                            ")\n\n## Word in context\n\n" + wic_stats_markdown(ws) +
-                            "\n## Spans in long contexts\n\n" + span_stats_markdown(ss);
-  write_lines_atomically(o.out + "/STATS.md", {stats});
-  std::printf("%s\nwrote %s/wic and %s/span in %.1f s\n", stats.c_str(), o.out.c_str(),
-              o.out.c_str(), seconds_since(t0));
-  return 0;
-}
-
 // ---- evaluate and matrix ------------------------------------------------------------------------
 
 struct EvaluateOptions {
@@ -274,26 +214,15 @@ int evaluate_command(EvaluateOptions& o, bool matrix) {
   std::printf("checkpoint %s: task %s, %zu %s examples of %s (dropped %lld)\n",
               f.checkpoint.c_str(), task_name(f.task), set.examples.size(), o.split.c_str(),
               data.c_str(), static_cast<long long>(set.dropped_too_long + set.dropped_unaligned));
-  std::vector<AttentionConfig> types;
-  if (matrix) {
-    for (AttentionType t : {AttentionType::full, AttentionType::clustered,
-                            AttentionType::improved_clustered, AttentionType::oracle_top}) {
-      AttentionConfig a = given;
-      a.type = t;
-      types.push_back(a);
-    }
-  } else {
-    types.push_back(given);
-  }
+  const std::vector<AttentionConfig> types =
+      matrix ? table4_attentions(given) : std::vector<AttentionConfig>{given};
   std::printf("%-24s %s\n", "attention", "score");
   for (const AttentionConfig& a : types) {
     a.validate();
     f.model->bert().set_attention(a);
     const Score s = evaluate_task(*f.model, set.examples, *f.tokenizer, o.batch, precision);
-    std::string name = attention_type_name(a.type);
-    if (uses_clusters(a.type)) name += "-" + std::to_string(a.clusters);
-    if (a.type == AttentionType::oracle_top) name += "-" + std::to_string(a.topk);
-    std::printf("%-24s %s  (%.1f s)\n", name.c_str(), score_text(f.task, s).c_str(), s.seconds);
+    std::printf("%-24s %s  (%.1f s)\n", attention_label(a).c_str(), score_text(f.task, s).c_str(),
+                s.seconds);
     std::fflush(stdout);
   }
   return 0;
@@ -329,6 +258,7 @@ int main(int argc, char** argv) try {
   embed_table.add_to(*embed, {"cuda-graphs"});
 
   TasksOptions t;
+  t.model = default_pretrained_dir();
   CLI::App* tasks = app.add_subcommand("tasks", "build the two WordNet tasks into a folder");
   tasks->add_option("--out", t.out, "the folder (wic/ and span/ with train, dev and test "
                     "JSON lines, and STATS.md)")->required();
@@ -452,10 +382,34 @@ int main(int argc, char** argv) try {
     table->add_to(*cmd, {"cuda-graphs"});
   }
 
+  Table4Options x;
+  x.model = default_pretrained_dir();
+  x.attention.clusters = 25;
+  FlagTable table4_table;
+  add_attention_settings(table4_table, x.attention, /*with_type=*/false);
+  add_machine_settings(table4_table, x.machine);
+  CLI::App* table4_cmd = app.add_subcommand("table4", "the paper's Table 4, one command: "
+                                                      "fine-tune, pretrain, and evaluate every "
+                                                      "model with each attention");
+  table4_cmd->add_option("--out", x.out, "the experiment's folder (a stopped experiment goes on "
+                         "where it stopped)")->capture_default_str();
+  table4_cmd->add_option("--data", x.data, "the tasks' folder (default: built in --out)");
+  table4_cmd->add_option("--model", x.model, "the pretrained model's folder")
+      ->capture_default_str();
+  table4_cmd->add_option("--wordnet", x.wordnet, "WordNet's data folder")->capture_default_str();
+  table4_cmd->add_option("--corpus", x.corpus, "text to pretrain on (default: the fortune "
+                         "files and the Python documentation)");
+  table4_cmd->add_flag("--quick", x.quick, "small sizes: checks the pipeline in minutes");
+  table4_cmd->add_option("--precision", x.precision, "fp32 | bf16")->capture_default_str();
+  table4_table.add_to(*table4_cmd, {"cuda-graphs"});
+
   CLI11_PARSE(app, argc, argv);
   check_integer_flags(app);
   if (embed->parsed()) return embed_command(e, embed_table);
-  if (tasks->parsed()) return tasks_command(t);
+  if (tasks->parsed()) {
+    write_tasks(t, stdout);
+    return 0;
+  }
   if (finetune_cmd->parsed()) {
     finetune_table.validate();
     f.task = parse_task(task);
@@ -468,6 +422,10 @@ int main(int argc, char** argv) try {
     pt.out_given = pretrain_cmd->count("--out") > 0;
     if (!pt.out_given) pt.out = "runs/text-pretrain";
     return pretrain(pt, stdout);
+  }
+  if (table4_cmd->parsed()) {
+    table4_table.validate();
+    return table4(x, stdout);
   }
   if (evaluate_cmd->parsed()) {
     evaluate_table.validate();
