@@ -165,10 +165,10 @@ Plan make_plan(const Table4Options& o, const std::string& data) {
   p.minilm_span = base;
   p.minilm_span.task = Task::span;
   p.minilm_span.model = o.model;
-  p.minilm_span.epochs = 4;
+  p.minilm_span.epochs = 3;
   p.minilm_span.batch = 16;
   p.minilm_span.lr = 1e-4f;
-  p.minilm_span.max_train = 2000;
+  p.minilm_span.max_train = 3000;
   p.minilm_span.max_dev = 200;
 
   PretrainOptions& t = p.pretrain;
@@ -177,7 +177,7 @@ Plan make_plan(const Table4Options& o, const std::string& data) {
   t.out_given = true;
   t.length = 512;  // the span task's contexts take up to about 450 of its pieces
   t.batch = 16;
-  t.steps = 1500;
+  t.steps = 1200;
   t.eval_interval = 500;
   t.max_dev = 64;
   t.log_interval = 50;
