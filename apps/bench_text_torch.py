@@ -15,7 +15,6 @@ the prepared model folder (data/prepare_pretrained.py):
   <venv>/bin/python3 apps/bench_text_torch.py --binary build/apps/text [--file FILE]
 """
 import argparse
-import csv
 import json
 import os
 import re
@@ -26,7 +25,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_torch_common import add_output_args, check_output, child_env, run_worker  # noqa: E402
+from bench_torch_common import (add_output_args, check_output, child_env, cpu_model,  # noqa: E402
+                                run_worker, write_csv)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -143,11 +143,9 @@ def main():
         a = read_ours(os.path.join(tmp, "ours.safetensors"))
         b = np.load(os.path.join(tmp, f"{modes[0]}.npy"))
         cos = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
-    cpu = subprocess.run(["lscpu"], stdout=subprocess.PIPE, text=True).stdout
-    model_name = re.search(r"Model name:\s*(.*)", cpu)
     print(f"{len(sentences)} sentences, batch {args.batch}, {args.threads} threads, "
           f"{args.precision}, torch {result['torch']}, "
-          f"{model_name.group(1) if model_name else 'cpu'}")
+          f"{cpu_model()}")
     print(f"embeddings agree: lowest cosine ours vs {modes[0]} {cos.min():.6f}")
     rows = []
     ours_median = statistics.median(times["ours"])
@@ -159,10 +157,7 @@ def main():
         rows.append({"side": mode, "sentences_per_s": len(sentences) / m,
                      "ours_sentences_per_s": len(sentences) / ours_median,
                      "ratio": m / ours_median})
-    with open(args.csv, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    write_csv(args.csv, rows)
 
 
 if __name__ == "__main__":

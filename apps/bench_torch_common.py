@@ -1,7 +1,9 @@
 """What the side-by-side PyTorch benchmark scripts share: the peer's environment and running one
 measurement in a fresh process."""
+import csv
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -42,3 +44,19 @@ def check_output(args):
     folder = os.path.dirname(path)
     if folder and not os.path.isdir(folder):
         sys.exit(f"--csv {path}: the folder {folder} does not exist")
+
+
+def cpu_model():
+    """lscpu's model name, for the figures' captions."""
+    out = subprocess.run(["lscpu"], stdout=subprocess.PIPE, text=True).stdout
+    match = re.search(r"Model name:\s*(.*)", out)
+    return match.group(1) if match else "cpu"
+
+
+def write_csv(path, rows):
+    """Rows (dicts with the same keys) to a CSV file, the keys as its header."""
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
