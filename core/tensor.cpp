@@ -151,7 +151,19 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   t.numel_ = clustr::numel(shape);
   t.dtype_ = dtype;
   t.device_ = device;
-  t.storage_ = std::make_shared<Storage>(static_cast<size_t>(t.numel_) * dtype_size(dtype), device);
+  const size_t bytes = static_cast<size_t>(t.numel_) * dtype_size(dtype);
+  if (device != Device::cuda) {
+    t.storage_ = std::make_shared<Storage>(bytes, device);
+    return t;
+  }
+  try {
+    t.storage_ = std::make_shared<Storage>(bytes, device);
+  } catch (const Error& e) {
+    // Which tensor did not fit says which setting to lower (the apps add their flags).
+    if (std::string(e.what()).find("out of device memory") == std::string::npos) throw;
+    throw Error(detail::cat("a ", to_string(dtype), " tensor of shape ", to_string(shape),
+                            " does not fit on the device: ", e.what()));
+  }
   return t;
 }
 
@@ -284,7 +296,7 @@ void Tensor::copy_from(const Tensor& src) {
 namespace {
 // Below this many elements a host conversion runs on one thread: a parallel region costs more
 // than it saves (the element-wise kernels' threshold, core/cpu/elementwise.cpp).
-constexpr int64_t kParallelMin = 32768;
+[[maybe_unused]] constexpr int64_t kParallelMin = 32768;  // unused without OpenMP
 
 void host_f32_to_bf16(const float* x, uint16_t* y, int64_t n) {
 #pragma omp parallel for schedule(static) if (n >= kParallelMin)

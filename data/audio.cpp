@@ -133,9 +133,17 @@ std::vector<float> decode(SNDFILE* f, const SF_INFO& si, const std::string& name
   if (got != frames)
     fail("read_audio", name, "decoded ", got, " of ", frames, " frames (", sf_strerror(f),
          "; the file is cut short or damaged)");
-  for (size_t i = 0; i < all.size(); ++i)
+  // Float files can hold anything; audio lies near [-1, 1]. A sample far outside is a damaged
+  // file, and mixing or resampling it could overflow to infinity.
+  constexpr float kMaxMagnitude = 1e6f;
+  for (size_t i = 0; i < all.size(); ++i) {
     if (!std::isfinite(all[i]))
       fail("read_audio", name, "sample ", i / size_t(si.channels), " is not a finite number");
+    if (std::fabs(all[i]) > kMaxMagnitude)
+      fail("read_audio", name, "sample ", i / size_t(si.channels), " is ", all[i],
+           ", far outside audio's range (at most ", kMaxMagnitude, " in magnitude is read; a "
+           "damaged file?)");
+  }
   std::vector<float> mono(static_cast<size_t>(frames));
   if (si.channels == 1) {
     mono = std::move(all);

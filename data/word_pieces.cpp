@@ -110,7 +110,15 @@ WordPieces WordPieces::load(const std::string& path) {
   bytes << in.rdbuf();
   WordPieces w;
   w.impl_->proto = bytes.str();
-  const auto st = w.impl_->sp.LoadFromSerializedProto(w.impl_->proto);
+  sentencepiece::util::Status st;
+  try {
+    st = w.impl_->sp.LoadFromSerializedProto(w.impl_->proto);
+  } catch (const std::exception& e) {
+    // SentencePiece's trie builder throws on some malformed piece lists (an empty piece, a NUL
+    // byte in one) instead of returning a status.
+    throw Error(detail::cat("word pieces: ", path, " is not a SentencePiece model (", e.what(),
+                            ")"));
+  }
   CLUSTR_CHECK(st.ok() && w.impl_->sp.GetPieceSize() > 1, "word pieces: ", path,
                " is not a SentencePiece model (", st.ok() ? "no pieces" : reason(st), ")");
   return w;

@@ -37,7 +37,7 @@ while [ $# -gt 0 ]; do
 done
 
 command -v clang++ > /dev/null ||
-  { echo "fuzz: clang++ is needed (Debian's clang, which carries libFuzzer)" >&2; exit 2; }
+  { echo "fuzz: clang++ is needed (bash scripts/setup.sh fuzz installs Debian's clang)" >&2; exit 2; }
 echo "== fuzz build (clang, libFuzzer, ASan + UBSan) =="
 # The readers need neither OpenMP nor CUDA; without them the build is smaller and every input
 # runs on one thread, as libFuzzer expects.

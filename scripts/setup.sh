@@ -15,6 +15,8 @@
 #                                  alsa-utils), and the dictionary to import it with
 #   bash scripts/setup.sh text     the text that `text pretrain` reads by default: the fortune
 #                                  files (fortunes) and the Python documentation (python3-doc)
+#   bash scripts/setup.sh fuzz     clang, whose libFuzzer scripts/fuzz.sh builds the fuzz
+#                                  targets with
 set -euo pipefail
 
 packages=(g++ cmake make doctest-dev libcli11-dev libstb-dev nlohmann-json3-dev libsndfile1-dev
@@ -24,13 +26,15 @@ speech_packages=(espeak-ng sox flite wordnet-base fortunes festlex-cmu festival 
                  festvox-kdlpc16k)
 real_speech_packages=(tuxpaint-stamps-default alsa-utils festlex-cmu)
 text_packages=(fortunes python3-doc)
+fuzz_packages=(clang)
 
 for group in "$@"; do
   case "$group" in
     speech) packages+=("${speech_packages[@]}") ;;
     real-speech) packages+=("${real_speech_packages[@]}") ;;
     text) packages+=("${text_packages[@]}") ;;
-    *) echo "setup: unknown group '$group' (known: speech, real-speech, text)" >&2; exit 2 ;;
+    fuzz) packages+=("${fuzz_packages[@]}") ;;
+    *) echo "setup: unknown group '$group' (known: speech, real-speech, text, fuzz)" >&2; exit 2 ;;
   esac
 done
 

@@ -6,8 +6,10 @@
 // Ctrl-C and the folder lock by tests/app_signal_test.sh.
 #include "app_cli.h"
 
+#include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -350,6 +352,40 @@ TEST_CASE("copy_task_cuda_resume") {
       copy_task(cat({copy_cuda_tiny, {"--steps", "6", "--resume", copy_out + "/cuda"}}));
   CHECK_OUTPUT_MATCHES(r, "resumed from .* at step 4.*steps 4\\.\\.6");
   CHECK_STATUS(r, 0);
+}
+
+// Device memory running out (the emulated device capped at 48 KiB) is a clear error: the
+// tensor's shape, the bytes asked for and free, the flags that size the run; the status is 1,
+// and the checkpoint the run resumed from is left as it was, with nothing written beside it.
+TEST_CASE("copy_task_cuda_out_of_memory") {
+  const std::string out = copy_out + "/cuda_oom";
+  const AppRun first = copy_task(cat({copy_cuda_tiny, {"--steps", "2", "--out", out,
+                                                       "--overwrite"}}));
+  CHECK_STATUS(first, 0);
+  const auto files = [&] {
+    std::map<std::string, std::string> bytes;
+    for (const auto& e : std::filesystem::directory_iterator(out))
+      if (e.path().filename() != ".lock") {
+        std::ifstream in(e.path(), std::ios::binary);
+        bytes[e.path().filename().string()] = std::string(std::istreambuf_iterator<char>(in), {});
+      }
+    return bytes;
+  };
+  const auto before = files();
+  REQUIRE(before.count("checkpoint.safetensors") == 1);
+  RunOptions capped;
+  capped.env = {{"CLUSTR_EMULATION_MEMORY", "48K"}};
+  const AppRun r = copy_task(cat({copy_cuda_tiny, {"--steps", "4", "--resume", out}}), capped);
+  CHECK_OUTPUT_MATCHES(r, "tensor of shape \\([0-9, ]*\\) does not fit on the device: "
+                          "cuda::alloc: out of device memory allocating [0-9]+ bytes.*the device "
+                          "has [0-9]+ of 49152 bytes free");
+  CHECK_OUTPUT_HAS(r, "this run's memory grows with --batch 4, --length 5");
+  CHECK_STATUS(r, 1);
+  CHECK_MESSAGE(files() == before, "the run folder changed");
+  RunOptions bad;
+  bad.env = {{"CLUSTR_EMULATION_MEMORY", "lots"}};
+  CHECK_FAILS_WITH(copy_task(cat({copy_cuda_tiny, {"--steps", "4", "--resume", out}}), bad),
+                   "CLUSTR_EMULATION_MEMORY='lots': expected a positive number of bytes");
 }
 
 // bf16 products on the device, and the f32 ones (the loss's) in TF32.

@@ -2,6 +2,7 @@
 #include "apps/common/device.h"
 
 #include <cmath>
+#include <cstdio>
 
 #include "apps/common/settings.h"
 #include "core/cpu/gemm.h"
@@ -9,6 +10,7 @@
 #include "core/cuda/cuda.h"
 #include "core/parallel.h"
 #include "core/error.h"
+#include "core/tensor.h"
 
 #ifndef CLUSTR_BUILD_TYPE
 #define CLUSTR_BUILD_TYPE "unknown"
@@ -78,6 +80,11 @@ std::string LaunchMeter::report(int64_t steps, double& kernels_per_step, double&
       std::snprintf(g, sizeof g, "%.2f", double(graphs_) / double(steps));
       line += detail::cat(" + ", g, " graph");
     }
+    // The device memory that tensors hold now: a long run's growth shows here (scripts/soak.py).
+    char mib[48];
+    std::snprintf(mib, sizeof mib, "  device MiB %.1f",
+                  double(memory_stats(Device::cuda).live_bytes) / 1048576.0);
+    line += mib;
   }
   kernels_ = blas_ = graphs_ = 0;
   return line;

@@ -44,8 +44,8 @@ void synchronize_device(Device device);
 
 // The kernel launches and cuBLAS calls of an app's training steps (cuda::launch_counts): each
 // step between begin() and end(); report() gives a log interval's averages per step and the
-// log line's suffix ("  launches/step K + B cuBLAS" on the device, "" on the cpu), and starts
-// the next interval.
+// log line's suffix ("  launches/step K + B cuBLAS  device MiB M" on the device, with the
+// device memory that tensors hold; "" on the cpu), and starts the next interval.
 class LaunchMeter {
  public:
   explicit LaunchMeter(Device device) : on_device_(device == Device::cuda) {}

@@ -67,6 +67,21 @@ struct DeviceMemory {
     const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
     capacity = pages > 0 && page > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page)
                                      : (size_t(16) << 30);
+    // CLUSTR_EMULATION_MEMORY caps the emulated device's memory, so that running out of
+    // device memory can be tried on any machine: bytes, or a number with K, M or G (2^10,
+    // 2^20, 2^30).
+    if (const char* v = std::getenv("CLUSTR_EMULATION_MEMORY")) {
+      char* end = nullptr;
+      const double n = std::strtod(v, &end);
+      double unit = 1;
+      if (end && *end) unit = *end == 'K' ? 0x1p10 : *end == 'M' ? 0x1p20 : *end == 'G' ? 0x1p30 : 0;
+      if (end == v || !(n > 0) || unit == 0 || (end && *end && end[1] != '\0') ||
+          n * unit > double(capacity))
+        throw clustr::Error(clustr::detail::cat(
+            "CLUSTR_EMULATION_MEMORY='", v, "': expected a positive number of bytes, with K, M "
+            "or G after it or not, at most the host's ", capacity, " bytes"));
+      capacity = static_cast<size_t>(n * unit);
+    }
   }
 
   // True when [p, p + bytes) lies inside one live block (bytes == 0: p inside or at its end).

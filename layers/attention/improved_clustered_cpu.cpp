@@ -288,6 +288,18 @@ CLUSTR_MEMBER_HELPER void gather(const float* x, int64_t width, const int32_t* i
 // with that of the column index: the transpose, in 64 two-vector shuffles.
 template <int h>
 CLUSTR_MEMBER_HELPER void transpose_step(Lanes r[16]) {
+#if defined(__clang__)
+  // clang has no __builtin_shuffle with a mask vector (its __builtin_shufflevector takes the
+  // lanes as constants): the same swap lane by lane, which it vectorises.
+  for (int i = 0; i < 16; ++i)
+    if (!(i & h)) {
+      const Lanes a = r[i], b = r[i + h];
+      for (int j = 0; j < 16; ++j) {
+        r[i][j] = (j & h) ? b[j - h] : a[j];
+        r[i + h][j] = (j & h) ? b[j] : a[j + h];
+      }
+    }
+#else
   typedef int32_t LaneIndex __attribute__((vector_size(64)));
   LaneIndex lo, hi;  // lanes 16.. name the second vector's
   for (int j = 0; j < 16; ++j) {
@@ -300,6 +312,7 @@ CLUSTR_MEMBER_HELPER void transpose_step(Lanes r[16]) {
       r[i] = __builtin_shuffle(a, b, lo);
       r[i + h] = __builtin_shuffle(a, b, hi);
     }
+#endif
 }
 
 // Gathers rows idx[0..n) of x (., width) into y (width, n) transposed: 16 x 16 blocks through
