@@ -79,7 +79,8 @@ WordPieces WordPieces::train(const std::vector<std::string>& sentences, int voca
   WordPieces w;
   Sentences it(sentences);
   std::string controls;
-  for (const std::string& c : options.control_symbols) controls += (controls.empty() ? "" : ",") + c;
+  for (const std::string& c : options.control_symbols)
+    controls += (controls.empty() ? "" : ",") + c;
   std::unordered_map<std::string, std::string> args = {
       {"vocab_size", std::to_string(vocab_size)},
       {"model_type", "unigram"},

@@ -175,7 +175,8 @@ std::string BertConfig::to_json() const {
 }
 
 MaskedLmHead::MaskedLmHead(const BertConfig& c, Generator& gen) : config_(c) {
-  transform_ = register_module("transform", std::make_shared<Linear>(c.hidden, c.hidden, true, gen));
+  transform_ =
+      register_module("transform", std::make_shared<Linear>(c.hidden, c.hidden, true, gen));
   norm_ = register_module("norm", std::make_shared<LayerNorm>(c.hidden, c.layer_norm_eps));
   bias_ = register_parameter("bias", Tensor::zeros({c.vocab_size}));
   Tensor w = transform_->weight().data(), b = transform_->bias().data();

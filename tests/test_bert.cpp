@@ -227,8 +227,8 @@ TEST_CASE("bert: the masked-LM head is dense, GELU, layer norm, then the tied wo
   normal_(bias, gen, 0.0f, 0.5f);  // non-zero, so that a missing bias shows
   const Tensor x = random_tensor({3, c.hidden}, 11);
   const Tensor table = random_tensor({c.vocab_size, c.hidden}, 12);
-  const Variable h = layer_norm(gelu(linear(Variable(x), p("transform.weight"), p("transform.bias"))),
-                                p("norm.weight"), p("norm.bias"), c.layer_norm_eps);
+  const Variable dense = linear(Variable(x), p("transform.weight"), p("transform.bias"));
+  const Variable h = layer_norm(gelu(dense), p("norm.weight"), p("norm.bias"), c.layer_norm_eps);
   const Variable expected = linear(h, Variable(table), p("bias"));
   CHECK_CLOSE(head.forward(Variable(x), Variable(table)).data().to_vector(),
               expected.data().to_vector(), 1e-6, 1e-6);

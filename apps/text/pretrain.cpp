@@ -427,8 +427,9 @@ int pretrain(const PretrainOptions& o_in, std::FILE* log) {
     const std::vector<int64_t> rows(order.begin() + k * o.batch, order.begin() + (k + 1) * o.batch);
     model.train();
     optimizer.set_lr(lr_at(step, o.steps, o.lr, o.warmup));
-    const MaskedBatch b = mask_sequences(train, rows, o.mask, tokenizer.mask_id(), first_plain,
-                                         tokenizer.size(), derive_key(o.seed, 2000 + epoch), device);
+    const MaskedBatch b =
+        mask_sequences(train, rows, o.mask, tokenizer.mask_id(), first_plain, tokenizer.size(),
+                       derive_key(o.seed, 2000 + epoch), device);
     Variable loss;
     {
       const PrecisionScope scope(precision);
@@ -437,16 +438,8 @@ int pretrain(const PretrainOptions& o_in, std::FILE* log) {
       loss.backward();
     }
     const double value = loss.data().item();
-    const double norm = clip_or_measure(optimizer.parameters(), o.clip);
-    if (!std::isfinite(value) || !std::isfinite(norm)) {
-      optimizer.zero_grad();
-      non_finite.skipped(detail::cat("step ", step + 1, ": loss ", value, ", norm ", norm), log,
-                         run.file("last.safetensors"));
-    } else {
-      optimizer.step();
-      non_finite.stepped();
+    if (step_or_skip(optimizer, value, o.clip, step, non_finite, log, run.file("last.safetensors")))
       loss_sum += value, ++loss_count;
-    }
     ++step;
     if (step % o.log_interval == 0 || step == limit) {
       const double secs = seconds_since(t0);

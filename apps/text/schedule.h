@@ -1,15 +1,19 @@
 // What the text app's two training loops (finetune, pretrain) share: the order of an epoch's
-// examples and BERT's learning-rate schedule.
+// examples, BERT's learning-rate schedule, and the step after the backward pass.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "apps/common/training.h"
+#include "core/error.h"
+#include "optim/optimizer.h"
 
 namespace clustr::text {
 
@@ -31,6 +35,25 @@ inline float lr_at(int64_t done, int64_t total, float lr, float warmup) {
   const double t = double(done) + 1;
   if (t <= w) return float(lr * t / w);
   return float(lr * std::max(0.0, (double(total) - t + 1) / std::max(1.0, double(total) - w)));
+}
+
+// After the backward pass of step `step` (from 0): clips the gradients to `clip` (0: measures
+// their norm only) and takes the optimizer's step; when the loss or the norm is not finite,
+// forgets the gradients instead and counts the skip (`non_finite` stops the run after too many
+// in a row, naming `checkpoint` as what is kept). Returns whether the step was taken.
+inline bool step_or_skip(optim::Optimizer& optimizer, double loss, float clip, int64_t step,
+                         NonFiniteSteps& non_finite, std::FILE* log,
+                         const std::string& checkpoint) {
+  const double norm = clip_or_measure(optimizer.parameters(), clip);
+  if (!std::isfinite(loss) || !std::isfinite(norm)) {
+    optimizer.zero_grad();
+    non_finite.skipped(detail::cat("step ", step + 1, ": loss ", loss, ", norm ", norm), log,
+                       checkpoint);
+    return false;
+  }
+  optimizer.step();
+  non_finite.stepped();
+  return true;
 }
 
 }  // namespace clustr::text

@@ -157,16 +157,9 @@ int finetune(const FinetuneOptions& o, std::FILE* log) {
         loss.backward();
       }
       const double value = loss.data().item();
-      const double norm = clip_or_measure(optimizer.parameters(), o.clip);
-      if (!std::isfinite(value) || !std::isfinite(norm)) {
-        optimizer.zero_grad();
-        non_finite.skipped(detail::cat("step ", step + 1, ": loss ", value, ", norm ", norm), log,
-                           run.file("last.safetensors"));
-      } else {
-        optimizer.step();
-        non_finite.stepped();
+      if (step_or_skip(optimizer, value, o.clip, step, non_finite, log,
+                       run.file("last.safetensors")))
         loss_sum += value, ++loss_count;
-      }
       ++step;
       if (step % o.log_interval == 0 || step == limit) {
         const double secs = seconds_since(t0);

@@ -74,7 +74,8 @@ struct DeviceMemory {
       char* end = nullptr;
       const double n = std::strtod(v, &end);
       double unit = 1;
-      if (end && *end) unit = *end == 'K' ? 0x1p10 : *end == 'M' ? 0x1p20 : *end == 'G' ? 0x1p30 : 0;
+      if (end && *end)
+        unit = *end == 'K' ? 0x1p10 : *end == 'M' ? 0x1p20 : *end == 'G' ? 0x1p30 : 0;
       if (end == v || !(n > 0) || unit == 0 || (end && *end && end[1] != '\0') ||
           n * unit > double(capacity))
         throw clustr::Error(clustr::detail::cat(

@@ -56,7 +56,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (p.size() > 2) clustr::fuzz::write_file("corpus/utt2spk", part(p, 2));
       utterances = clustr::import_kaldi(dir);
     } else {
-      utterances = clustr::import_nemo(clustr::fuzz::write_file("corpus/manifest.json", part(p, 0)));
+      utterances =
+          clustr::import_nemo(clustr::fuzz::write_file("corpus/manifest.json", part(p, 0)));
     }
     for (clustr::CorpusUtterance& u : utterances)
       if (u.seconds < 0) u.seconds = 1.0;  // the empty audio files have no duration to probe

@@ -80,7 +80,8 @@ void clustr_fuzz_seeds(const std::string& dir) {
   clustr::fuzz::write_seed(dir, "copy-preset", std::string(1, '\0') + "--preset" + nul + "paper" +
                            nul + "--lr" + nul + "1e-3" + nul + "--length" + nul + "-5");
   clustr::fuzz::write_seed(dir, "speech", std::string(1, '\1') + "--data" + nul + "corpus" + nul +
-                           "--epochs" + nul + "2" + nul + "--attention" + nul + "improved-clustered");
+                           "--epochs" + nul + "2" + nul + "--attention" + nul +
+                               "improved-clustered");
 }
 
 extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {

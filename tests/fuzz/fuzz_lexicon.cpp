@@ -21,9 +21,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
 // The seed inputs (--make-seeds=DIR); the ordinary suite runs them through the target too.
 void clustr_fuzz_seeds(const std::string& dir) {
-  clustr::fuzz::write_seed(dir, "cmudict", ";;; a comment\nA  AH0\nDOG  D AO1 G\nDOG(2)  D AA1 G\n");
+  clustr::fuzz::write_seed(dir, "cmudict",
+                           ";;; a comment\nA  AH0\nDOG  D AO1 G\nDOG(2)  D AA1 G\n");
   clustr::fuzz::write_seed(dir, "festival",
-                           "MNCL\n(\"hello\" nil (((hh ah) 0) ((l ow) 1)))\n(\"a\" dt (((ah) 0)))\n");
+                           "MNCL\n(\"hello\" nil (((hh ah) 0) ((l ow) 1)))\n"
+                           "(\"a\" dt (((ah) 0)))\n");
 }
 
 extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {

@@ -8,8 +8,8 @@
 #include "fuzz_input.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  const std::string path =
-      clustr::fuzz::write_file("input.safetensors", std::string(reinterpret_cast<const char*>(data), size));
+  const std::string path = clustr::fuzz::write_file(
+      "input.safetensors", std::string(reinterpret_cast<const char*>(data), size));
   clustr::fuzz::expect_clear_errors([&] {
     const clustr::SafetensorsFile f = clustr::load_safetensors(path);
     double sum = 0;  // every element read: a tensor that claims more bytes than it has shows
@@ -28,7 +28,8 @@ void clustr_fuzz_seeds(const std::string& dir) {
                            {{"w", Tensor::from_vector({1, 2, 3, 4, 5, 6}, {2, 3})},
                             {"ids", Tensor::from_int_vector({7, 8}, {2})},
                             {"scalar", Tensor::from_vector({0.5f}, {})},
-                            {"half", Tensor::from_vector({1, -2}, {2}).astype(clustr::DType::bf16)}},
+                            {"half",
+                             Tensor::from_vector({1, -2}, {2}).astype(clustr::DType::bf16)}},
                            {{"format", "pt"}, {"note", "a seed"}});
   clustr::save_safetensors(dir + "/empty.safetensors", {});
 }

@@ -54,7 +54,8 @@ void clustr_fuzz_seeds(const std::string& dir) {
   const std::string nul(1, '\0');
   clustr::fuzz::write_seed(dir, "tokenizer", std::string("\0\x20", 2) +
                            "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nun\n##aff\n##able\nhello\n,\n" +
-                           nul + "Unaffable, HELLO h\xC3\xA9llo \xE4\xB8\xAD\xE6\x96\x87 \x01 world");
+                           nul +
+                               "Unaffable, HELLO h\xC3\xA9llo \xE4\xB8\xAD\xE6\x96\x87 \x01 world");
   clustr::fuzz::write_seed(dir, "config", std::string("\1\0", 2) + clustr::BertConfig{}.to_json());
   clustr::WicExample w;
   w.lemma = "bank";
@@ -76,12 +77,13 @@ void clustr_fuzz_seeds(const std::string& dir) {
   x.context_pieces = 7;
   const std::string span = clustr::fuzz::work_dir() + "/seed-span.jsonl";
   clustr::write_span_jsonl(span, {x}, true);
-  for (const auto& [name, path, reader] : {std::tuple<const char*, std::string, char>{"wic", wic, 2},
-                                         {"span", span, 3}}) {
+  using Seed = std::tuple<const char*, std::string, char>;
+  for (const auto& [name, path, reader] : {Seed{"wic", wic, 2}, Seed{"span", span, 3}}) {
     std::ifstream in(path, std::ios::binary);
     std::ostringstream bytes;
     bytes << in.rdbuf();
-    clustr::fuzz::write_seed(dir, name, std::string(1, reader) + std::string(1, '\0') + bytes.str());
+    clustr::fuzz::write_seed(dir, name,
+                             std::string(1, reader) + std::string(1, '\0') + bytes.str());
   }
 }
 
