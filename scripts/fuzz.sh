@@ -41,12 +41,13 @@ command -v clang++ > /dev/null ||
 echo "== fuzz build (clang, libFuzzer, ASan + UBSan) =="
 # The readers need neither OpenMP nor CUDA; without them the build is smaller and every input
 # runs on one thread, as libFuzzer expects.
+configure_log=$(mktemp)
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1" -DCLUSTR_FUZZ=ON -DCLUSTR_OPENMP=OFF \
   -DCLUSTR_CUDA=OFF -DCLUSTR_TESTS=OFF -DCLUSTR_APPS=ON -DCLUSTR_AUDIO=ON \
-  -DCLUSTR_SENTENCEPIECE=ON -DCLUSTR_ICU=ON > build-fuzz.configure.log ||
-  { cat build-fuzz.configure.log; exit 1; }
-rm -f build-fuzz.configure.log
+  -DCLUSTR_SENTENCEPIECE=ON -DCLUSTR_ICU=ON > "$configure_log" ||
+  { cat "$configure_log"; rm -f "$configure_log"; exit 1; }
+rm -f "$configure_log"
 cmake --build build-fuzz -j "$jobs" --target fuzz_targets
 
 if [ -z "$targets" ]; then
