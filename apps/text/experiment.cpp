@@ -303,23 +303,20 @@ int table4(const Table4Options& o, std::FILE* log) {
       write_tasks(t, log);
       return 0;
     });
-  const std::vector<std::pair<std::string, const FinetuneOptions*>> runs = {
-      {"minilm-wic", &plan.minilm_wic}, {"minilm-span", &plan.minilm_span}};
-  for (const auto& [name, f] : runs)
-    run_step(name, [&, name = name, f = f] {
-      return run_training(*f, o.out + "/" + name,
+  const auto run_finetune = [&](const std::string& name, const FinetuneOptions& f) {
+    run_step(name, [&] {
+      return run_training(f, o.out + "/" + name,
                           [](const FinetuneOptions& x, std::FILE* l) { return finetune(x, l); });
     });
+  };
+  run_finetune("minilm-wic", plan.minilm_wic);
+  run_finetune("minilm-span", plan.minilm_span);
   run_step("pretrain", [&] {
     return run_training(plan.pretrain, o.out + "/pretrain",
                         [](const PretrainOptions& x, std::FILE* l) { return pretrain(x, l); });
   });
-  for (const auto& [name, f] : std::vector<std::pair<std::string, const FinetuneOptions*>>{
-           {"own-wic", &plan.own_wic}, {"own-span", &plan.own_span}})
-    run_step(name, [&, name = name, f = f] {
-      return run_training(*f, o.out + "/" + name,
-                          [](const FinetuneOptions& x, std::FILE* l) { return finetune(x, l); });
-    });
+  run_finetune("own-wic", plan.own_wic);
+  run_finetune("own-span", plan.own_span);
 
   // Each fine-tuned model on the test split under the four attentions.
   for (const char* name : {"minilm-wic", "minilm-span", "own-wic", "own-span"})

@@ -18,28 +18,7 @@
 
 namespace clustr::text {
 
-namespace {
-
 using Json = nlohmann::json;
-
-Json read_json(const std::string& path) {
-  std::ifstream in(path);
-  CLUSTR_CHECK(in, "cannot open ", path);
-  try {
-    return Json::parse(in);
-  } catch (const Json::exception& e) {
-    throw Error(detail::cat(path, ": not valid JSON (", e.what(), ")"));
-  }
-}
-
-bool json_bool(const Json& j, const char* key, bool fallback, const std::string& path) {
-  if (!j.is_object() || !j.contains(key)) return fallback;
-  CLUSTR_CHECK(j[key].is_boolean(), path, ": expected \"", key, "\" to be true or false, got ",
-               j[key].dump());
-  return j[key].get<bool>();
-}
-
-}  // namespace
 
 std::string default_pretrained_dir() {
   const char* env = std::getenv("CLUSTR_PRETRAINED_DIR");
@@ -75,7 +54,7 @@ PretrainedModel load_pretrained(const std::string& dir, const AttentionConfig& a
 
   m.max_length = config.max_positions;
   if (fs::exists(file("sentence_bert_config.json"))) {
-    const Json j = read_json(file("sentence_bert_config.json"));
+    const Json j = read_json_file(file("sentence_bert_config.json"));
     if (j.is_object() && j.contains("max_seq_length")) {
       CLUSTR_CHECK(j["max_seq_length"].is_number_integer() && j["max_seq_length"].get<int64_t>() >= 3,
                    file("sentence_bert_config.json"),
@@ -86,7 +65,7 @@ PretrainedModel load_pretrained(const std::string& dir, const AttentionConfig& a
   }
   if (fs::exists(file("1_Pooling/config.json"))) {
     const std::string path = file("1_Pooling/config.json");
-    const Json j = read_json(path);
+    const Json j = read_json_file(path);
     CLUSTR_CHECK(json_bool(j, "pooling_mode_mean_tokens", true, path) &&
                      !json_bool(j, "pooling_mode_cls_token", false, path) &&
                      !json_bool(j, "pooling_mode_max_tokens", false, path) &&
@@ -95,7 +74,7 @@ PretrainedModel load_pretrained(const std::string& dir, const AttentionConfig& a
   }
   m.normalize = false;
   if (fs::exists(file("modules.json"))) {
-    const Json j = read_json(file("modules.json"));
+    const Json j = read_json_file(file("modules.json"));
     CLUSTR_CHECK(j.is_array(), file("modules.json"), ": expected a list of modules");
     for (const Json& module : j) {
       const std::string type = module.is_object() && module.contains("type") &&

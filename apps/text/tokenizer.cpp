@@ -9,24 +9,30 @@
 
 namespace clustr::text {
 
+nlohmann::json read_json_file(const std::string& path) {
+  std::ifstream in(path);
+  CLUSTR_CHECK(in, "cannot open ", path);
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(detail::cat(path, ": not valid JSON (", e.what(), ")"));
+  }
+}
+
+bool json_bool(const nlohmann::json& j, const char* key, bool fallback, const std::string& path) {
+  if (!j.is_object() || !j.contains(key)) return fallback;
+  CLUSTR_CHECK(j[key].is_boolean(), path, ": expected \"", key, "\" to be true or false, got ",
+               j[key].dump());
+  return j[key].get<bool>();
+}
+
 namespace {
 
 // tokenizer_config.json's do_lower_case (true when the file or the key is absent).
 bool lower_case_of(const std::string& dir) {
   const std::string path = dir + "/tokenizer_config.json";
   if (!std::filesystem::exists(path)) return true;
-  std::ifstream in(path);
-  CLUSTR_CHECK(in, "cannot open ", path);
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(detail::cat(path, ": not valid JSON (", e.what(), ")"));
-  }
-  if (!j.is_object() || !j.contains("do_lower_case")) return true;
-  CLUSTR_CHECK(j["do_lower_case"].is_boolean(), path,
-               ": expected \"do_lower_case\" to be true or false, got ", j["do_lower_case"].dump());
-  return j["do_lower_case"].get<bool>();
+  return json_bool(read_json_file(path), "do_lower_case", true, path);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,13 @@
 #include "data/word_pieces.h"
 
 namespace clustr::text {
+
+// A JSON file of a model folder, parsed; throws naming the file when it cannot be read or is
+// not JSON.
+nlohmann::json read_json_file(const std::string& path);
+// j[key] as a bool (`fallback` when j has no such key); throws naming the file and the key when
+// it is not true or false.
+bool json_bool(const nlohmann::json& j, const char* key, bool fallback, const std::string& path);
 
 // The special pieces of a SentencePiece model that `text pretrain` learns, in id order after
 // the unknown piece (ids 1 to 4).
