@@ -4,12 +4,16 @@
 // checks its arguments once, allocates the results on the inputs' device and calls the CPU
 // kernels (core/cpu/gemm.h, core/cpu/nn.h) or the CUDA ones (core/cuda/cuda.h).
 //
-// On the CUDA device the GEMMs are cuBLAS calls, which have no epilogue hook: the bias and ReLU
-// of linear_forward are one element-wise pass after the product (cuda::bias_activation), the
-// bias gradients are sums over axis 0, the ReLU mask of the feed-forward backward is the ReLU
-// derivative kernel run in place on the product, and add_layer_norm stores the residual sum and
-// runs the layer-norm kernels on it (a float sum, exactly the row the CPU forms on the fly).
-// The results agree with the CPU's to the rounding of the GEMMs' and the sums' orders.
+// On the CUDA device the bias and ReLU of linear_forward are cuBLASLt's epilogue of the product,
+// and each bias gradient comes out of its dW's product where dy is that product's operand as it
+// is (cuda::gemm_epilogue; in the bf16 precision a float dy is rounded for the product, so its
+// sums are a pass of their own over the float dy, as on the CPU). Where cuBLASLt offers no
+// algorithm for a product, the same results are composed: the cuBLAS product, then the bias and
+// ReLU as one element-wise pass (cuda::bias_activation) and the bias gradients as sums over
+// axis 0. The ReLU mask of the feed-forward backward is the ReLU derivative kernel run in place
+// on the product, and add_layer_norm's kernels form the residual sum as they read it (a float
+// sum, exactly the row the CPU forms on the fly). The results agree with the CPU's to the
+// rounding of the GEMMs' and the sums' orders.
 //
 // Legend: R rows, D layer-norm width.
 #include <utility>
@@ -120,6 +124,64 @@ Tensor column_sums(const Tensor& dy) {
   return sum(is_bf16(dy) ? dy.astype(DType::f32) : dy, 0);
 }
 
+// The two operands of a device product: both bf16 (rounded copies of f32 ones) in the bf16
+// precision or when either is bf16, as gemm reads them; else both f32.
+struct DeviceOperands {
+  Tensor a, b;
+  bool bf16;
+};
+
+DeviceOperands device_operands(const Tensor& A, const Tensor& B, Precision precision) {
+  const bool bf16 = precision == Precision::bf16 || is_bf16(A) || is_bf16(B);
+  auto as = [bf16](const Tensor& t) { return bf16 && !is_bf16(t) ? t.astype(DType::bf16) : t; };
+  return {as(A), as(B), bf16};
+}
+
+// y (R, out) = x W^T + b, then ReLU when asked, on the device: one cuBLASLt call with its
+// epilogue, or the product and one element-wise pass.
+void device_linear(const Tensor& x, const Tensor& W, const float* bias, bool relu,
+                   Precision precision, Tensor& y) {
+  const int64_t R = x.size(0), out = W.size(0), in = W.size(1);
+  const DeviceOperands o = device_operands(x, W, precision);
+  cuda::EpilogueGemm g;
+  g.trans_b = true;
+  g.M = R, g.N = out, g.K = in;
+  g.A = o.a.raw(), g.lda = in, g.B = o.b.raw(), g.ldb = in, g.bf16 = o.bf16;
+  g.C = y.f32(), g.ldc = out;
+  g.epilogue = relu ? cuda::GemmEpilogue::relu_bias : cuda::GemmEpilogue::bias;
+  g.vec = const_cast<float*>(bias);
+  if (bias != nullptr && cuda::gemm_epilogue(g)) return;
+  gemm(false, true, 1.0f, o.a, o.b, 0.0f, y, precision);
+  cuda::bias_activation(y.f32(), bias, relu, R, out);
+}
+
+// dW (out, in) = dy^T x and db (out) = the sums of dy's columns, on the device: one cuBLASLt
+// call whose epilogue reads db off dy, or the product and a sum. The epilogue sums the product's
+// operand, so it serves only where that is dy as it is: in the bf16 precision a float dy is
+// rounded for the product, and db is summed from the float dy, as on the CPU.
+void device_weight_grads(const Tensor& dy, const Tensor& x, Precision precision, Tensor& dW,
+                         Tensor& db) {
+  const int64_t R = dy.size(0), out = dy.size(1), in = x.size(1);
+  const DeviceOperands o = device_operands(dy, x, precision);
+  dW = Tensor::empty({out, in}, DType::f32, dy.device());
+  db = Tensor::empty({out}, DType::f32, dy.device());
+  if (o.bf16 && !is_bf16(dy)) {
+    gemm(true, false, 1.0f, o.a, o.b, 0.0f, dW, precision);
+    db = column_sums(dy);
+    return;
+  }
+  cuda::EpilogueGemm g;
+  g.trans_a = true;
+  g.M = out, g.N = in, g.K = R;
+  g.A = o.a.raw(), g.lda = out, g.B = o.b.raw(), g.ldb = in, g.bf16 = o.bf16;
+  g.C = dW.f32(), g.ldc = in;
+  g.epilogue = cuda::GemmEpilogue::a_row_sums;
+  g.vec = db.f32();
+  if (cuda::gemm_epilogue(g)) return;
+  gemm(true, false, 1.0f, o.a, o.b, 0.0f, dW, precision);
+  db = column_sums(dy);
+}
+
 Shape row_shape(const Tensor& x) { return Shape(x.shape().begin(), x.shape().end() - 1); }
 
 // a, b (..., D) of the same shape; gamma (D) -> D.
@@ -162,10 +224,9 @@ Tensor linear_forward(const Tensor& x, const Tensor& W, const Tensor& b, bool re
     epilogue.bias = b.f32();
   }
   epilogue.relu = relu;
-  if (on_cuda(x)) {  // the product, then the epilogue as its own pass (and the rounding)
+  if (on_cuda(x)) {  // the product with its epilogue (and the rounding as a pass of its own)
     Tensor y = Tensor::empty({R, out}, DType::f32, x.device());
-    gemm(false, true, 1.0f, x, W, 0.0f, y, precision);
-    cuda::bias_activation(y.f32(), epilogue.bias, relu, R, out);
+    device_linear(x, W, epilogue.bias, relu, precision, y);
     return out_dtype == DType::f32 ? y : y.astype(out_dtype);
   }
   Tensor y = Tensor::empty({R, out}, out_dtype);
@@ -192,11 +253,15 @@ LinearGrads linear_backward(const Tensor& dy, const Tensor& x, const Tensor& W, 
     CLUSTR_CHECK(x.rank() == 2 && x.size(0) == R, op, ": expected x (", R, ", in) for dy ",
                  describe(dy), ", got ", describe(x));
   }
-  if (on_cuda(dy)) {  // cuBLAS has no row-sum epilogue: the plain products and sum
+  if (on_cuda(dy)) {  // db from dW's product where both are needed
     LinearGrads g;
     if (need_dx) g.dx = matmul(dy, W, false, false, precision);
-    if (need_dW) g.dW = matmul(dy, x, true, false, precision);
-    if (need_db) g.db = column_sums(dy);
+    if (need_dW && need_db)
+      device_weight_grads(dy, x, precision, g.dW, g.db);
+    else if (need_dW)
+      g.dW = matmul(dy, x, true, false, precision);
+    else if (need_db)
+      g.db = column_sums(dy);
     return g;
   }
   LinearGrads g;
@@ -239,8 +304,12 @@ FeedForwardGrads feed_forward_relu_backward(const Tensor& dy, const Tensor& x, c
   const bool need_dp = need.dx || need.dW1 || need.db1;
   Tensor dp;
   if (on_cuda(dy)) {
-    if (need.dW2) g.dW2 = matmul(dy, H, true, false, precision);  // dy^T H
-    if (need.db2) g.db2 = sum(dy, 0);
+    if (need.dW2 && need.db2)  // dy^T H, and db2 from that product
+      device_weight_grads(dy, H, precision, g.dW2, g.db2);
+    else if (need.dW2)
+      g.dW2 = matmul(dy, H, true, false, precision);
+    else if (need.db2)
+      g.db2 = sum(dy, 0);
     if (need_dp) {  // dP = (dy W2) * [H > 0]: ReLU's derivative at H, in place on the product
       dp = matmul(dy, W2, false, false, precision);
       const Tensor h = is_bf16(H) ? H.astype(DType::f32) : H;
@@ -289,9 +358,8 @@ LayerNormOutput add_layer_norm(const Tensor& a, const Tensor& b, const Tensor& g
   out.rstd = Tensor::empty(row_shape(a), DType::f32, a.device());
   const int64_t R = a.numel() / D;
   if (R > 0 && on_cuda(a)) {
-    const Tensor ab = add(a, b);
-    cuda::layer_norm(ab.f32(), gamma.f32(), beta.f32(), eps, out.y.f32(), out.mean.f32(),
-                     out.rstd.f32(), R, D);
+    cuda::add_layer_norm(a.f32(), b.f32(), gamma.f32(), beta.f32(), eps, out.y.f32(),
+                         out.mean.f32(), out.rstd.f32(), R, D);
   } else if (R > 0) {
     cpu::add_layer_norm(a.f32(), b.f32(), gamma.f32(), beta.f32(), eps, out.y.f32(),
                         out.mean.f32(), out.rstd.f32(), R, D);
@@ -317,10 +385,10 @@ LayerNormGrads add_layer_norm_backward(const Tensor& dy, const Tensor& a, const 
   g.dx = Tensor::empty(a.shape(), DType::f32, a.device());
   g.dgamma = Tensor::empty({D}, DType::f32, a.device());
   g.dbeta = Tensor::empty({D}, DType::f32, a.device());
-  if (on_cuda(a)) {  // the layer-norm backward of the stored sum
-    const Tensor ab = add(a, b);
-    cuda::layer_norm_backward(dy.f32(), ab.f32(), mean.f32(), rstd.f32(), gamma.f32(),
-                              g.dx.f32(), g.dgamma.f32(), g.dbeta.f32(), a.numel() / D, D);
+  if (on_cuda(a)) {
+    cuda::add_layer_norm_backward(dy.f32(), a.f32(), b.f32(), mean.f32(), rstd.f32(),
+                                  gamma.f32(), g.dx.f32(), g.dgamma.f32(), g.dbeta.f32(),
+                                  a.numel() / D, D);
     return g;
   }
   cpu::add_layer_norm_backward(dy.f32(), a.f32(), b.f32(), mean.f32(), rstd.f32(), gamma.f32(),

@@ -45,6 +45,10 @@
 #include "layers/linear.h"
 #include "layers/module.h"
 
+#if defined(CLUSTR_CUDA_EMULATION)
+#include "core/cuda/kernel.h"  // the emulator's controls
+#endif
+
 using clustr::Device;
 using clustr::DType;
 using clustr::Shape;
@@ -149,6 +153,106 @@ TEST_CASE("cuda fused: linear_backward matches the cpu for every combination of 
     }
   }
 }
+
+#if defined(CLUSTR_CUDA_EMULATION)
+namespace {
+
+// Makes the emulated cuBLASLt offer no algorithm while it lives, so that the fused ops take
+// their composed path (the GPU's cuBLASLt may have none for a product).
+class NoLtAlgorithms {
+ public:
+  NoLtAlgorithms() { clustr::cuda::emulation::set_lt_algorithms(false); }
+  ~NoLtAlgorithms() { clustr::cuda::emulation::set_lt_algorithms(true); }
+  NoLtAlgorithms(const NoLtAlgorithms&) = delete;
+  NoLtAlgorithms& operator=(const NoLtAlgorithms&) = delete;
+};
+
+}  // namespace
+
+TEST_CASE("cuda fused: cuBLASLt's epilogues give the composed ops' results in one call") {
+  // Each device op twice: with cuBLASLt's epilogue (bias, ReLU and the bias gradient inside the
+  // product's one call) and composed (the product, then a kernel). The product is the same
+  // emulated loop both ways, and the bias and ReLU are the same float operations on it, so the
+  // forward and dW agree bit for bit. db's column sums are added in another order (the
+  // epilogue in order of k, the reduction kernel in its tree): within 1e-6 of the sums' scale.
+  // In the bf16 precision a float dy's sums are a pass of their own either way (the product
+  // reads dy rounded); a bf16 dy's come out of the product.
+  struct Case {
+    clustr::Precision precision;
+    DType dy_type;
+  };
+  const Case cases[] = {{clustr::Precision::fp32, DType::f32},
+                        {clustr::Precision::bf16, DType::f32},
+                        {clustr::Precision::bf16, DType::bf16}};
+  uint32_t seed = 650;
+  for (const LinearShape& s : kLinearShapes) {
+    if (s.R == 0) continue;
+    const Tensor x = dev(random_tensor({s.R, s.in}, seed++));
+    const Tensor W = dev(random_tensor({s.out, s.in}, seed++));
+    const Tensor b = dev(random_tensor({s.out}, seed++));
+    const Tensor dy32 = dev(random_tensor({s.R, s.out}, seed++));
+    for (const Case& c : cases)
+      for (bool relu : {false, true}) {
+        const clustr::Precision p = c.precision;
+        const Tensor dy = dy32.astype(c.dy_type);
+        CAPTURE(s.R);
+        CAPTURE(s.in);
+        CAPTURE(s.out);
+        CAPTURE(std::string(clustr::to_string(p)));
+        CAPTURE(std::string(clustr::to_string(c.dy_type)));
+        CAPTURE(relu);
+        const clustr::cuda::LaunchCounts c0 = clustr::cuda::launch_counts();
+        const Tensor fused = clustr::linear_forward(x, W, b, relu, p);
+        const clustr::LinearGrads gf = clustr::linear_backward(dy, x, W, false, true, true, p);
+        const clustr::cuda::LaunchCounts c1 = clustr::cuda::launch_counts();
+        Tensor composed;
+        clustr::LinearGrads gc;
+        {
+          const NoLtAlgorithms none;
+          composed = clustr::linear_forward(x, W, b, relu, p);
+          gc = clustr::linear_backward(dy, x, W, false, true, true, p);
+        }
+        const clustr::cuda::LaunchCounts c2 = clustr::cuda::launch_counts();
+        // Two products either way; composed, the epilogue pass, and the column sums (a bf16
+        // dy widened first) where the product could have made them (the operands' roundings
+        // the same both ways).
+        const bool sums_fused = !(p == clustr::Precision::bf16 && c.dy_type == DType::f32);
+        const uint64_t sum_launches = c.dy_type == DType::bf16 ? 2 : 1;
+        CHECK(c1.blas - c0.blas == 2);
+        CHECK(c2.blas - c1.blas == 2);
+        CHECK((c2.kernels - c1.kernels) - (c1.kernels - c0.kernels) ==
+              1 + (sums_fused ? sum_launches : 0));
+        check_ulps(fused.to_vector(), composed.to_vector(), 0);
+        check_ulps(gf.dW.to_vector(), gc.dW.to_vector(), 0);
+        double scale = 0.0;
+        for (float v : dy.astype(DType::f32).to_vector()) scale += std::fabs(v);
+        CHECK_CLOSE(gf.db.to_vector(), gc.db.to_vector(), 1e-6 * scale / s.out + 1e-7, 0.0);
+      }
+  }
+}
+
+TEST_CASE("cuda fused: the feed-forward backward's db2 from dW2's product, and composed") {
+  const int64_t R = 17, D = 5, F = 129, D_out = 7;
+  uint32_t seed = 690;
+  const Tensor x = dev(random_tensor({R, D}, seed++));
+  const Tensor W1 = dev(random_tensor({F, D}, seed++));
+  const Tensor b1 = dev(random_tensor({F}, seed++));
+  const Tensor W2 = dev(random_tensor({D_out, F}, seed++));
+  const Tensor dy = dev(random_tensor({R, D_out}, seed++));
+  const Tensor H = clustr::linear_forward(x, W1, b1, true);
+  const clustr::FeedForwardGrads f = clustr::feed_forward_relu_backward(dy, x, W1, W2, H, {});
+  clustr::FeedForwardGrads c;
+  {
+    const NoLtAlgorithms none;
+    c = clustr::feed_forward_relu_backward(dy, x, W1, W2, H, {});
+  }
+  check_ulps(f.dx.to_vector(), c.dx.to_vector(), 0);
+  check_ulps(f.dW1.to_vector(), c.dW1.to_vector(), 0);
+  check_ulps(f.dW2.to_vector(), c.dW2.to_vector(), 0);
+  CHECK_CLOSE(f.db1.to_vector(), c.db1.to_vector(), 1e-5, 1e-6);
+  CHECK_CLOSE(f.db2.to_vector(), c.db2.to_vector(), 1e-5, 1e-6);
+}
+#endif
 
 TEST_CASE("cuda fused: feed_forward_relu_backward matches the cpu, all or some gradients") {
   // (R, D, F, D_out)

@@ -300,6 +300,33 @@ void gemm_bf16_strided_batched(bool trans_a, bool trans_b, int64_t M, int64_t N,
 void set_tf32(bool on);
 bool tf32();
 
+// Row-major GEMMs with a fused epilogue, each one cuBLASLt call (core/cuda/blas_lt.cu):
+//   C(M,N) = op(A) op(B), then
+//   bias:       C[i][j] += vec[j]           (vec: N floats, read)
+//   relu_bias:  C[i][j] = max(C[i][j] + vec[j], 0)
+//   a_row_sums: vec[i] = sum over k of op(A)[i][k]   (vec: M floats, written; the bias gradient
+//               of a linear layer when op(A) is dy^T)
+// A and B both float (TF32 as set_tf32 says) or both bf16, C float, leading dimensions as gemm.
+// Returns true once the call is queued on the current stream. Returns false, queuing nothing,
+// when cuBLASLt offers no algorithm for the product (the caller then composes it from gemm and
+// its own kernels), for an empty product (M, N or K zero), or when CLUSTR_GEMM_EPILOGUES=off is
+// set in the environment (to compare the two paths); another value of it is an error.
+enum class GemmEpilogue { bias, relu_bias, a_row_sums };
+struct EpilogueGemm {
+  bool trans_a = false, trans_b = false;
+  int64_t M = 0, N = 0, K = 0;
+  const void* A = nullptr;
+  int64_t lda = 0;
+  const void* B = nullptr;
+  int64_t ldb = 0;
+  bool bf16 = false;  // A and B hold bf16 (uint16_t) elements; else float
+  float* C = nullptr;
+  int64_t ldc = 0;
+  GemmEpilogue epilogue = GemmEpilogue::bias;
+  float* vec = nullptr;
+};
+bool gemm_epilogue(const EpilogueGemm& g);
+
 // float32 <-> bf16 conversion, element-wise: y[i] = float_to_bf16(x[i]) (round to nearest
 // even, core/bf16.h) and y[i] = bf16_to_float(x[i]) (exact). (core/cuda/convert.cu)
 void f32_to_bf16(const float* x, uint16_t* y, int64_t n);
@@ -353,6 +380,13 @@ void layer_norm(const float* x, const float* gamma, const float* beta, float eps
 void layer_norm_backward(const float* dy, const float* x, const float* mean, const float* rstd,
                          const float* gamma, float* dx, float* dgamma, float* dbeta, int64_t R,
                          int64_t D);
+// The same of a residual sum x = a + b (a, b (R, D)), formed as each kernel reads it (the
+// float sum the CPU's add_layer_norm forms) instead of stored first: one launch fewer each way.
+void add_layer_norm(const float* a, const float* b, const float* gamma, const float* beta,
+                    float eps, float* y, float* mean, float* rstd, int64_t R, int64_t D);
+void add_layer_norm_backward(const float* dy, const float* a, const float* b, const float* mean,
+                             const float* rstd, const float* gamma, float* dx, float* dgamma,
+                             float* dbeta, int64_t R, int64_t D);
 
 // The linear layer's GEMM epilogue (core/cuda/fused.cu), what cpu::gemm_fused's GemmEpilogue
 // does to the product: y (R, N) = y + bias (bias (N), or null for none), then ReLU when relu

@@ -178,6 +178,83 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation
                                           cublasComputeType_t compute_type,
                                           cublasGemmAlgo_t algo);
 
+// ---- the cuBLASLt subset -------------------------------------------------------------------------
+// Values as in the toolkit's cublasLt.h. One column-major product per cublasLtMatmul (no
+// batches), D = alpha op(A) op(B) + beta C with D the same matrix as C, A and B both float or
+// both bf16, C float, with one of the epilogues below; descriptors carry only the attributes
+// clustr sets (another attribute is CUBLAS_STATUS_INVALID_VALUE, with a message).
+struct cublasLtContext;
+typedef cublasLtContext* cublasLtHandle_t;
+struct cublasLtMatmulDescEmulated;
+typedef cublasLtMatmulDescEmulated* cublasLtMatmulDesc_t;
+struct cublasLtMatrixLayoutEmulated;
+typedef cublasLtMatrixLayoutEmulated* cublasLtMatrixLayout_t;
+struct cublasLtMatmulPreferenceEmulated;
+typedef cublasLtMatmulPreferenceEmulated* cublasLtMatmulPreference_t;
+struct cublasLtMatmulAlgo_t {
+  uint64_t data[8];
+};
+struct cublasLtMatmulHeuristicResult_t {
+  cublasLtMatmulAlgo_t algo;
+  size_t workspaceSize;
+  cublasStatus_t state;
+  float wavesCount;
+  int reserved[4];
+};
+enum cublasLtMatmulDescAttributes_t {
+  CUBLASLT_MATMUL_DESC_TRANSA = 3,
+  CUBLASLT_MATMUL_DESC_TRANSB = 4,
+  CUBLASLT_MATMUL_DESC_EPILOGUE = 7,
+  CUBLASLT_MATMUL_DESC_BIAS_POINTER = 8,
+};
+enum cublasLtEpilogue_t {
+  CUBLASLT_EPILOGUE_DEFAULT = 1,
+  CUBLASLT_EPILOGUE_RELU = 2,
+  CUBLASLT_EPILOGUE_BIAS = 4,
+  CUBLASLT_EPILOGUE_RELU_BIAS = 6,
+  CUBLASLT_EPILOGUE_BGRADA = 256,
+  CUBLASLT_EPILOGUE_BGRADB = 512,
+};
+enum cublasLtMatmulPreferenceAttributes_t {
+  CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1,
+  CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK = 3,
+};
+enum cublasLtReductionScheme_t { CUBLASLT_REDUCTION_SCHEME_NONE = 0 };
+cublasStatus_t cublasLtCreate(cublasLtHandle_t* handle);
+cublasStatus_t cublasLtDestroy(cublasLtHandle_t handle);
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* desc, cublasComputeType_t compute,
+                                        cudaDataType_t scale_type);
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t desc);
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc,
+                                              cublasLtMatmulDescAttributes_t attr,
+                                              const void* buf, size_t size);
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* layout, cudaDataType type,
+                                          uint64_t rows, uint64_t cols, int64_t ld);
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t layout);
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* pref);
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t pref);
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t pref,
+                                                    cublasLtMatmulPreferenceAttributes_t attr,
+                                                    const void* buf, size_t size);
+// One algorithm (workspace 0) for a combination the subset runs; none, and
+// CUBLAS_STATUS_NOT_SUPPORTED, for another, or for every call while
+// clustr::cuda::emulation::set_lt_algorithms(false) is in force.
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
+    cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t Adesc,
+    cublasLtMatrixLayout_t Bdesc, cublasLtMatrixLayout_t Cdesc, cublasLtMatrixLayout_t Ddesc,
+    cublasLtMatmulPreference_t pref, int requested, cublasLtMatmulHeuristicResult_t results[],
+    int* returned);
+// The reference loop of cublasSgemm / cublasGemmEx (emulation_blas.cpp) for the product, then
+// the epilogue on each element in float: BIAS adds bias[i] (the bias has D's rows), RELU_BIAS
+// then clamps at 0; BGRADB stores in the bias pointer the sums over k of op(B)'s columns (D's
+// columns), BGRADA those of op(A)'s rows, each in float in order of k.
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc,
+                              const void* alpha, const void* A, cublasLtMatrixLayout_t Adesc,
+                              const void* B, cublasLtMatrixLayout_t Bdesc, const void* beta,
+                              const void* C, cublasLtMatrixLayout_t Cdesc, void* D,
+                              cublasLtMatrixLayout_t Ddesc, const cublasLtMatmulAlgo_t* algo,
+                              void* workspace, size_t workspace_bytes, cudaStream_t stream);
+
 // ---- the launcher ------------------------------------------------------------------------------
 namespace clustr::cuda::emulation {
 
@@ -282,6 +359,13 @@ void cp_async_wait(Fibers* block, const char* kernel, unsigned pending);
 
 // atomicAdd on a float: a compare-and-swap loop on its bits (blocks may run in parallel).
 float atomic_add_f32(float* p, float v);
+
+// Whether the emulated cuBLASLt's heuristic offers an algorithm (true, the default) or none, as
+// a GPU's cuBLASLt may for a combination it lacks: for tests of the callers' fall-back path.
+// Each call starts a new generation (lt_generation), so that callers who keep the heuristic's
+// answers ask again.
+void set_lt_algorithms(bool available);
+uint64_t lt_generation();
 
 // How many bytes the emulated device holds in live cudaMalloc blocks.
 size_t device_bytes_in_use();

@@ -5,6 +5,7 @@
 // every element a product reads checked to have been written.
 // Compiled only with -DCLUSTR_CUDA=EMULATE.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -337,3 +338,305 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation
                          stride_c, batch_count, compute_type, algo);
 }
 
+
+// ---- cuBLASLt ------------------------------------------------------------------------------------
+// The subset of emulation.h: descriptors that hold the attributes clustr sets, a heuristic that
+// offers one algorithm for what the subset runs, and cublasLtMatmul as the reference loop above
+// plus the epilogue.
+
+struct cublasLtContext {};
+
+struct cublasLtMatmulDescEmulated {
+  cublasComputeType_t compute;
+  cudaDataType scale_type;
+  cublasOperation_t transa = CUBLAS_OP_N, transb = CUBLAS_OP_N;
+  uint32_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  void* bias = nullptr;
+};
+
+struct cublasLtMatrixLayoutEmulated {
+  cudaDataType type;
+  uint64_t rows, cols;
+  int64_t ld;
+};
+
+struct cublasLtMatmulPreferenceEmulated {
+  uint64_t max_workspace = 0;
+  uint32_t reduction_mask = 0x7;
+};
+
+namespace {
+
+std::atomic<bool> lt_algorithms{true};
+std::atomic<uint64_t> lt_generation_count{0};
+
+template <typename T>
+cublasStatus_t set_attribute(T& field, const void* buf, size_t size) {
+  if (buf == nullptr || size != sizeof(T)) return CUBLAS_STATUS_INVALID_VALUE;
+  std::memcpy(&field, buf, sizeof(T));
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+bool lt_epilogue_known(uint32_t e) {
+  return e == CUBLASLT_EPILOGUE_DEFAULT || e == CUBLASLT_EPILOGUE_RELU ||
+         e == CUBLASLT_EPILOGUE_BIAS || e == CUBLASLT_EPILOGUE_RELU_BIAS ||
+         e == CUBLASLT_EPILOGUE_BGRADA || e == CUBLASLT_EPILOGUE_BGRADB;
+}
+
+// The sizes of one product, read off its descriptors, or a message on stderr saying what the
+// subset does not run (and false).
+struct LtShape {
+  int m, n, k;
+  Operand kind;
+};
+
+bool lt_shape(const char* call, cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t A,
+              cublasLtMatrixLayout_t B, cublasLtMatrixLayout_t C, cublasLtMatrixLayout_t D,
+              LtShape* out) {
+  auto refuse = [&](const char* why) {
+    std::fprintf(stderr, "clustr device emulation: %s: %s\n", call, why);
+    return false;
+  };
+  if (!d || !A || !B || !C || !D) return refuse("a null descriptor");
+  if (!valid_op(d->transa) || !valid_op(d->transb)) return refuse("an unknown transpose");
+  if (!lt_epilogue_known(d->epilogue)) return refuse("an epilogue the emulation lacks");
+  const bool bf16 = A->type == CUDA_R_16BF && B->type == CUDA_R_16BF;
+  const bool f32 = A->type == CUDA_R_32F && B->type == CUDA_R_32F;
+  if (!(bf16 || f32) || C->type != CUDA_R_32F || D->type != CUDA_R_32F ||
+      d->scale_type != CUDA_R_32F ||
+      !(d->compute == CUBLAS_COMPUTE_32F || (f32 && d->compute == CUBLAS_COMPUTE_32F_FAST_TF32)))
+    return refuse("types not emulated (16BF or 32F inputs, 32F output, 32F compute and scale)");
+  const bool ta = d->transa != CUBLAS_OP_N, tb = d->transb != CUBLAS_OP_N;
+  const uint64_t m = D->rows, n = D->cols, k = ta ? A->rows : A->cols;
+  if ((ta ? A->cols : A->rows) != m || (tb ? B->rows : B->cols) != n ||
+      (tb ? B->cols : B->rows) != k || C->rows != m || C->cols != n)
+    return refuse("the layouts' sizes do not chain (op(A) m x k, op(B) k x n, C and D m x n)");
+  for (const cublasLtMatrixLayoutEmulated* l : {A, B, C, D})
+    if (l->ld < static_cast<int64_t>(std::max<uint64_t>(1, l->rows)) || l->rows > INT32_MAX ||
+        l->cols > INT32_MAX)
+      return refuse("a leading dimension below the rows, or a size past 32 bits");
+  if (C->ld != D->ld) return refuse("C and D with different layouts (the subset runs D = C)");
+  *out = {static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
+          bf16                                          ? Operand::bf16
+          : d->compute == CUBLAS_COMPUTE_32F_FAST_TF32 ? Operand::tf32
+                                                        : Operand::f32};
+  return true;
+}
+
+// The epilogue of one product, after the product (D, column-major m x n, leading dimension ldd).
+void lt_epilogue(uint32_t e, const LtShape& s, bool ta, bool tb, const void* A, int lda,
+                 const void* B, int ldb, float* D, int ldd, float* vec) {
+  const bool bias = e == CUBLASLT_EPILOGUE_BIAS || e == CUBLASLT_EPILOGUE_RELU_BIAS;
+  const bool relu = e == CUBLASLT_EPILOGUE_RELU || e == CUBLASLT_EPILOGUE_RELU_BIAS;
+  if (bias || relu)
+    for (int64_t j = 0; j < s.n; ++j)
+      for (int64_t i = 0; i < s.m; ++i) {
+        float& v = D[i + j * ldd];
+        if (bias) v += vec[i];
+        if (relu) v = v < 0.0f ? 0.0f : v;
+      }
+  auto sums = [&](auto load, const void* X, bool trans, int ld, int count, bool rows) {
+    for (int64_t i = 0; i < count; ++i) {
+      float acc = 0.0f;
+      for (int64_t l = 0; l < s.k; ++l) {
+        // op(A)(i, l) when rows (BGRADA); op(B)(l, i) otherwise (BGRADB).
+        const int64_t at = rows ? (trans ? l + i * ld : i + l * ld)
+                                : (trans ? i + l * ld : l + i * ld);
+        acc += load(X, at);
+      }
+      vec[i] = acc;
+    }
+  };
+  auto with_loader = [&](const void* X, bool trans, int ld, int count, bool rows) {
+    if (s.kind == Operand::bf16)
+      sums([](const void* p, int64_t i) { return Load<Operand::bf16>{p}(i); }, X, trans, ld,
+           count, rows);
+    else
+      sums([](const void* p, int64_t i) { return Load<Operand::f32>{p}(i); }, X, trans, ld, count,
+           rows);
+  };
+  if (e == CUBLASLT_EPILOGUE_BGRADA) with_loader(A, ta, lda, s.m, true);
+  if (e == CUBLASLT_EPILOGUE_BGRADB) with_loader(B, tb, ldb, s.n, false);
+}
+
+// One checked product and its epilogue, now.
+bool run_lt(const char* call, cublasLtMatmulDescEmulated d, LtShape s, float alpha,
+            const void* A, int lda, const void* B, int ldb, float beta, float* D, int ldd) {
+  const size_t elem = s.kind == Operand::bf16 ? sizeof(uint16_t) : sizeof(float);
+  const bool ta = d.transa != CUBLAS_OP_N, tb = d.transb != CUBLAS_OP_N;
+  const bool reads_ab = s.k > 0 && alpha != 0.0f;
+  const uint32_t e = d.epilogue;
+  const bool bias = e == CUBLASLT_EPILOGUE_BIAS || e == CUBLASLT_EPILOGUE_RELU_BIAS;
+  const bool grad = e == CUBLASLT_EPILOGUE_BGRADA || e == CUBLASLT_EPILOGUE_BGRADB;
+  const int vec_len = e == CUBLASLT_EPILOGUE_BGRADB ? s.n : s.m;
+  if (reads_ab && (!matrix_in_device(call, "A", A, elem, ta ? s.k : s.m, ta ? s.m : s.k, lda) ||
+                   !matrix_in_device(call, "B", B, elem, tb ? s.n : s.k, tb ? s.k : s.n, ldb)))
+    return false;
+  if (!matrix_in_device(call, "D", D, sizeof(float), s.m, s.n, ldd)) return false;
+  if ((bias || grad) && !matrix_in_device(call, "bias", d.bias, sizeof(float), vec_len, 1, vec_len))
+    return false;
+  if (grad && !reads_ab) {
+    std::fprintf(stderr, "clustr device emulation: %s: a bias gradient of a product with k = 0 "
+                 "or alpha = 0 is not emulated\n", call);
+    return false;
+  }
+  state::DeviceAccess open;
+  if (reads_ab && (!matrix_written(call, "A", 0, A, elem, ta ? s.k : s.m, ta ? s.m : s.k, lda) ||
+                   !matrix_written(call, "B", 0, B, elem, tb ? s.n : s.k, tb ? s.k : s.n, ldb)))
+    return false;
+  if (beta != 0.0f && !matrix_written(call, "C", 0, D, sizeof(float), s.m, s.n, ldd)) return false;
+  if (bias && !matrix_written(call, "bias", 0, d.bias, sizeof(float), s.m, 1, s.m)) return false;
+  auto* const one = s.kind == Operand::bf16   ? &gemm_one<Operand::bf16>
+                    : s.kind == Operand::tf32 ? &gemm_one<Operand::tf32>
+                                              : &gemm_one<Operand::f32>;
+  one(ta, tb, s.m, s.n, s.k, alpha, A, lda, B, ldb, beta, D, ldd);
+  lt_epilogue(e, s, ta, tb, A, lda, B, ldb, D, ldd, static_cast<float*>(d.bias));
+  return true;
+}
+
+}  // namespace
+
+namespace clustr::cuda::emulation {
+void set_lt_algorithms(bool available) {
+  lt_algorithms.store(available);
+  lt_generation_count.fetch_add(1);
+}
+uint64_t lt_generation() { return lt_generation_count.load(); }
+}  // namespace clustr::cuda::emulation
+
+cublasStatus_t cublasLtCreate(cublasLtHandle_t* handle) {
+  if (handle == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  if (state::no_devices()) return CUBLAS_STATUS_NOT_INITIALIZED;
+  *handle = new cublasLtContext;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtDestroy(cublasLtHandle_t handle) {
+  if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
+  delete handle;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* desc, cublasComputeType_t compute,
+                                        cudaDataType_t scale_type) {
+  if (desc == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  *desc = new cublasLtMatmulDescEmulated{compute, scale_type};
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t desc) {
+  delete desc;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc,
+                                              cublasLtMatmulDescAttributes_t attr,
+                                              const void* buf, size_t size) {
+  if (desc == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  switch (attr) {
+    case CUBLASLT_MATMUL_DESC_TRANSA: return set_attribute(desc->transa, buf, size);
+    case CUBLASLT_MATMUL_DESC_TRANSB: return set_attribute(desc->transb, buf, size);
+    case CUBLASLT_MATMUL_DESC_EPILOGUE: return set_attribute(desc->epilogue, buf, size);
+    case CUBLASLT_MATMUL_DESC_BIAS_POINTER: return set_attribute(desc->bias, buf, size);
+  }
+  std::fprintf(stderr, "clustr device emulation: cublasLtMatmulDescSetAttribute: attribute %d "
+               "is not emulated\n", static_cast<int>(attr));
+  return CUBLAS_STATUS_INVALID_VALUE;
+}
+
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* layout, cudaDataType type,
+                                          uint64_t rows, uint64_t cols, int64_t ld) {
+  if (layout == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  *layout = new cublasLtMatrixLayoutEmulated{type, rows, cols, ld};
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t layout) {
+  delete layout;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* pref) {
+  if (pref == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  *pref = new cublasLtMatmulPreferenceEmulated;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t pref) {
+  delete pref;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t pref,
+                                                    cublasLtMatmulPreferenceAttributes_t attr,
+                                                    const void* buf, size_t size) {
+  if (pref == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  switch (attr) {
+    case CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES:
+      return set_attribute(pref->max_workspace, buf, size);
+    case CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK:
+      return set_attribute(pref->reduction_mask, buf, size);
+  }
+  std::fprintf(stderr, "clustr device emulation: cublasLtMatmulPreferenceSetAttribute: "
+               "attribute %d is not emulated\n", static_cast<int>(attr));
+  return CUBLAS_STATUS_INVALID_VALUE;
+}
+
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
+    cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t Adesc,
+    cublasLtMatrixLayout_t Bdesc, cublasLtMatrixLayout_t Cdesc, cublasLtMatrixLayout_t Ddesc,
+    cublasLtMatmulPreference_t pref, int requested, cublasLtMatmulHeuristicResult_t results[],
+    int* returned) {
+  if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (pref == nullptr || requested < 1 || results == nullptr || returned == nullptr)
+    return CUBLAS_STATUS_INVALID_VALUE;
+  *returned = 0;
+  LtShape s;
+  if (!lt_algorithms.load() ||
+      !lt_shape("cublasLtMatmulAlgoGetHeuristic", desc, Adesc, Bdesc, Cdesc, Ddesc, &s))
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  results[0] = {};
+  results[0].algo.data[0] = 1;  // the one emulated algorithm
+  results[0].state = CUBLAS_STATUS_SUCCESS;
+  results[0].wavesCount = 1.0f;
+  *returned = 1;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc,
+                              const void* alpha, const void* A, cublasLtMatrixLayout_t Adesc,
+                              const void* B, cublasLtMatrixLayout_t Bdesc, const void* beta,
+                              const void* C, cublasLtMatrixLayout_t Cdesc, void* D,
+                              cublasLtMatrixLayout_t Ddesc, const cublasLtMatmulAlgo_t* algo,
+                              void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  const char* call = "cublasLtMatmul";
+  if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (alpha == nullptr || beta == nullptr || algo == nullptr || algo->data[0] != 1 ||
+      (workspace_bytes > 0 && workspace == nullptr))
+    return CUBLAS_STATUS_INVALID_VALUE;
+  LtShape s;
+  if (!lt_shape(call, desc, Adesc, Bdesc, Cdesc, Ddesc, &s))
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (C != D) {
+    std::fprintf(stderr, "clustr device emulation: %s: C and D are different matrices (the "
+                 "subset runs D = C)\n", call);
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+  if (!state::live_stream(stream)) {
+    std::fprintf(stderr, "clustr device emulation: %s on stream %p, which was destroyed or "
+                 "never created\n", call, static_cast<const void*>(stream));
+    return CUBLAS_STATUS_EXECUTION_FAILED;
+  }
+  if (s.m == 0 || s.n == 0) return CUBLAS_STATUS_SUCCESS;
+  const cublasLtMatmulDescEmulated d = *desc;  // as it is now: the caller may change it after
+  const float a = *static_cast<const float*>(alpha), b = *static_cast<const float*>(beta);
+  const int lda = static_cast<int>(Adesc->ld), ldb = static_cast<int>(Bdesc->ld),
+            ldd = static_cast<int>(Ddesc->ld);
+  float* const out = static_cast<float*>(D);
+  if (state::capturing(stream)) {
+    state::record(stream, [=] { return run_lt(call, d, s, a, A, lda, B, ldb, b, out, ldd); });
+    return CUBLAS_STATUS_SUCCESS;
+  }
+  return run_lt(call, d, s, a, A, lda, B, ldb, b, out, ldd) ? CUBLAS_STATUS_SUCCESS
+                                                            : CUBLAS_STATUS_EXECUTION_FAILED;
+}

@@ -10,6 +10,10 @@
 // math::layer_norm_group_rows (the CPU's split) sums its rows in order, one thread per column,
 // and a second kernel adds the G group sums in order; the CPU adds the same terms in the same
 // order.
+//
+// Each kernel reads its row x, or the residual sum a + b of two rows (add_layer_norm: the float
+// sum, formed where it is read, the element the CPU's add_layer_norm forms; no tensor of it is
+// stored), through Rows below.
 #include <cstdint>
 
 #include "core/cuda/cuda.h"
@@ -21,6 +25,13 @@
 namespace clustr::cuda {
 
 namespace {
+
+// The rows a kernel normalises: x, or x + x2 when x2 is not null.
+struct Rows {
+  const float* x;
+  const float* x2;
+  CLUSTR_HD float operator()(int64_t i) const { return x2 ? x[i] + x2[i] : x[i]; }
+};
 
 // The three row sums of backward (math::layer_norm_row_grad): g, d and g * d.
 struct Sums3 {
@@ -36,7 +47,7 @@ struct AddSums3 {
 // double (the mean, then the mean square deviation from it), as the CPU does.
 struct LayerNormKernel {
   static constexpr bool kUsesBarrier = true;
-  const float* x;
+  Rows x;
   const float* gamma;
   const float* beta;
   float eps;
@@ -48,14 +59,14 @@ struct LayerNormKernel {
     const unsigned tid = t.thread_idx().x, nt = t.block_dim().x;
     double* scratch = t.shared<double>();
     for (int64_t r = t.block_idx().x; r < R; r += t.grid_dim().x) {
-      const float* xr = x + r * D;
-      float* yr = y + r * D;
+      const int64_t row = r * D;
+      float* yr = y + row;
       double acc = 0.0;
-      for (int64_t j = tid; j < D; j += nt) acc += double(xr[j]);
+      for (int64_t j = tid; j < D; j += nt) acc += double(x(row + j));
       const double mu = block_reduce(t, acc, scratch, AddDouble{}) / double(D);
       acc = 0.0;
       for (int64_t j = tid; j < D; j += nt) {
-        const double d = xr[j] - mu;
+        const double d = x(row + j) - mu;
         acc += d * d;
       }
       const double var = block_reduce(t, acc, scratch, AddDouble{}) / double(D);
@@ -65,7 +76,7 @@ struct LayerNormKernel {
         rstd[r] = static_cast<float>(rs);
       }
       for (int64_t j = tid; j < D; j += nt)
-        yr[j] = math::layer_norm_value(xr[j], mu, rs, gamma[j], beta[j]);
+        yr[j] = math::layer_norm_value(x(row + j), mu, rs, gamma[j], beta[j]);
     }
   }
 };
@@ -75,7 +86,7 @@ struct LayerNormKernel {
 struct LayerNormBackwardRowsKernel {
   static constexpr bool kUsesBarrier = true;
   const float* dy;
-  const float* x;
+  Rows x;
   const float* mean;
   const float* rstd;
   const float* gamma;
@@ -85,12 +96,12 @@ struct LayerNormBackwardRowsKernel {
   CLUSTR_DEVICE void operator()(const Thread& t) const {
     const unsigned tid = t.thread_idx().x, nt = t.block_dim().x;
     for (int64_t r = t.block_idx().x; r < R; r += t.grid_dim().x) {
-      const float* dyr = dy + r * D;
-      const float* xr = x + r * D;
+      const int64_t row = r * D;
+      const float* dyr = dy + row;
       const double m = mean[r];
       Sums3 acc{0.0, 0.0, 0.0};
       for (int64_t j = tid; j < D; j += nt) {
-        const double g = double(dyr[j]) * gamma[j], d = double(xr[j]) - m;
+        const double g = double(dyr[j]) * gamma[j], d = double(x(row + j)) - m;
         acc.g += g;
         acc.d += d;
         acc.gd += g * d;
@@ -101,7 +112,7 @@ struct LayerNormBackwardRowsKernel {
       if (tid == 0) shift[r] = k.shift;
       float* dxr = dx + r * D;
       for (int64_t j = tid; j < D; j += nt) {
-        const float xhat = math::layer_norm_xhat(xr[j], k.shift, rs);
+        const float xhat = math::layer_norm_xhat(x(row + j), k.shift, rs);
         const float g = math::layer_norm_g(dyr[j], gamma[j]);
         dxr[j] = math::layer_norm_dx(g, xhat, k.mean_g, k.mean_gx, rs);
       }
@@ -114,7 +125,7 @@ struct LayerNormBackwardRowsKernel {
 struct LayerNormGroupSumsKernel {
   static constexpr bool kUsesBarrier = false;
   const float* dy;
-  const float* x;
+  Rows x;
   const float* rstd;
   const double* shift;
   double* pg;
@@ -127,7 +138,7 @@ struct LayerNormGroupSumsKernel {
     double g = 0.0, s = 0.0;
     for (int64_t r = b * group_rows; r < r1; ++r) {
       const float d = dy[r * D + j];
-      g += double(d) * math::layer_norm_xhat(x[r * D + j], shift[r], rstd[r]);
+      g += double(d) * math::layer_norm_xhat(x(r * D + j), shift[r], rstd[r]);
       s += d;
     }
     pg[b * D + j] = g;
@@ -156,11 +167,8 @@ struct LayerNormColumnsKernel {
   }
 };
 
-}  // namespace
-
-// x, y (R, D); gamma, beta (D); mean, rstd (R); all overwritten (=).
-void layer_norm(const float* x, const float* gamma, const float* beta, float eps, float* y,
-                float* mean, float* rstd, int64_t R, int64_t D) {
+void launch_layer_norm(Rows x, const float* gamma, const float* beta, float eps, float* y,
+                       float* mean, float* rstd, int64_t R, int64_t D) {
   if (R == 0 || D == 0) return;
   require("cuda::layer_norm");
   const unsigned threads = row_threads(D);
@@ -168,10 +176,9 @@ void layer_norm(const float* x, const float* gamma, const float* beta, float eps
          LayerNormKernel{x, gamma, beta, eps, y, mean, rstd, R, D});
 }
 
-// dy, x, dx (R, D); mean, rstd (R); gamma, dgamma, dbeta (D); dx, dgamma, dbeta overwritten (=).
-void layer_norm_backward(const float* dy, const float* x, const float* mean, const float* rstd,
-                         const float* gamma, float* dx, float* dgamma, float* dbeta, int64_t R,
-                         int64_t D) {
+void launch_layer_norm_backward(const float* dy, Rows x, const float* mean, const float* rstd,
+                                const float* gamma, float* dx, float* dgamma, float* dbeta,
+                                int64_t R, int64_t D) {
   if (D == 0) return;
   require("cuda::layer_norm_backward");
   const int64_t group_rows = math::layer_norm_group_rows(R);
@@ -187,6 +194,34 @@ void layer_norm_backward(const float* dy, const float* x, const float* mean, con
          LayerNormGroupSumsKernel{dy, x, rstd, shift.get(), pg.get(), pb.get(), R, D, group_rows});
   launch("cuda::layer_norm_backward (columns)", {elementwise_blocks(D)}, {kElementwiseThreads}, 0,
          LayerNormColumnsKernel{pg.get(), pb.get(), dgamma, dbeta, G, D});
+}
+
+}  // namespace
+
+// x, y (R, D); gamma, beta (D); mean, rstd (R); all overwritten (=).
+void layer_norm(const float* x, const float* gamma, const float* beta, float eps, float* y,
+                float* mean, float* rstd, int64_t R, int64_t D) {
+  launch_layer_norm({x, nullptr}, gamma, beta, eps, y, mean, rstd, R, D);
+}
+
+// a, b, y (R, D): the layer norm of a + b.
+void add_layer_norm(const float* a, const float* b, const float* gamma, const float* beta,
+                    float eps, float* y, float* mean, float* rstd, int64_t R, int64_t D) {
+  launch_layer_norm({a, b}, gamma, beta, eps, y, mean, rstd, R, D);
+}
+
+// dy, x, dx (R, D); mean, rstd (R); gamma, dgamma, dbeta (D); dx, dgamma, dbeta overwritten (=).
+void layer_norm_backward(const float* dy, const float* x, const float* mean, const float* rstd,
+                         const float* gamma, float* dx, float* dgamma, float* dbeta, int64_t R,
+                         int64_t D) {
+  launch_layer_norm_backward(dy, {x, nullptr}, mean, rstd, gamma, dx, dgamma, dbeta, R, D);
+}
+
+// a, b (R, D): the backward of the layer norm of a + b (dx is the gradient of either).
+void add_layer_norm_backward(const float* dy, const float* a, const float* b, const float* mean,
+                             const float* rstd, const float* gamma, float* dx, float* dgamma,
+                             float* dbeta, int64_t R, int64_t D) {
+  launch_layer_norm_backward(dy, {a, b}, mean, rstd, gamma, dx, dgamma, dbeta, R, D);
 }
 
 }  // namespace clustr::cuda

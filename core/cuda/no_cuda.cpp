@@ -106,6 +106,7 @@ void cuda::gemm_bf16_strided_batched(bool, bool, int64_t, int64_t, int64_t, floa
   no_backend("cuda::gemm_bf16_strided_batched");
 }
 void cuda::set_tf32(bool) { no_backend("cuda::set_tf32"); }
+bool cuda::gemm_epilogue(const EpilogueGemm&) { no_backend("cuda::gemm_epilogue"); }
 bool cuda::tf32() { return false; }
 void cuda::f32_to_bf16(const float*, uint16_t*, int64_t) { no_backend("cuda::f32_to_bf16"); }
 void cuda::bf16_to_f32(const uint16_t*, float*, int64_t) { no_backend("cuda::bf16_to_f32"); }
@@ -148,6 +149,15 @@ void cuda::layer_norm(const float*, const float*, const float*, float, float*, f
 void cuda::layer_norm_backward(const float*, const float*, const float*, const float*, const float*,
                                float*, float*, float*, int64_t, int64_t) {
   no_backend("cuda::layer_norm_backward");
+}
+void cuda::add_layer_norm(const float*, const float*, const float*, const float*, float, float*,
+                          float*, float*, int64_t, int64_t) {
+  no_backend("cuda::add_layer_norm");
+}
+void cuda::add_layer_norm_backward(const float*, const float*, const float*, const float*,
+                                   const float*, const float*, float*, float*, float*, int64_t,
+                                   int64_t) {
+  no_backend("cuda::add_layer_norm_backward");
 }
 void cuda::bias_activation(float*, const float*, bool, int64_t, int64_t) {
   no_backend("cuda::bias_activation");
