@@ -185,8 +185,8 @@ TEST_CASE("cuda fused: cuBLASLt's epilogues give the composed ops' results in on
                         {clustr::Precision::bf16, DType::f32},
                         {clustr::Precision::bf16, DType::bf16}};
   uint32_t seed = 650;
-  for (const LinearShape& s : kLinearShapes) {
-    if (s.R == 0) continue;
+  const LinearShape shapes[] = {{1, 1, 1}, {3, 17, 5}, {17, 129, 3}, {130, 7, 1}};
+  for (const LinearShape& s : shapes) {
     const Tensor x = dev(random_tensor({s.R, s.in}, seed++));
     const Tensor W = dev(random_tensor({s.out, s.in}, seed++));
     const Tensor b = dev(random_tensor({s.out}, seed++));
