@@ -11,6 +11,8 @@
 #   bash scripts/fuzz.sh --minutes 60          every target an hour
 #   bash scripts/fuzz.sh --minutes 5 --targets "safetensors manifest"
 #   bash scripts/fuzz.sh --runs 1000000        every target a million inputs
+#   bash scripts/fuzz.sh --seconds 10 --parallel 2
+#                                              two targets at a time (one core each)
 #   bash scripts/fuzz.sh --merge               the inputs that add coverage kept in
 #                                              tests/fuzz/corpora/<target>/ (minimised)
 #
@@ -24,6 +26,7 @@ seconds=20
 runs=0
 targets=""
 merge=0
+parallel=1
 jobs=$(nproc)
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -32,6 +35,7 @@ while [ $# -gt 0 ]; do
     --runs) runs=$2; seconds=0; shift 2 ;;
     --targets) targets=$2; shift 2 ;;
     --merge) merge=1; shift ;;
+    --parallel) parallel=$2; shift 2 ;;
     *) echo "fuzz: unknown argument '$1' (see the header of $0)" >&2; exit 2 ;;
   esac
 done
@@ -53,17 +57,18 @@ cmake --build build-fuzz -j "$jobs" --target fuzz_targets
 if [ -z "$targets" ]; then
   targets=$(cd build-fuzz/tests/fuzz && ls fuzz_* | grep -v '\.' | sed 's/^fuzz_//' | sort | tr '\n' ' ')
 fi
-mkdir -p build-fuzz/findings
-report=build-fuzz/fuzz-report.md
-{
-  echo "| target | seconds | executions | per second | coverage (edges) | corpus inputs |"
-  echo "|---|--:|--:|--:|--:|--:|"
-} > "$report"
-failed=""
+mkdir -p build-fuzz/findings build-fuzz/rows
 for t in $targets; do
-  exe=build-fuzz/tests/fuzz/fuzz_$t
-  [ -x "$exe" ] || { echo "fuzz: no target $t (built: $(ls build-fuzz/tests/fuzz | grep '^fuzz_' | tr '\n' ' '))" >&2; exit 2; }
-  seeds=build-fuzz/seeds/$t
+  [ -x "build-fuzz/tests/fuzz/fuzz_$t" ] ||
+    { echo "fuzz: no target $t (built: $(ls build-fuzz/tests/fuzz | grep '^fuzz_' | tr '\n' ' '))" >&2; exit 2; }
+done
+
+# One target: its seeds, then the run (or the merge); its report row goes to
+# build-fuzz/rows/<target>, and "FAILED" to build-fuzz/rows/<target>.failed on a finding.
+fuzz_one() {
+  local t=$1 exe=build-fuzz/tests/fuzz/fuzz_$1
+  local seeds=build-fuzz/seeds/$t corpus=build-fuzz/corpus/$t kept=tests/fuzz/corpora/$t
+  rm -f "build-fuzz/rows/$t" "build-fuzz/rows/$t.failed"
   rm -rf "$seeds" && mkdir -p "$seeds"
   "$exe" --make-seeds="$(pwd)/$seeds" > /dev/null
   case "$t" in
@@ -73,10 +78,8 @@ for t in $targets; do
       find tests/fixtures/audio -type f \( -name '*.wav' -o -name '*.flac' -o -name '*.ogg' \) \
         -size -256k -exec cp {} "$seeds/" \; 2> /dev/null || true ;;
   esac
-  corpus=build-fuzz/corpus/$t
-  kept=tests/fuzz/corpora/$t
   mkdir -p "$corpus"
-  dirs=("$corpus" "$seeds")
+  local dirs=("$corpus" "$seeds")
   [ -d "$kept" ] && dirs+=("$kept")
   [ -d "tests/fuzz/regressions/$t" ] && dirs+=("tests/fuzz/regressions/$t")
   if [ "$merge" = 1 ]; then
@@ -84,20 +87,20 @@ for t in $targets; do
     "$exe" -merge=1 "$kept.new" "${dirs[@]}" 2>&1 | tail -2
     rm -rf "$kept" && mv "$kept.new" "$kept"
     echo "$t: $(ls "$kept" | wc -l) inputs kept in $kept"
-    continue
+    return
   fi
-  limits=(-timeout=10 -rss_limit_mb=2048 -max_len=65536 -print_final_stats=1
-          "-artifact_prefix=build-fuzz/findings/$t-")
+  local limits=(-timeout=10 -rss_limit_mb=2048 -max_len=65536 -print_final_stats=1
+                "-artifact_prefix=build-fuzz/findings/$t-")
   if [ "$runs" -gt 0 ]; then limits+=("-runs=$runs"); else limits+=("-max_total_time=$seconds"); fi
   echo "== $t =="
-  log=build-fuzz/fuzz-$t.log
+  local log=build-fuzz/fuzz-$t.log status start took execs cov inputs rate
   start=$(date +%s)
   if ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
        "$exe" "${limits[@]}" "${dirs[@]}" > "$log" 2>&1; then
     status=ok
   else
     status=FAILED
-    failed="$failed $t"
+    echo FAILED > "build-fuzz/rows/$t.failed"
     grep -E "ERROR|runtime error|deadly signal|Test unit written|==[0-9]+==" "$log" | head -20
   fi
   took=$(( $(date +%s) - start ))
@@ -106,7 +109,35 @@ for t in $targets; do
   inputs=$(ls "$corpus" | wc -l)
   rate=$(( execs / (took > 0 ? took : 1) ))
   echo "$t: $status, $execs executions in $took s ($rate/s), coverage $cov, $inputs inputs"
-  echo "| $t | $took | $execs | $rate | $cov | $inputs |" >> "$report"
+  echo "| $t | $took | $execs | $rate | $cov | $inputs |" > "build-fuzz/rows/$t"
+}
+
+# Up to `parallel` targets at a time (merging runs one at a time).
+[ "$merge" = 1 ] && parallel=1
+running=0
+for t in $targets; do
+  if [ "$running" -ge "$parallel" ]; then
+    wait -n || true
+    running=$(( running - 1 ))
+  fi
+  fuzz_one "$t" &
+  running=$(( running + 1 ))
+done
+while [ "$running" -gt 0 ]; do
+  wait -n || true
+  running=$(( running - 1 ))
+done
+[ "$merge" = 1 ] && exit 0
+
+report=build-fuzz/fuzz-report.md
+{
+  echo "| target | seconds | executions | per second | coverage (edges) | corpus inputs |"
+  echo "|---|--:|--:|--:|--:|--:|"
+} > "$report"
+failed=""
+for t in $targets; do
+  if [ -f "build-fuzz/rows/$t" ]; then cat "build-fuzz/rows/$t" >> "$report"; else failed="$failed $t"; fi
+  [ -f "build-fuzz/rows/$t.failed" ] && failed="$failed $t"
 done
 echo
 cat "$report"

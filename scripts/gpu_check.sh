@@ -15,7 +15,8 @@
 #    N = 512 up (the paper's Figure 4, PNGs), full attention beside PyTorch's
 #    scaled_dot_product_attention in bf16 and fp32 at batch 1 and 8
 #    (apps/bench_attention_torch.py), the encoder layer's step (bench_encoder) and the
-#    copy-task step in fp32 and bf16, the copy-task step beside PyTorch 2.x on the same GPU,
+#    copy-task step in fp32 and bf16 (graphs on and off; off once more without cuBLASLt's
+#    epilogues, CLUSTR_GEMM_EPILOGUES=off), the copy-task step beside PyTorch 2.x on the same GPU,
 #    eager and torch.compile(mode="reduce-overhead"), and a BERT-width model's step beside
 #    PyTorch (apps/bench_copy_task_torch.py), and each kernel's GPU time in clustered and
 #    improved-clustered attention and in three copy-task steps (ncu: profile_attention.log,
@@ -267,16 +268,22 @@ else
   # The paper's copy-task model with full attention, its step replayed as a CUDA graph (windows
   # of 10 steps, read back once each) and launched op by op (--cuda-graphs off): the log lines'
   # ms/step and launches/step.
+  copy_step=(--device cuda --overwrite --attention full --length 63 --layers 4 --heads 6
+             --head-dim 32 --feedforward 768 --dropout 0 --batch 32 --optimizer radam --lr 2e-4
+             --steps 40 --log-interval 10 --eval-interval 100000 --target-accuracy 0
+             --eval-batches 1 --final-eval-batches 1)
   for precision in fp32 bf16; do
     for graphs in on off; do
-      step "copy_task_step_${precision}_graphs_$graphs" 120 "$build/apps/copy_task" --device cuda \
-        --out "$out/copy_task_step_${precision}_$graphs" --overwrite --attention full --length 63 \
-        --layers 4 --heads 6 --head-dim 32 --feedforward 768 --dropout 0 --batch 32 \
-        --optimizer radam --lr 2e-4 --steps 40 --log-interval 10 --eval-interval 100000 \
-        --target-accuracy 0 --eval-batches 1 --final-eval-batches 1 --precision "$precision" \
-        --cuda-graphs "$graphs"
+      step "copy_task_step_${precision}_graphs_$graphs" 120 "$build/apps/copy_task" \
+        "${copy_step[@]}" --out "$out/copy_task_step_${precision}_$graphs" \
+        --precision "$precision" --cuda-graphs "$graphs"
     done
   done
+  # Launched op by op once more without cuBLASLt's epilogues (the linear layers' bias, ReLU and
+  # bias gradients as kernels of their own): what the epilogues save.
+  step copy_task_step_fp32_graphs_off_no_epilogues 120 env CLUSTR_GEMM_EPILOGUES=off \
+    "$build/apps/copy_task" "${copy_step[@]}" --out "$out/copy_task_step_fp32_no_epilogues" \
+    --precision fp32 --cuda-graphs off
 fi
 # The copy-task step beside PyTorch 2.x on the same GPU (same model, full attention; PyTorch's
 # attention is scaled_dot_product_attention), fp32 and bf16 (autocast), N = 64 and 128, each
