@@ -54,10 +54,9 @@
 #include "core/gemm_args.h"
 
 #if !defined(CLUSTR_CUDA_EMULATION)
-#include <dlfcn.h>
-
-#include <string>
 #include <type_traits>
+
+#include "core/cuda/toolkit_library.h"
 #endif
 
 namespace clustr::cuda {
@@ -116,16 +115,8 @@ const CublasApi& cublas() {
 // and resolves every entry point; throws naming what failed. Called once, under a static's
 // initialisation (a failure leaves it to be tried again).
 CublasApi load_cublas() {
-  void* lib = nullptr;
-  std::string tried;
-  for (const char* name : {CLUSTR_CUBLAS_LIBRARY, CLUSTR_CUBLAS_SONAME}) {
-    lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
-    if (lib) break;
-    const char* why = dlerror();
-    tried += detail::cat("\n  ", name, ": ", why ? why : "not found");
-  }
-  CLUSTR_CHECK(lib, "cuBLAS: cannot load the library (it is loaded for the first product on "
-               "the GPU):", tried);
+  void* lib = open_toolkit_library({CLUSTR_CUBLAS_LIBRARY, CLUSTR_CUBLAS_SONAME},
+                                   "cuBLAS (loaded for the first product on the GPU)");
   CublasApi api{};
   auto resolve = [&](auto& fn, const char* symbol) {
     fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, symbol));

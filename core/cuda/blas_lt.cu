@@ -39,8 +39,9 @@
 #include <cublasLt.h>
 #include <dlfcn.h>
 
-#include <string>
 #include <type_traits>
+
+#include "core/cuda/toolkit_library.h"
 #endif
 
 namespace clustr::cuda {
@@ -81,16 +82,9 @@ const LtApi& lt() {
 // Opens libcublasLt (the toolkit's file that CMake found, then its soname) and resolves every
 // entry point; throws naming what failed.
 LtApi load_lt() {
-  void* lib = nullptr;
-  std::string tried;
-  for (const char* name : {CLUSTR_CUBLASLT_LIBRARY, CLUSTR_CUBLASLT_SONAME}) {
-    lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
-    if (lib) break;
-    const char* why = dlerror();
-    tried += detail::cat("\n  ", name, ": ", why ? why : "not found");
-  }
-  CLUSTR_CHECK(lib, "cuBLASLt: cannot load the library (it is loaded for the first product "
-               "with an epilogue on the GPU):", tried);
+  void* lib = open_toolkit_library({CLUSTR_CUBLASLT_LIBRARY, CLUSTR_CUBLASLT_SONAME},
+                                   "cuBLASLt (loaded for the first product with an epilogue on "
+                                   "the GPU)");
   LtApi api{};
   auto resolve = [&](auto& fn, const char* symbol) {
     fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, symbol));

@@ -377,6 +377,11 @@ cublasStatus_t set_attribute(T& field, const void* buf, size_t size) {
   return CUBLAS_STATUS_SUCCESS;
 }
 
+cublasStatus_t attribute_not_emulated(const char* call, int attr) {
+  std::fprintf(stderr, "clustr device emulation: %s: attribute %d is not emulated\n", call, attr);
+  return CUBLAS_STATUS_INVALID_VALUE;
+}
+
 bool lt_epilogue_known(uint32_t e) {
   return e == CUBLASLT_EPILOGUE_DEFAULT || e == CUBLASLT_EPILOGUE_RELU ||
          e == CUBLASLT_EPILOGUE_BIAS || e == CUBLASLT_EPILOGUE_RELU_BIAS ||
@@ -539,9 +544,7 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc,
     case CUBLASLT_MATMUL_DESC_EPILOGUE: return set_attribute(desc->epilogue, buf, size);
     case CUBLASLT_MATMUL_DESC_BIAS_POINTER: return set_attribute(desc->bias, buf, size);
   }
-  std::fprintf(stderr, "clustr device emulation: cublasLtMatmulDescSetAttribute: attribute %d "
-               "is not emulated\n", static_cast<int>(attr));
-  return CUBLAS_STATUS_INVALID_VALUE;
+  return attribute_not_emulated("cublasLtMatmulDescSetAttribute", static_cast<int>(attr));
 }
 
 cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* layout, cudaDataType type,
@@ -577,9 +580,7 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p
     case CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK:
       return set_attribute(pref->reduction_mask, buf, size);
   }
-  std::fprintf(stderr, "clustr device emulation: cublasLtMatmulPreferenceSetAttribute: "
-               "attribute %d is not emulated\n", static_cast<int>(attr));
-  return CUBLAS_STATUS_INVALID_VALUE;
+  return attribute_not_emulated("cublasLtMatmulPreferenceSetAttribute", static_cast<int>(attr));
 }
 
 cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
