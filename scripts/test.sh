@@ -44,8 +44,8 @@ echo "== sanitizer build (ASan + UBSan), CUDA kernels on the emulated device =="
 cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo "$sanitizer_flags" \
   -DCLUSTR_SANITIZE=ON -DCLUSTR_CUDA=EMULATE -DCLUSTR_APPS=ON
 cmake --build build-sanitize -j "$jobs"
-# The tests labelled "long" (the text app's pretraining and its fine-tuning resume: minutes
-# under the sanitizers) ran in the release build above; they are left out here.
+# The tests labelled "long" (the text app's pretraining and fine-tuning runs: 45 to 95 s each
+# under the sanitizers, one after another) ran in the release build above; left out here.
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --test-dir build-sanitize --output-on-failure -j "$jobs" -LE '^long$'
 
@@ -57,6 +57,7 @@ CLUSTR_EMULATION_SCHEDULE=random:1 ctest --test-dir build-tsan -R '^cuda_' --out
   -j "$jobs"
 
 echo "== fuzzing: every reader of outside input, 10 s each (libFuzzer, ASan + UBSan) =="
-# Built at -O0 (--quick-build): a minute faster to build, which 10 seconds of fuzzing do not
-# miss; longer runs (scripts/fuzz.sh --minutes M) build at -O1.
+# Built at -O0 (--quick-build: a minute faster to build than -O1, for a third of the inputs a
+# second), from the seeds and the kept corpora (tests/fuzz/corpora/); longer runs
+# (scripts/fuzz.sh --minutes M) build at -O1.
 bash scripts/fuzz.sh --seconds 10 --parallel "$jobs" --quick-build
