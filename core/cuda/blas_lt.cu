@@ -17,7 +17,8 @@
 // (CUBLASLT_REDUCTION_SCHEME_NONE), so a product's result does not depend on the order in
 // which blocks finish: the same bits run after run, with and without CUDA graphs. The choice is
 // asked once per shape, types, epilogue, TF32 setting and operand alignment, and kept. Where the
-// heuristic has none, gemm_epilogue returns false and the caller runs the unfused composition.
+// heuristic has none (or cublasLtMatmul refuses its choice with CUBLAS_STATUS_NOT_SUPPORTED),
+// gemm_epilogue returns false and the caller runs the unfused composition.
 //
 // In device emulation the cuBLASLt calls go to the host subset of core/cuda/emulation.h; on a
 // GPU build libcublasLt is opened with dlopen at the first such product, as blas.cu opens cuBLAS.
@@ -265,10 +266,15 @@ bool gemm_epilogue(const EpilogueGemm& g) {
   }
   if (!plan.found) return false;
   const float alpha = 1.0f, beta = 0.0f;
+  const cublasStatus_t s = lt().matmul(handle(), d.desc, &alpha, g.B, d.a, g.A, d.b, &beta, g.C,
+                                       d.c, g.C, d.c, &plan.algo, nullptr, 0, current_stream());
+  if (s == CUBLAS_STATUS_NOT_SUPPORTED) {  // refused after all: the composed path from now on
+    std::lock_guard<std::mutex> lock(plans_mutex());
+    plans()[key].found = false;
+    return false;
+  }
+  check_lt(s, "cublasLtMatmul");
   counting::blas_call();
-  check_lt(lt().matmul(handle(), d.desc, &alpha, g.B, d.a, g.A, d.b, &beta, g.C, d.c, g.C, d.c,
-                       &plan.algo, nullptr, 0, current_stream()),
-           "cublasLtMatmul");
   return true;
 }
 
