@@ -11,9 +11,8 @@
 #   bash scripts/fuzz.sh --minutes 60          every target an hour
 #   bash scripts/fuzz.sh --minutes 5 --targets "safetensors manifest"
 #   bash scripts/fuzz.sh --runs 1000000        every target a million inputs
-#   bash scripts/fuzz.sh --seconds 10 --parallel 2 --quick-build
-#                                              two targets at a time (one core each), built at
-#                                              -O0 (faster to build, slower to run: the test
+#   bash scripts/fuzz.sh --seconds 8 --parallel 2
+#                                              two targets at a time, one core each (the test
 #                                              command's stage)
 #   bash scripts/fuzz.sh --merge               the inputs that add coverage kept in
 #                                              tests/fuzz/corpora/<target>/ (minimised)
@@ -29,7 +28,6 @@ runs=0
 targets=""
 merge=0
 parallel=1
-optimize="-O1 -g1"
 jobs=$(nproc)
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -39,7 +37,6 @@ while [ $# -gt 0 ]; do
     --targets) targets=$2; shift 2 ;;
     --merge) merge=1; shift ;;
     --parallel) parallel=$2; shift 2 ;;
-    --quick-build) optimize="-O0 -g0"; shift ;;
     *) echo "fuzz: unknown argument '$1' (see the header of $0)" >&2; exit 2 ;;
   esac
 done
@@ -51,7 +48,7 @@ echo "== fuzz build (clang, libFuzzer, ASan + UBSan) =="
 # runs on one thread, as libFuzzer expects.
 configure_log=$(mktemp)
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=$optimize" -DCLUSTR_FUZZ=ON -DCLUSTR_OPENMP=OFF \
+  "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1" -DCLUSTR_FUZZ=ON -DCLUSTR_OPENMP=OFF \
   -DCLUSTR_CUDA=OFF -DCLUSTR_TESTS=OFF -DCLUSTR_APPS=ON -DCLUSTR_AUDIO=ON \
   -DCLUSTR_SENTENCEPIECE=ON -DCLUSTR_ICU=ON > "$configure_log" ||
   { cat "$configure_log"; rm -f "$configure_log"; exit 1; }

@@ -11,7 +11,7 @@
 #      (contracted multiply-adds, a GEMM that adds in another order: the tests' GPU tolerances
 #      run) and a random schedule of threads and blocks (CLUSTR_EMULATION_SCHEDULE), beside the
 #      sanitizer build's exact numerics and thread order;
-#   4. every fuzz target (tests/fuzz/: each reader of outside input) for 10 seconds under
+#   4. every fuzz target (tests/fuzz/: each reader of outside input) for 8 seconds under
 #      libFuzzer with AddressSanitizer and UndefinedBehaviorSanitizer (scripts/fuzz.sh, clang);
 #      any crash, sanitizer report, leak or hang fails the run.
 set -euo pipefail
@@ -56,8 +56,6 @@ cmake --build build-tsan -j "$jobs" --target test_cuda
 CLUSTR_EMULATION_SCHEDULE=random:1 ctest --test-dir build-tsan -R '^cuda_' --output-on-failure \
   -j "$jobs"
 
-echo "== fuzzing: every reader of outside input, 10 s each (libFuzzer, ASan + UBSan) =="
-# Built at -O0 (--quick-build: a minute faster to build than -O1, for a third of the inputs a
-# second), from the seeds and the kept corpora (tests/fuzz/corpora/); longer runs
-# (scripts/fuzz.sh --minutes M) build at -O1.
-bash scripts/fuzz.sh --seconds 10 --parallel "$jobs" --quick-build
+echo "== fuzzing: every reader of outside input, 8 s each (libFuzzer, ASan + UBSan) =="
+# From the seeds and the kept corpora (tests/fuzz/corpora/), two targets at a time.
+bash scripts/fuzz.sh --seconds 8 --parallel "$jobs"
