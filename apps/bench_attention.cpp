@@ -48,6 +48,8 @@
 #include <vector>
 
 #include "apps/common/device.h"
+#include "apps/common/flags.h"
+#include "apps/common/plot.h"
 #include "apps/common/run_folder.h"
 #include "autograd/variable.h"
 #include "core/cuda/cuda.h"
@@ -56,7 +58,6 @@
 #include "core/precision.h"
 #include "core/random.h"
 #include "core/tensor.h"
-#include "apps/common/plot.h"
 #include "layers/attention/attention.h"
 
 namespace {
@@ -197,7 +198,7 @@ int main(int argc, char** argv) try {
                  "also plot peak memory per element against N (log-log) here");
   bool overwrite = false;
   app.add_flag("--overwrite", overwrite, "replace --csv, --png and --png-memory if they exist");
-  CLI11_PARSE(app, argc, argv);
+  if (const int status = clustr::parse_or_exit(app, argc, argv); status >= 0) return status;
   clustr::check_output_file("--csv", csv_path, overwrite, /*folder_must_exist=*/true);
   if (!png_path.empty()) clustr::check_output_file("--png", png_path, overwrite, true);
   if (!png_memory_path.empty())

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "apps/common/device.h"
+#include "apps/common/flags.h"
 #include "apps/common/run_folder.h"
 #include "core/cuda/cuda.h"
 #include "core/error.h"
@@ -58,7 +59,7 @@ int main(int argc, char** argv) try {
   app.add_option("--device", device_name, "cpu | cuda")->capture_default_str();
   bool overwrite = false;
   app.add_flag("--overwrite", overwrite, "replace --csv if it exists");
-  CLI11_PARSE(app, argc, argv);
+  if (const int status = clustr::parse_or_exit(app, argc, argv); status >= 0) return status;
   clustr::check_output_file("--csv", csv_path, overwrite, /*folder_must_exist=*/true);
   if (threads > 0) clustr::set_num_threads(threads);
   CLUSTR_CHECK(classes >= 2 && min_labels >= 0 && max_labels >= min_labels,

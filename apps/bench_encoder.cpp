@@ -17,10 +17,11 @@
 #include <vector>
 
 #include "apps/common/device.h"
+#include "apps/common/flags.h"
 #include "apps/common/run_folder.h"
 #include "core/cpu/gemm.h"
-#include "core/cuda/cuda.h"
 #include "core/cpu/gemm_bf16.h"
+#include "core/cuda/cuda.h"
 #include "core/error.h"
 #include "core/parallel.h"
 #include "core/precision.h"
@@ -82,7 +83,7 @@ int main(int argc, char** argv) try {
   app.add_option("--device", device_name, "cpu | cuda")->capture_default_str();
   bool tf32 = false;
   app.add_flag("--tf32", tf32, "with --device cuda: TF32 tensor cores for the f32 products");
-  CLI11_PARSE(app, argc, argv);
+  if (const int status = clustr::parse_or_exit(app, argc, argv); status >= 0) return status;
   clustr::check_output_file("--csv", csv_path, overwrite, /*folder_must_exist=*/true);
   if (threads > 0) clustr::set_num_threads(threads);
   const clustr::Precision precision = clustr::parse_precision(precision_name);

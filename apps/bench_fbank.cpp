@@ -20,11 +20,12 @@
 #include <string>
 #include <vector>
 
+#include "apps/common/flags.h"
 #include "core/error.h"
 #include "core/parallel.h"
+#include "data/audio.h"
 #include "data/fbank.h"
 #include "data/manifest.h"
-#include "data/audio.h"
 #include "data/wave_augment.h"
 
 namespace {
@@ -178,7 +179,7 @@ int main(int argc, char** argv) try {
   app.add_option("--utterance", utterance, "with --augment: the utterance's length in seconds")
       ->capture_default_str()
       ->check(CLI::Range(0.5, 60.0));
-  CLI11_PARSE(app, argc, argv);
+  if (const int status = clustr::parse_or_exit(app, argc, argv); status >= 0) return status;
   clustr::set_num_threads(1);
   if (augment) {
     bench_augment(utterance, std::max(reps, 21));

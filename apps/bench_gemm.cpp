@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "apps/common/device.h"
+#include "apps/common/flags.h"
 #include "apps/common/run_folder.h"
 #include "core/cpu/gemm.h"
 #include "core/cpu/gemm_bf16.h"
@@ -237,7 +238,7 @@ int main(int argc, char** argv) try {
                  "(default: the best this CPU has)");
   bool tf32 = false;
   app.add_flag("--tf32", tf32, "with --device cuda: TF32 tensor cores for the f32 GEMM");
-  CLI11_PARSE(app, argc, argv);
+  if (const int status = clustr::parse_or_exit(app, argc, argv); status >= 0) return status;
   const std::vector<Case> cases = make_cases(shapes);  // checked before anything is written
   clustr::check_output_file("--csv", csv_path, overwrite, /*folder_must_exist=*/true);
   const bool bf16 = precision == "bf16";

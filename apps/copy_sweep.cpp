@@ -159,7 +159,7 @@ int main(int argc, char** argv) try {
   app.add_option("--attentions", grid.attentions,
                  "attention types, lsh-X for lsh with X hashing rounds (full and lsh-X run "
                  "once per length)")->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  if (const int status = clustr::parse_or_exit(app, argc, argv); status >= 0) return status;
   check_integer_flags(app);
   note_memory_flags(detail::cat("--batch ", base.train.batch, ", --lengths, --layers ",
                                 base.model.layers, ", --heads ", base.model.heads,

@@ -103,7 +103,7 @@ int main(int argc, char** argv) try {
   app.add_option("--evaluate-with", evaluate_with,
                  "with --checkpoint: also evaluate with this attention type (full, clustered, "
                  "improved-clustered)");
-  CLI11_PARSE(app, argc, argv);
+  if (const int status = clustr::parse_or_exit(app, argc, argv); status >= 0) return status;
   check_integer_flags(app);
   note_memory_flags(detail::cat(
       "--batch ", o.train.batch, ", --length ", o.task.length, ", --layers ", o.model.layers,

@@ -610,7 +610,7 @@ int main(int argc, char** argv) try {
                      "lexicon (Debian's festlex-cmu) or a CMUdict text file")
       ->capture_default_str();
 
-  CLI11_PARSE(app, argc, argv);
+  if (const int status = clustr::parse_or_exit(app, argc, argv); status >= 0) return status;
   check_integer_flags(app);
   if (*train)
     note_memory_flags(detail::cat("--batch ", o.train.batch, ", --max-frames ",

@@ -403,7 +403,7 @@ int main(int argc, char** argv) try {
   table4_cmd->add_option("--precision", x.precision, "fp32 | bf16")->capture_default_str();
   table4_table.add_to(*table4_cmd, {"cuda-graphs"});
 
-  CLI11_PARSE(app, argc, argv);
+  if (const int status = clustr::parse_or_exit(app, argc, argv); status >= 0) return status;
   check_integer_flags(app);
   if (embed->parsed()) return embed_command(e, embed_table);
   if (tasks->parsed()) {

@@ -73,6 +73,13 @@ TEST_CASE("speech_app_bad_speed") {
               "--speed-perturb must keep to [0.5, 2]");
 }
 
+// A switch given a number past 64 bits: CLI11 (2.1) reads it with std::stoll, whose exception
+// parse_flags turns into an error naming the argument (it said only "stoll"; found by fuzzing).
+TEST_CASE("speech_app_switch_value_out_of_range") {
+  CHECK_FAILS(speech({"train", "--corpus", corpus, "--no-plots=99999999999999999999"}),
+              "--no-plots 99999999999999999999: out of range");
+}
+
 TEST_CASE("speech_app_bad_vtlp") {
   CHECK_FAILS(speech({"train", "--corpus", corpus, "--vtlp", "1,x"}),
               "--vtlp '1,x' is not a value");

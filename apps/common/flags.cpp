@@ -1,4 +1,5 @@
-// Integer flags within their type's range (flags.h).
+// Integer flags within their type's range, and parsing that names an out-of-range switch value
+// (flags.h).
 #include "apps/common/flags.h"
 
 #include <CLI/CLI.hpp>
@@ -8,6 +9,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <limits>
+#include <stdexcept>
 #include <string>
 
 #include "core/error.h"
@@ -44,6 +46,40 @@ void check_integer_flags(const CLI::App& app) {
     for (const std::string& text : o->results()) check_value(*o, text, type == "UINT");
   }
   for (const CLI::App* sub : app.get_subcommands({})) check_integer_flags(*sub);
+}
+
+void parse_flags(CLI::App& app, int argc, const char* const* argv) {
+  try {
+    app.parse(argc, argv);
+  } catch (const std::out_of_range& e) {
+    // The argument: a value after '=' that is a whole number past the 64-bit range.
+    for (int i = 1; i < argc; ++i) {
+      const std::string arg = argv[i];
+      const size_t eq = arg.find('=');
+      if (arg.rfind("-", 0) != 0 || eq == std::string::npos) continue;
+      const std::string value = arg.substr(eq + 1);
+      const size_t sign = !value.empty() && (value[0] == '+' || value[0] == '-') ? 1 : 0;
+      if (value.size() == sign || value.find_first_not_of("0123456789", sign) != std::string::npos)
+        continue;
+      errno = 0;
+      std::strtoll(value.c_str(), nullptr, 10);
+      if (errno == ERANGE)
+        throw Error(detail::cat(arg.substr(0, eq), " ", value,
+                                ": out of range (a switch takes no value, or a count from ",
+                                std::numeric_limits<int64_t>::min(), " to ",
+                                std::numeric_limits<int64_t>::max(), ")"));
+    }
+    throw Error(detail::cat("a value on the command line is out of range (", e.what(), ")"));
+  }
+}
+
+int parse_or_exit(CLI::App& app, int argc, const char* const* argv) {
+  try {
+    parse_flags(app, argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  return -1;
 }
 
 }  // namespace clustr

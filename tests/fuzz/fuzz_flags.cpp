@@ -1,7 +1,8 @@
 // The apps' flag parsing and presets on argument vectors from arbitrary bytes: the first byte
 // picks the copy task or the speech app's train command; the rest, cut at NUL bytes, is the
-// argument vector (at most 32 arguments). A parse error is CLI11's (it prints the flag and what
-// it expected); the settings that parse are then validated (clustr::Error naming the flag) and
+// argument vector (at most 32 arguments), parsed as the apps parse theirs (parse_flags). A parse
+// error is CLI11's (it prints the flag and what it expected) or clustr::Error naming the
+// argument; the settings that parse are then validated (clustr::Error naming the flag) and
 // turned into a checkpoint's config and back.
 #include <CLI/CLI.hpp>
 
@@ -24,7 +25,7 @@ void parse(const std::vector<const char*>& argv, Options o, AddFlags add_flags, 
   CLI::App app{"fuzz"};
   add_flags(app, o);
   try {
-    app.parse(static_cast<int>(argv.size()), argv.data());
+    clustr::parse_flags(app, static_cast<int>(argv.size()), argv.data());
   } catch (const CLI::ParseError&) {
     return;
   }
