@@ -57,5 +57,6 @@ CLUSTR_EMULATION_SCHEDULE=random:1 ctest --test-dir build-tsan -R '^cuda_' --out
   -j "$jobs"
 
 echo "== fuzzing: every reader of outside input, 8 s each (libFuzzer, ASan + UBSan) =="
-# From the seeds and the kept corpora (tests/fuzz/corpora/), two targets at a time.
+# From each target's seeds (and its corpus in tests/fuzz/corpora/ where one is kept), two
+# targets at a time.
 bash scripts/fuzz.sh --seconds 8 --parallel "$jobs"
