@@ -164,20 +164,17 @@ void device_weight_grads(const Tensor& dy, const Tensor& x, Precision precision,
   const int64_t R = dy.size(0), out = dy.size(1), in = x.size(1);
   const DeviceOperands o = device_operands(dy, x, precision);
   dW = Tensor::empty({out, in}, DType::f32, dy.device());
-  db = Tensor::empty({out}, DType::f32, dy.device());
-  if (o.bf16 && !is_bf16(dy)) {
-    gemm(true, false, 1.0f, o.a, o.b, 0.0f, dW, precision);
-    db = column_sums(dy);
-    return;
+  if (!o.bf16 || is_bf16(dy)) {  // the product reads dy as it is: db from its epilogue
+    db = Tensor::empty({out}, DType::f32, dy.device());
+    cuda::EpilogueGemm g;
+    g.trans_a = true;
+    g.M = out, g.N = in, g.K = R;
+    g.A = o.a.raw(), g.lda = out, g.B = o.b.raw(), g.ldb = in, g.bf16 = o.bf16;
+    g.C = dW.f32(), g.ldc = in;
+    g.epilogue = cuda::GemmEpilogue::a_row_sums;
+    g.vec = db.f32();
+    if (cuda::gemm_epilogue(g)) return;
   }
-  cuda::EpilogueGemm g;
-  g.trans_a = true;
-  g.M = out, g.N = in, g.K = R;
-  g.A = o.a.raw(), g.lda = out, g.B = o.b.raw(), g.ldb = in, g.bf16 = o.bf16;
-  g.C = dW.f32(), g.ldc = in;
-  g.epilogue = cuda::GemmEpilogue::a_row_sums;
-  g.vec = db.f32();
-  if (cuda::gemm_epilogue(g)) return;
   gemm(true, false, 1.0f, o.a, o.b, 0.0f, dW, precision);
   db = column_sums(dy);
 }

@@ -215,6 +215,14 @@ bool gemm_epilogue(const EpilogueGemm& g) {
   const uint64_t a_rows = g.trans_b ? g.K : g.N, a_cols = g.trans_b ? g.N : g.K;
   const uint64_t b_rows = g.trans_a ? g.M : g.K, b_cols = g.trans_a ? g.K : g.M;
 
+  const PlanKey key{g.trans_a, g.trans_b, g.M, g.N, g.K, g.lda, g.ldb, g.ldc, g.bf16,
+                    static_cast<int>(g.epilogue), tf32_math, alignment(g.A), alignment(g.B),
+                    alignment(g.C), alignment(g.vec), heuristic_generation()};
+  {  // a product known to have no algorithm goes to the composed path before any descriptor
+    std::lock_guard<std::mutex> lock(plans_mutex());
+    const auto it = plans().find(key);
+    if (it != plans().end() && !it->second.found) return false;
+  }
   Descriptors d;
   check_lt(lt().desc_create(&d.desc, compute, CUDA_R_32F), "cublasLtMatmulDescCreate");
   const void* vec = g.vec;
@@ -230,9 +238,6 @@ bool gemm_epilogue(const EpilogueGemm& g) {
   check_lt(lt().layout_create(&d.b, ab_type, b_rows, b_cols, g.lda), "cublasLtMatrixLayoutCreate");
   check_lt(lt().layout_create(&d.c, CUDA_R_32F, g.N, g.M, g.ldc), "cublasLtMatrixLayoutCreate");
 
-  const PlanKey key{g.trans_a, g.trans_b, g.M, g.N, g.K, g.lda, g.ldb, g.ldc, g.bf16,
-                    static_cast<int>(g.epilogue), tf32_math, alignment(g.A), alignment(g.B),
-                    alignment(g.C), alignment(g.vec), heuristic_generation()};
   Plan plan;
   {
     std::lock_guard<std::mutex> lock(plans_mutex());

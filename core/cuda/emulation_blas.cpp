@@ -440,28 +440,23 @@ void lt_epilogue(uint32_t e, const LtShape& s, bool ta, bool tb, const void* A, 
         if (bias) v += vec[i];
         if (relu) v = v < 0.0f ? 0.0f : v;
       }
-  auto sums = [&](auto load, const void* X, bool trans, int ld, int count, bool rows) {
-    for (int64_t i = 0; i < count; ++i) {
+  // Element (r, c) of op(X) (column-major, leading dimension ld), as stored (not TF32-rounded).
+  auto op_at = [&](const void* X, bool trans, int ld, int64_t r, int64_t c) {
+    const int64_t at = trans ? c + r * ld : r + c * ld;
+    return s.kind == Operand::bf16 ? Load<Operand::bf16>{X}(at) : Load<Operand::f32>{X}(at);
+  };
+  if (e == CUBLASLT_EPILOGUE_BGRADA)  // the rows of op(A), m x k
+    for (int64_t i = 0; i < s.m; ++i) {
       float acc = 0.0f;
-      for (int64_t l = 0; l < s.k; ++l) {
-        // op(A)(i, l) when rows (BGRADA); op(B)(l, i) otherwise (BGRADB).
-        const int64_t at = rows ? (trans ? l + i * ld : i + l * ld)
-                                : (trans ? i + l * ld : l + i * ld);
-        acc += load(X, at);
-      }
+      for (int64_t l = 0; l < s.k; ++l) acc += op_at(A, ta, lda, i, l);
       vec[i] = acc;
     }
-  };
-  auto with_loader = [&](const void* X, bool trans, int ld, int count, bool rows) {
-    if (s.kind == Operand::bf16)
-      sums([](const void* p, int64_t i) { return Load<Operand::bf16>{p}(i); }, X, trans, ld,
-           count, rows);
-    else
-      sums([](const void* p, int64_t i) { return Load<Operand::f32>{p}(i); }, X, trans, ld, count,
-           rows);
-  };
-  if (e == CUBLASLT_EPILOGUE_BGRADA) with_loader(A, ta, lda, s.m, true);
-  if (e == CUBLASLT_EPILOGUE_BGRADB) with_loader(B, tb, ldb, s.n, false);
+  if (e == CUBLASLT_EPILOGUE_BGRADB)  // the columns of op(B), k x n
+    for (int64_t j = 0; j < s.n; ++j) {
+      float acc = 0.0f;
+      for (int64_t l = 0; l < s.k; ++l) acc += op_at(B, tb, ldb, l, j);
+      vec[j] = acc;
+    }
 }
 
 // One checked product and its epilogue, now.
