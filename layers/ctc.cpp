@@ -391,13 +391,14 @@ struct CtcBatch {
   std::vector<int64_t> offset;
 };
 
-CtcBatch check_batch(const Tensor& logits, const Tensor& input_lengths, const Tensor& targets,
+// logits: the logits' description, for the messages.
+CtcBatch check_batch(int64_t B, int64_t T, int64_t V, const std::string& logits,
+                     const Tensor& input_lengths, const Tensor& targets,
                      const Tensor& target_lengths, int blank) {
   CtcBatch c;
-  c.B = logits.size(0), c.T = logits.size(1), c.V = logits.size(2);
-  const int64_t B = c.B, T = c.T, V = c.V;
+  c.B = B, c.T = T, c.V = V;
   CLUSTR_CHECK(B >= 1 && V >= 1, "ctc_loss: expected at least one utterance and one class, got ",
-               "logits ", describe(logits));
+               "logits ", logits);
   CLUSTR_CHECK(blank >= 0 && blank < V, "ctc_loss: blank = ", blank, " is outside the ", V,
                " classes [0, ", V, ")");
   c.il_host = on_host(input_lengths), c.tl_host = on_host(target_lengths);
@@ -405,7 +406,7 @@ CtcBatch check_batch(const Tensor& logits, const Tensor& input_lengths, const Te
   c.tl = lengths_of(target_lengths, c.tl_host, "target_lengths", B);
   for (int64_t b = 0; b < B; ++b) {
     CLUSTR_CHECK(c.il[b] >= 0 && c.il[b] <= T, "ctc_loss: input_lengths[", b, "] = ", c.il[b],
-                 " is outside [0, T = ", T, "] (logits ", describe(logits), ")");
+                 " is outside [0, T = ", T, "] (logits ", logits, ")");
     CLUSTR_CHECK(c.tl[b] >= 0, "ctc_loss: target_lengths[", b, "] = ", c.tl[b], " is negative");
   }
   CLUSTR_CHECK(targets.defined(), "ctc_loss: targets is an undefined tensor");
@@ -417,6 +418,12 @@ CtcBatch check_batch(const Tensor& logits, const Tensor& input_lengths, const Te
   c.tg = c.tg_host.i32();
   c.offset = target_offsets(c.tg_host, c.tl, B, V, blank);
   return c;
+}
+
+CtcBatch check_batch(const Tensor& logits, const Tensor& input_lengths, const Tensor& targets,
+                     const Tensor& target_lengths, int blank) {
+  return check_batch(logits.size(0), logits.size(1), logits.size(2), describe(logits),
+                     input_lengths, targets, target_lengths, blank);
 }
 
 // The CPU kernel over the batch: x_host is a host copy of the logits; the outputs are on the
@@ -460,26 +467,26 @@ CtcOutput ctc_forward_host(const CtcBatch& c, const Tensor& x_host, int blank, b
   return out;
 }
 
-// The CUDA kernel (cuda/ctc.h) over the batch, on the device's logits: what it reads of the
-// targets (cuda/ctc.h's info) is laid out here and copied in one piece. `impossible` counts the
-// utterances whose target cannot fit in their frames, known here from the lengths (the CPU
-// kernel also counts one whose logits give every alignment probability 0, e.g. -inf logits:
-// here that one shows only as its loss, +inf). Sets *info to the device's copy of the layout.
-CtcOutput ctc_forward_device(const CtcBatch& c, const Tensor& logits, int blank, bool want_grad,
-                             Tensor* info) {
-  const int64_t B = c.B, T = c.T, V = c.V;
+// What the CUDA kernel reads of the batch (cuda/ctc.h's info), laid out on the host. Its
+// `impossible` counts the utterances whose target cannot fit in their frames, known here from
+// the lengths (the CPU kernel also counts one whose logits give every alignment probability 0,
+// e.g. -inf logits: on the device that one shows only as its loss, +inf).
+CtcLayout make_layout(const CtcBatch& c, int blank) {
+  const int64_t B = c.B, V = c.V;
   int64_t Umax = 0;
   for (int64_t b = 0; b < B; ++b) Umax = std::max<int64_t>(Umax, c.tl[b]);
   CLUSTR_CHECK(Umax <= cuda::kCtcMaxLabels, "ctc_loss: a target of ", Umax, " labels is longer ",
                "than the CUDA kernel takes (", cuda::kCtcMaxLabels, " labels, for its rows in a ",
                "block's shared memory); compute this loss on the cpu");
-  const int64_t Pmax = 2 * Umax + 1;
-  std::vector<int32_t> words(static_cast<size_t>(cuda::ctc_info_words(B, Pmax)), 0);
-  int32_t* header = words.data();
+  CtcLayout l;
+  l.B = B, l.T = c.T, l.V = V, l.blank = blank;
+  l.Pmax = 2 * Umax + 1;
+  const int64_t Pmax = l.Pmax;
+  l.words.assign(static_cast<size_t>(cuda::ctc_info_words(B, Pmax)), 0);
+  int32_t* header = l.words.data();
   int32_t* ext = header + 3 * B;
   int32_t* next = ext + B * Pmax;
   int32_t* head = next + B * Pmax;
-  CtcOutput out;
   std::vector<int64_t> last(static_cast<size_t>(V));
   for (int64_t b = 0; b < B; ++b) {
     const int32_t* labels = c.tg + c.offset[b];
@@ -487,7 +494,7 @@ CtcOutput ctc_forward_device(const CtcBatch& c, const Tensor& logits, int blank,
     const int32_t status = Tb == 0 ? (U == 0 ? cuda::kCtcEmpty : cuda::kCtcImpossible)
                            : Tb < frames_needed(labels, U) ? cuda::kCtcImpossible
                                                            : cuda::kCtcRun;
-    out.impossible += status == cuda::kCtcImpossible;
+    l.impossible += status == cuda::kCtcImpossible;
     header[3 * b] = static_cast<int32_t>(Tb);
     header[3 * b + 1] = static_cast<int32_t>(U);
     header[3 * b + 2] = status;
@@ -498,19 +505,36 @@ CtcOutput ctc_forward_device(const CtcBatch& c, const Tensor& logits, int blank,
     // Each label's chain of odd positions: next from the back, heads from the front.
     for (int64_t s = P - 2; s >= 1; s -= 2) last[static_cast<size_t>(e[s])] = -1;
     for (int64_t s = P - 2; s >= 1; s -= 2) {
-      int64_t& l = last[static_cast<size_t>(e[s])];
-      n[s] = static_cast<int32_t>(l);
+      int64_t& l_at = last[static_cast<size_t>(e[s])];
+      n[s] = static_cast<int32_t>(l_at);
       h[s] = 1;
-      if (l >= 0) h[l] = 0;
-      l = s;
+      if (l_at >= 0) h[l_at] = 0;
+      l_at = s;
     }
   }
-  *info = Tensor::from_int_vector(words, {static_cast<int64_t>(words.size())}, logits.device());
-  out.loss = Tensor::empty({B}, DType::f32, logits.device());
-  if (want_grad) out.grad = Tensor::empty({B, T, V}, DType::f32, logits.device());
-  cuda::ctc_forward(logits.f32(), info->i32(), B, T, V, Pmax, blank, out.loss.f32(),
+  return l;
+}
+
+// The CUDA kernel over the batch, on the device's logits, reading the layout from `info` (on
+// the device).
+CtcOutput run_device(const CtcLayout& l, const Tensor& logits, const Tensor& info,
+                     bool want_grad) {
+  CtcOutput out;
+  out.impossible = l.impossible;
+  out.loss = Tensor::empty({l.B}, DType::f32, logits.device());
+  if (want_grad) out.grad = Tensor::empty({l.B, l.T, l.V}, DType::f32, logits.device());
+  cuda::ctc_forward(logits.f32(), info.i32(), l.B, l.T, l.V, l.Pmax, l.blank, out.loss.f32(),
                     want_grad ? out.grad.f32() : nullptr);
   return out;
+}
+
+// The CUDA kernel over the batch, its layout copied to the device in one piece (*info).
+CtcOutput ctc_forward_device(const CtcBatch& c, const Tensor& logits, int blank, bool want_grad,
+                             Tensor* info) {
+  const CtcLayout l = make_layout(c, blank);
+  *info = Tensor::from_int_vector(l.words, {static_cast<int64_t>(l.words.size())},
+                                  logits.device());
+  return run_device(l, logits, *info, want_grad);
 }
 
 int reduction_code(CtcReduction r) {
@@ -602,15 +626,14 @@ CtcLoss finish(const Variable& logits, CtcOutput out, Tensor loss, bool record,
 
 // ctc_loss on the CUDA device: the per-utterance losses, the reduction and the gradient's
 // scaling all stay there (cuda/ctc.h), with the CPU's formulas and order of operations.
-CtcLoss ctc_loss_device(const Variable& logits, const CtcBatch& c, const CtcOptions& options,
-                        bool record) {
+CtcLoss ctc_loss_device(const Variable& logits, const CtcLayout& layout, Tensor info,
+                        const CtcOptions& options, bool record) {
   const Tensor& x = logits.data();
-  Tensor info;
-  CtcOutput out = ctc_forward_device(c, x, options.blank, record, &info);
+  CtcOutput out = run_device(layout, x, info, record);
   const bool none = options.reduction == CtcReduction::none;
-  Tensor loss = none ? Tensor::empty({c.B}, DType::f32, x.device())
+  Tensor loss = none ? Tensor::empty({layout.B}, DType::f32, x.device())
                      : Tensor::empty(Shape{}, DType::f32, x.device());
-  cuda::ctc_reduce(out.loss.f32(), info.i32(), c.B, reduction_code(options.reduction),
+  cuda::ctc_reduce(out.loss.f32(), info.i32(), layout.B, reduction_code(options.reduction),
                    options.zero_infinity, loss.f32());
   return finish(logits, std::move(out), std::move(loss), record, options.reduction, {},
                 std::move(info));
@@ -625,7 +648,12 @@ CtcLoss ctc_loss(const Variable& logits, const Tensor& input_lengths, const Tens
   const Tensor& x = logits.data();
   check_logits(x);
   const CtcBatch c = check_batch(x, input_lengths, targets, target_lengths, options.blank);
-  if (x.device() != Device::cpu) return ctc_loss_device(logits, c, options, record);
+  if (x.device() != Device::cpu) {
+    const CtcLayout layout = make_layout(c, options.blank);
+    Tensor info = Tensor::from_int_vector(
+        layout.words, {static_cast<int64_t>(layout.words.size())}, x.device());
+    return ctc_loss_device(logits, layout, std::move(info), options, record);
+  }
   CtcOutput out = ctc_forward_host(c, x, options.blank, record);
   const int64_t B = out.loss.numel();
   const float* per = out.loss.f32();
@@ -653,6 +681,36 @@ CtcLoss ctc_loss(const Variable& logits, const Tensor& input_lengths, const Tens
 
   return finish(logits, std::move(out), std::move(loss), record, options.reduction,
                 std::move(weight), Tensor());
+}
+
+CtcLayout ctc_layout(int64_t T, int64_t V, const Tensor& input_lengths, const Tensor& targets,
+                     const Tensor& target_lengths, int blank) {
+  CLUSTR_CHECK(input_lengths.defined() && input_lengths.rank() == 1,
+               "ctc_layout: expected input_lengths i32 (B), got ",
+               input_lengths.defined() ? describe(input_lengths) : std::string("undefined"));
+  const int64_t B = input_lengths.size(0);
+  const std::string shape = detail::cat("(", B, ", ", T, ", ", V, ")");
+  CLUSTR_CHECK(T >= 0, "ctc_layout: expected T >= 0 frames, got ", T);
+  return make_layout(check_batch(B, T, V, shape, input_lengths, targets, target_lengths, blank),
+                     blank);
+}
+
+CtcLoss ctc_loss(const Variable& logits, const CtcLayout& layout, const Tensor& info,
+                 const CtcOptions& options) {
+  CLUSTR_CHECK(logits.defined(), "ctc_loss: logits is an undefined variable");
+  const Tensor& x = logits.data();
+  check_logits(x);
+  CLUSTR_CHECK(x.device() != Device::cpu && x.size(0) == layout.B && x.size(1) == layout.T &&
+                   x.size(2) == layout.V,
+               "ctc_loss: a layout made for logits (", layout.B, ", ", layout.T, ", ", layout.V,
+               ") on the CUDA device, got ", describe(x));
+  CLUSTR_CHECK(options.blank == layout.blank, "ctc_loss: the layout was made with blank ",
+               layout.blank, ", the options say ", options.blank);
+  CLUSTR_CHECK(info.defined() && info.dtype() == DType::i32 && info.device() == x.device() &&
+                   info.numel() == static_cast<int64_t>(layout.words.size()),
+               "ctc_loss: expected the layout's ", layout.words.size(), " words as i32 on the "
+               "logits' device, got ", info.defined() ? describe(info) : std::string("undefined"));
+  return ctc_loss_device(logits, layout, info, options, record_needed({&logits}));
 }
 
 }  // namespace clustr

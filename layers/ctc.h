@@ -32,6 +32,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "autograd/variable.h"
 #include "core/tensor.h"
@@ -78,5 +79,24 @@ struct CtcLoss {
 };
 CtcLoss ctc_loss(const Variable& logits, const Tensor& input_lengths, const Tensor& targets,
                  const Tensor& target_lengths, const CtcOptions& options = {});
+
+// For a step captured in a CUDA graph, which cannot copy from the host: what the CUDA kernel
+// reads of a batch (cuda/ctc.h's info), laid out on the host from its lengths and targets (as
+// ctc_loss checks them) for logits (B, T, V). The caller copies `words` into a device buffer
+// before each replay; the graph's ctc_loss reads it there.
+struct CtcLayout {
+  int64_t B = 0, T = 0, V = 0;
+  int64_t Pmax = 0;        // positions of the longest extended target (2 Umax + 1)
+  int blank = 0;
+  int64_t impossible = 0;  // utterances whose target cannot fit in their frames
+  std::vector<int32_t> words;
+};
+CtcLayout ctc_layout(int64_t T, int64_t V, const Tensor& input_lengths, const Tensor& targets,
+                     const Tensor& target_lengths, int blank = 0);
+// ctc_loss on the CUDA device from a layout whose words are in `info` (i32, on the logits'
+// device): the same result as ctc_loss from the lengths and targets the layout was made from;
+// `impossible` is the layout's.
+CtcLoss ctc_loss(const Variable& logits, const CtcLayout& layout, const Tensor& info,
+                 const CtcOptions& options = {});
 
 }  // namespace clustr

@@ -55,13 +55,19 @@ PositionalEncoding::PositionalEncoding(int64_t dim) : dim_(dim) {
   CLUSTR_CHECK(dim > 0, "PositionalEncoding: expected a positive dimension, got ", dim);
 }
 
+bool PositionalEncoding::reserve(int64_t n, Device device) const {
+  if (table_.defined() && table_.device() == device && table_.size(0) >= n) return false;
+  table_ = sinusoidal_positional_encoding(n, dim_, device);
+  ++generation_;
+  return true;
+}
+
 Variable PositionalEncoding::forward(const Variable& x) const {
   CLUSTR_CHECK(x.defined(), "PositionalEncoding(", dim_, "): x is undefined");
   CLUSTR_CHECK(x.rank() == 3 && x.size(2) == dim_, "PositionalEncoding(", dim_,
                "): expected x (B, N, ", dim_, "), got ", describe(x.data()));
   const int64_t N = x.size(1);
-  if (!table_.defined() || table_.device() != x.device() || table_.size(0) < N)
-    table_ = sinusoidal_positional_encoding(N, dim_, x.device());
+  reserve(N, x.device());
   const Variable pe(table_.size(0) == N ? table_ : table_.rows(0, N));
   return add(x, pe);  // (B, N, D) + (N, D)
 }

@@ -48,10 +48,18 @@ class PositionalEncoding : public Module {
   Variable forward(const Variable& x) const;
 
   int64_t dim() const { return dim_; }
+  // Makes the table hold at least n positions on `device` now, so that no forward of up to n
+  // positions replaces it: a CUDA graph keeps reading the table it was captured with. Returns
+  // whether the table was made anew (graphs captured before then read a freed one).
+  bool reserve(int64_t n, Device device) const;
+  // How many times the table was made: a graph captured at one count reads a freed table at
+  // another (the table also grows in a forward outside any graph, e.g. an evaluation's).
+  uint64_t generation() const { return generation_; }
 
  private:
   int64_t dim_;
-  mutable Tensor table_;  // (M, D) on the last forward's device, M the longest N seen
+  mutable Tensor table_;
+  mutable uint64_t generation_ = 0;  // (M, D) on the last forward's device, M the longest N seen
 };
 
 }  // namespace clustr

@@ -22,7 +22,8 @@
 #    improved-clustered attention and in three copy-task steps (ncu: profile_attention.log,
 #    profile_copy_step.log);
 # 7. runs compute-sanitizer's racecheck, synccheck and initcheck, and, with --corpus (a speech
-#    corpus folder made by data/make_speech_corpus.py), 300 speech steps on the device.
+#    corpus folder made by data/make_speech_corpus.py), 300 speech steps on the device, with
+#    CUDA graphs and without.
 # Every log, CSV and PNG goes to OUTDIR, with summary.txt: one line per step, PASS / FAIL /
 # NOT RUN and why. Each step has a time limit, and the whole check aims at 8 minutes on one H100
 # without the compiled PyTorch peers (the H200's run of 1e53358: 334 s); those add 3-5 minutes,
@@ -360,6 +361,9 @@ elif [ "$emulate" = 1 ]; then
 else
   step speech 180 "$build/apps/speech" train --device cuda --corpus "$corpus" --out "$out/speech" --overwrite \
     --max-steps 300 --log-interval 20
+  # The same steps launched op by op: the log lines' ms/step against the graphs' above.
+  step speech_graphs_off 180 "$build/apps/speech" train --device cuda --corpus "$corpus" \
+    --out "$out/speech_graphs_off" --overwrite --max-steps 300 --log-interval 20 --cuda-graphs off
 fi
 
 note "total: $(( $(date +%s) - start ))s, $failures failed step(s); logs in $out"

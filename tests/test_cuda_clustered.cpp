@@ -164,6 +164,14 @@ Inputs make_inputs(const AttnCase& c, uint32_t seed) {
   return in;
 }
 
+// f() with the checks of device values deferred (cuda::DeferredChecks): the clustered types
+// then read the lengths on the device only and size their products for all S keys.
+template <class F>
+auto deferred(F f) {
+  clustr::cuda::DeferredChecks scope;
+  return f();
+}
+
 struct Result {
   std::vector<float> out, weights, centroids, dQ, dK, dV;
   std::vector<int32_t> counts;
@@ -192,14 +200,19 @@ void check_attention(const AttnCase& c, uint32_t seed) {
                                    << std::string(c.lengths.empty() ? "" : " lengths")
                                    << " dropout " << c.dropout);
   const Inputs in = make_inputs(c, seed);
-  const Result cpu = run(c, in, Device::cpu), dev = run(c, in, Device::cuda);
-  CHECK(dev.counts == cpu.counts);
-  CHECK(dev.centroids == cpu.centroids);  // member sums in query order on both devices
-  check_rows("out", dev.out, cpu.out, c.M);
-  check_rows("weights", dev.weights, cpu.weights, c.S);
-  check_rows("dQ", dev.dQ, cpu.dQ, c.E);
-  check_rows("dK", dev.dK, cpu.dK, c.E);
-  check_rows("dV", dev.dV, cpu.dV, c.M);
+  const Result cpu = run(c, in, Device::cpu);
+  for (const bool lengths_on_device : {false, true}) {
+    CAPTURE(lengths_on_device);  // read on the device only, as in a CUDA graph's capture
+    const Result dev = lengths_on_device ? deferred([&] { return run(c, in, Device::cuda); })
+                                         : run(c, in, Device::cuda);
+    CHECK(dev.counts == cpu.counts);
+    CHECK(dev.centroids == cpu.centroids);  // member sums in query order on both devices
+    check_rows("out", dev.out, cpu.out, c.M);
+    check_rows("weights", dev.weights, cpu.weights, c.S);
+    check_rows("dQ", dev.dQ, cpu.dQ, c.E);
+    check_rows("dK", dev.dK, cpu.dK, c.E);
+    check_rows("dV", dev.dV, cpu.dV, c.M);
+  }
 }
 
 // ---- improved clustered attention ---------------------------------------------------------
@@ -254,16 +267,21 @@ void check_improved(const AttnCase& c, int64_t topk, uint32_t seed, int64_t repe
                     "two keys' weights of these inputs lie within " << kMarginRel
                     << " (relative) of each other at a top-k boundary: choose other inputs");
   }
-  const ImprovedResult dev = run_improved(c, topk, in, Device::cuda);
-  CHECK(dev.counts == cpu.counts);
-  CHECK(dev.centroids == cpu.centroids);  // member sums in query order on both devices
-  CHECK(dev.topk == cpu.topk);            // the same rule on (nearly) the same Ac
-  check_rows("weights", dev.weights, cpu.weights, c.S);
-  check_rows("mass", dev.mass, cpu.mass, c.C);
-  check_rows("out", dev.out, cpu.out, c.M);
-  check_rows("dQ", dev.dQ, cpu.dQ, c.E);
-  check_rows("dK", dev.dK, cpu.dK, c.E);
-  check_rows("dV", dev.dV, cpu.dV, c.M);
+  for (const bool lengths_on_device : {false, true}) {
+    CAPTURE(lengths_on_device);  // read on the device only, as in a CUDA graph's capture
+    const ImprovedResult dev =
+        lengths_on_device ? deferred([&] { return run_improved(c, topk, in, Device::cuda); })
+                          : run_improved(c, topk, in, Device::cuda);
+    CHECK(dev.counts == cpu.counts);
+    CHECK(dev.centroids == cpu.centroids);  // member sums in query order on both devices
+    CHECK(dev.topk == cpu.topk);            // the same rule on (nearly) the same Ac
+    check_rows("weights", dev.weights, cpu.weights, c.S);
+    check_rows("mass", dev.mass, cpu.mass, c.C);
+    check_rows("out", dev.out, cpu.out, c.M);
+    check_rows("dQ", dev.dQ, cpu.dQ, c.E);
+    check_rows("dK", dev.dK, cpu.dK, c.E);
+    check_rows("dV", dev.dV, cpu.dV, c.M);
+  }
 }
 
 // attention() with `config` (its type, and topk where it has one) on the cpu and on the device

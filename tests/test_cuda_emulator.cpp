@@ -273,6 +273,20 @@ TEST_CASE("cuda emulator: fresh and reused device memory reads as NaN, not as ze
   for (float v : again.to_vector()) REQUIRE(bits(v) == 0xffffffffu);
 }
 
+TEST_CASE("cuda emulator: a freed block reads as NaN at once, before it is handed out again "
+          "(a CUDA graph replay that kept a freed tensor's address sees the poison)") {
+  constexpr int64_t n = 1000;
+  const void* freed = nullptr;
+  {
+    Tensor t = Tensor::full({n}, 3.0f, Device::cuda);
+    freed = t.raw();
+  }
+  std::vector<float> host(n, 0.0f);
+  REQUIRE(cudaMemcpyAsync(host.data(), freed, n * sizeof(float), cudaMemcpyDeviceToHost) ==
+          cudaSuccess);  // the block is the allocator's cache now, still device memory
+  for (float v : host) REQUIRE(bits(v) == 0xffffffffu);
+}
+
 TEST_CASE("cuda emulator: a product that reads memory nothing wrote fails and names the element") {
   cublasHandle_t h = nullptr;
   REQUIRE(cublasCreate(&h) == CUBLAS_STATUS_SUCCESS);

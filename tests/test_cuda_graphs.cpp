@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "check.h"
@@ -135,4 +136,52 @@ TEST_CASE("cuda graphs: dropout reads a stream offset from device memory as it r
   CHECK(got.to_vector() != clustr::dropout_apply(x, 0.3f, 77, clustr::PhiloxOffset(0)).to_vector());
   CHECK_ERROR(clustr::dropout_apply(x, 0.3f, 77, at), "dropout", "offset in device memory",
               "CPU kernel");
+}
+
+TEST_CASE("cuda graphs: graphs captured to share a pool take its free blocks before new ones, "
+          "replay in turn as they run, and the pool outlives the graph it was made for") {
+  if (!cuda::available()) return;
+  const Tensor W = Tensor::from_vector(values(16 * 8, 1), {16, 8}, Device::cuda);
+  const Tensor b = Tensor::from_vector(values(8, 2), {8}, Device::cuda);
+  // Two shapes of input, a graph each; their outputs outside the pool. The second's
+  // temporaries are larger: it needs blocks of other sizes besides the ones it can reuse.
+  const int64_t R = 64;
+  Tensor x5 = Tensor::empty({5, 16}, DType::f32, Device::cuda);
+  Tensor xr = Tensor::empty({R, 16}, DType::f32, Device::cuda);
+  Tensor y5 = Tensor::empty({8}, DType::f32, Device::cuda);
+  Tensor yr = Tensor::empty({8}, DType::f32, Device::cuda);
+  cuda::Stream side;
+  cuda::StreamGuard on_side(side);
+  cuda::Graph empty;
+  auto first = std::make_unique<cuda::Graph>();
+  CHECK_THROWS_WITH_AS(first->capture([&] { y5.copy_from(body(x5, W, b)); }, &empty),
+                       doctest::Contains("holds no capture"), clustr::Error);
+  first->capture([&] { y5.copy_from(body(x5, W, b)); });
+  const size_t one = first->pool_bytes();
+  cuda::Graph alone;  // the second body in a pool of its own, for its size
+  alone.capture([&] { yr.copy_from(body(xr, W, b)); });
+  cuda::Graph second;
+  second.capture([&] { yr.copy_from(body(xr, W, b)); }, first.get());
+  // One pool, grown by what the first body's free blocks could not serve.
+  CHECK(second.pool_bytes() == first->pool_bytes());
+  CHECK(second.pool_bytes() > one);
+  CHECK(second.pool_bytes() < one + alone.pool_bytes());
+  for (uint32_t round = 0; round < 2; ++round) {
+    CAPTURE(round);
+    const Tensor h5 = Tensor::from_vector(values(5 * 16, 20 + round), {5, 16});
+    const Tensor hr = Tensor::from_vector(values(R * 16, 30 + round), {R, 16});
+    x5.copy_from(h5);
+    xr.copy_from(hr);
+    first->replay();
+    second.replay();
+    CHECK(y5.to_vector() == body(h5.to(Device::cuda), W, b).to_vector());
+    CHECK(yr.to_vector() == body(hr.to(Device::cuda), W, b).to_vector());
+  }
+  const size_t shared = second.pool_bytes();
+  first.reset();  // the pool stays while the second holds it
+  CHECK(second.pool_bytes() == shared);
+  const Tensor hr = Tensor::from_vector(values(R * 16, 40), {R, 16});
+  xr.copy_from(hr);
+  second.replay();
+  CHECK(yr.to_vector() == body(hr.to(Device::cuda), W, b).to_vector());
 }

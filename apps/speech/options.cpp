@@ -136,6 +136,11 @@ FlagTable settings_table(RunOptions& o) {
       .resume(Resume::noted);
   add_spec_augment_settings(f, t.spec);
   add_wave_augment_settings(f, t.wave);
+  f.add("max-graphs", t.max_graphs,
+        "with --device cuda and --cuda-graphs on: the most CUDA graphs kept, one per batch shape "
+        "(the least recently used is dropped; they share one step's scratch memory)")
+      .at_least(1)
+      .not_stored();
   add_optimizer_settings(f, t, {"radam", "adam", "adamw"}, "epochs");
   add_run_settings(f, t, "seed of every random draw");
   add_machine_settings(f, o);

@@ -53,6 +53,7 @@ struct TrainOptions : TrainingOptions {
   SpecAugmentOptions spec;    // masks on the training batches (data/augment.h); off by default
   WaveAugmentOptions wave;    // speed, VTLP, reverberation, noise, gain (data/wave_augment.h);
                               // off by default
+  int64_t max_graphs = 16;    // --device cuda: the most CUDA graphs kept (one per batch shape)
   TrainOptions() {
     clip = 5.0f;
     lr_schedule = "plateau";  // warm-up, then lowered on plateaus of the dev loss

@@ -39,6 +39,9 @@ constexpr const char* kClasses = "classes";
 constexpr const char* kFeatures = "features";
 // The token table, tokens joined by single spaces (a token holds no whitespace).
 constexpr const char* kTokenTable = "token-table";
+// --cuda-graphs on: the most steps between two reads of the device (a window ends earlier at a
+// log line, the epoch's end or --max-steps).
+constexpr int32_t kMaxWindow = 100;
 
 std::string join_tokens(const std::vector<std::string>& tokens) {
   std::string s;
@@ -252,6 +255,78 @@ Trainer::Trainer(const RunOptions& options, std::FILE* log)
   std::vector<int64_t> lengths;
   for (const SpeechExample& e : train_.examples) lengths.push_back(e.features.size(0));
   buckets_ = make_length_buckets(lengths, {options_.train.batch, options_.train.max_frames});
+  if (device_ != Device::cuda)
+    graphs_off_ = "the run is on the cpu";
+  else if (options_.cuda_graphs == "off")
+    graphs_off_ = "--cuda-graphs off";
+}
+
+SpeechBatch Trainer::next_batch(const std::vector<SpeechExample>& examples,
+                                const std::vector<size_t>& indices) {
+  SpeechBatch b = collate_speech(examples, indices);
+  // From the training stream: a resumed run masks as the uninterrupted one would.
+  spec_augment(b, cache_->fbank().num_bins(), options_.model.stacking, options_.train.spec, gen_);
+  return b;
+}
+
+Trainer::StepEvent Trainer::eager_step(const std::vector<SpeechExample>& examples,
+                                       const std::vector<size_t>& indices) {
+  const SpeechBatch b = next_batch(examples, indices);
+  StepEvent e = event_of(b);
+  schedule_.before_step(step(), *optimizer_);
+  model_->train();
+  const Variable logits =  // (B, T, V)
+      model_->forward(on_device(b.features, device_), on_device(b.lengths, device_), gen_);
+  CtcOptions co;
+  co.zero_infinity = true;
+  const CtcLoss loss = ctc_loss(logits, b.lengths, b.targets, b.target_lengths, co);
+  e.impossible = loss.impossible;
+  e.loss = loss.loss.item();
+  e.skipped = !std::isfinite(e.loss);
+  if (!e.skipped) {
+    optimizer_->zero_grad();
+    loss.loss.backward();
+    e.norm = clip_or_measure(optimizer_->parameters(), options_.train.clip);
+    e.skipped = !std::isfinite(e.norm);
+  }
+  if (e.skipped)
+    optimizer_->zero_grad();
+  else
+    optimizer_->step();
+  return e;
+}
+
+std::vector<Trainer::StepEvent> Trainer::graphed_steps(
+    const std::vector<SpeechExample>& examples, const std::vector<std::vector<size_t>>& order,
+    int64_t steps) {
+  float current = optimizer_->lr();
+  graphs_->begin([&](int64_t done) { return current = schedule_.lr_for(done, current); });
+  std::vector<StepEvent> events;
+  for (int64_t k = 0; k < steps && graphs_->off_reason().empty(); ++k) {
+    const SpeechBatch b = next_batch(examples, order[size_t(batch_in_epoch_ + k)]);
+    const CtcLayout layout =
+        ctc_layout(b.features.size(1), model_->classes(), b.lengths, b.targets, b.target_lengths);
+    events.push_back(event_of(b));
+    events.back().impossible = layout.impossible;
+    graphs_->step(b, layout);  // a capture that fails ends the window: no graphs from there
+  }
+  const std::vector<optim::math::StepRecord> records = graphs_->end();
+  CLUSTR_CHECK(records.size() == events.size(), "speech: ", events.size(), " steps were queued ",
+               "on the device but it recorded ", records.size());
+  for (size_t k = 0; k < events.size(); ++k) {
+    events[k].loss = records[k].loss;
+    events[k].norm = records[k].norm;
+    events[k].skipped = !std::isfinite(records[k].loss) || records[k].skipped;
+  }
+  return events;
+}
+
+Trainer::StepEvent Trainer::event_of(const SpeechBatch& b) {
+  StepEvent e;
+  e.first = b.indices.front();
+  e.utterances = b.indices.size();
+  e.input_frames = b.input_frames;
+  return e;
 }
 
 const std::vector<SpeechExample>& Trainer::training_examples() const {
@@ -382,6 +457,11 @@ void Trainer::print_config(std::FILE* out) const {
                static_cast<long long>(model_->classes()));
   std::fprintf(out, "  %-26s %zu per epoch, %zu training utterances\n", "batches",
                buckets_.size(), train_.examples.size());
+  const std::string graphs =
+      graphs_off_.empty() ? detail::cat("on (a graph per batch shape seen twice, at most ",
+                                        options_.train.max_graphs, " kept)")
+                          : "off (" + graphs_off_ + ")";
+  std::fprintf(out, "  %-26s %s\n", "cuda graphs", graphs.c_str());
   std::fprintf(out, "build\n");
   for (const auto& [key, value] : build_info(options_.device))
     std::fprintf(out, "  %-26s %s\n", key.c_str(), value.c_str());
@@ -418,7 +498,7 @@ TrainResult Trainer::run(RunFolder* folder) {
          lines.size(), path.c_str());
   }
   NonFiniteSteps non_finite(t.max_skipped_steps);
-  const std::string last = (fs::path(o.output.out) / kLast).string();
+  const std::string last_file = (fs::path(o.output.out) / kLast).string();
   const std::string best = (fs::path(o.output.out) / kBest).string();
   MetricsLog metrics;
   metrics.start((fs::path(o.output.out) / "metrics.csv").string(), resumed_ ? step() : -1, log_);
@@ -430,6 +510,9 @@ TrainResult Trainer::run(RunFolder* folder) {
   bool first_interval = true, stop = false;
   double run_seconds = 0;
   LaunchMeter launches(device_);
+  if (graphs_off_.empty() && !graphs_)
+    graphs_ = std::make_unique<GraphedSteps>(*model_, *optimizer_, t.clip, gen_, kMaxWindow,
+                                             static_cast<size_t>(t.max_graphs));
   for (; epoch_ <= t.epochs && !stop; ++epoch_, batch_in_epoch_ = 0) {
     run_seconds += prepare_epoch();  // training time: the time limit and frames/s count it
     const std::vector<SpeechExample>& examples = training_examples();
@@ -437,87 +520,85 @@ TrainResult Trainer::run(RunFolder* folder) {
     Generator order_gen(derive_key(order_key_, uint64_t(epoch_)));
     shuffle_batches(order, order_gen);
     int64_t impossible = 0;
-    for (; batch_in_epoch_ < int64_t(order.size()); ++batch_in_epoch_) {
+    while (batch_in_epoch_ < int64_t(order.size()) && !stop) {
+      // The next steps: one op by op, or with graphs a window of them that ends at the next log
+      // line, the epoch's end or --max-steps at the latest.
       const auto t0 = Clock::now();
+      const int64_t first_step = step();
       launches.begin();
-      SpeechBatch b = collate_speech(examples, order[size_t(batch_in_epoch_)]);
-      // From the training stream: a resumed run masks as the uninterrupted one would.
-      spec_augment(b, cache_->fbank().num_bins(), options_.model.stacking, t.spec, gen_);
-      const int64_t done = step();
-      schedule_.before_step(done, *optimizer_);
-      model_->train();
-      const Variable logits =  // (B, T, V)
-          model_->forward(on_device(b.features, device_), on_device(b.lengths, device_), gen_);
-      CtcOptions co;
-      co.zero_infinity = true;
-      const CtcLoss loss = ctc_loss(logits, b.lengths, b.targets, b.target_lengths, co);
-      impossible += loss.impossible;
-      const float value = loss.loss.item();
-      bool skip = !std::isfinite(value);
-      double norm = 0;
-      if (!skip) {
-        optimizer_->zero_grad();
-        loss.loss.backward();
-        norm = clip_or_measure(optimizer_->parameters(), t.clip);
-        skip = !std::isfinite(norm);
+      std::vector<StepEvent> events;
+      if (graphs_) {
+        int64_t K = std::min<int64_t>(graphs_->window(), int64_t(order.size()) - batch_in_epoch_);
+        K = std::min(K, o.output.log_interval - first_step % o.output.log_interval);
+        if (t.max_steps > 0) K = std::min(K, t.max_steps - first_step);
+        events = graphed_steps(examples, order, K);
+      } else {
+        events.push_back(eager_step(examples, order[size_t(batch_in_epoch_)]));
       }
-      if (skip) {
-        optimizer_->zero_grad();
-        const SpeechExample& e0 = examples[b.indices.front()];
-        non_finite.skipped(
-            detail::cat("epoch ", epoch_, " batch ", batch_in_epoch_ + 1, ": non-finite ",
-                        std::isfinite(value) ? "gradient norm" : "loss", " (",
-                        std::isfinite(value) ? norm : double(value), ", ", b.indices.size(),
-                        " utterances from '", e0.id, "')"),
-            log_,
-            fs::exists(last) ? "the checkpoints in " + o.output.out + " are left as they were"
-                             : std::string("no checkpoint was written"));
-        r.skipped_steps = non_finite.total();
-        if ((r.interrupted_by = StopOnSignal::pending())) {
-          ++batch_in_epoch_;  // this batch is done with, as in a run that goes on
-          break;
-        }
-        continue;
-      }
-      non_finite.stepped();
-      optimizer_->step();
       launches.end();
-      r.losses.push_back(value);
-      const double dt = seconds_since(t0);
-      run_seconds += dt;
-      interval_loss += double(value), interval_seconds += dt;
-      interval_frames += b.input_frames, total_frames += b.input_frames;
-      ++interval_steps;
+      const double seconds = seconds_since(t0) / double(events.size());
+      int64_t s = first_step;
+      for (size_t i = 0; i < events.size(); ++i) {
+        const StepEvent& ev = events[i];
+        // The clock and signals are looked at where a window ends (its steps are all taken).
+        const bool last = i + 1 == events.size();
+        impossible += ev.impossible;
+        ++batch_in_epoch_;  // this batch is done with
+        if (ev.skipped) {
+          const SpeechExample& e0 = examples[ev.first];
+          non_finite.skipped(
+              detail::cat("epoch ", epoch_, " batch ", batch_in_epoch_, ": non-finite ",
+                          std::isfinite(ev.loss) ? "gradient norm" : "loss", " (",
+                          std::isfinite(ev.loss) ? ev.norm : double(ev.loss), ", ",
+                          ev.utterances, " utterances from '", e0.id, "')"),
+              log_,
+              fs::exists(last_file) ? "the checkpoints in " + o.output.out +
+                                          " are left as they were"
+                                    : std::string("no checkpoint was written"));
+          r.skipped_steps = non_finite.total();
+          if (last) r.interrupted_by = StopOnSignal::pending();
+          stop = r.interrupted_by != 0;
+          continue;
+        }
+        non_finite.stepped();
+        ++s;
+        r.losses.push_back(ev.loss);
+        run_seconds += seconds;
+        interval_loss += double(ev.loss), interval_seconds += seconds;
+        interval_frames += ev.input_frames, total_frames += ev.input_frames;
+        ++interval_steps;
 
-      const int64_t s = step();
-      const bool time_up = t.time_limit > 0 && elapsed_before_ + run_seconds >= t.time_limit;
-      const bool steps_up = t.max_steps > 0 && s >= t.max_steps;
-      r.interrupted_by = StopOnSignal::pending();
-      stop = time_up || steps_up || r.interrupted_by;
-      if (s % o.output.log_interval == 0 || stop) {
-        MetricsRow row;
-        row.step = s, row.epoch = epoch_;
-        row.train_loss = interval_loss / double(interval_steps);
-        row.lr = optimizer_->lr();
-        row.ms_per_step = 1e3 * interval_seconds / double(interval_steps);
-        row.frames_per_s = double(interval_frames) / interval_seconds;
-        const std::string per_step =
-            launches.report(interval_steps, r.kernel_launches_per_step, r.blas_calls_per_step);
-        logf(log_, "epoch %lld  step %lld  loss %.4f  lr %.2e  ms/step %.0f  frames/s %.0f%s\n",
-             static_cast<long long>(epoch_), static_cast<long long>(s), row.train_loss, row.lr,
-             row.ms_per_step, row.frames_per_s, per_step.c_str());
-        if (first_interval) r.first_loss = row.train_loss, first_interval = false;
-        r.last_loss = row.train_loss;
-        metrics.append(row);
-        interval_loss = interval_seconds = 0;
-        interval_steps = interval_frames = 0;
-      }
-      if (stop) {
-        if (!r.interrupted_by)
+        const bool time_up =
+            last && t.time_limit > 0 && elapsed_before_ + run_seconds >= t.time_limit;
+        const bool steps_up = t.max_steps > 0 && s >= t.max_steps;
+        if (last) r.interrupted_by = StopOnSignal::pending();
+        stop = time_up || steps_up || r.interrupted_by;
+        if (s % o.output.log_interval == 0 || stop) {
+          MetricsRow row;
+          row.step = s, row.epoch = epoch_;
+          row.train_loss = interval_loss / double(interval_steps);
+          row.lr = optimizer_->lr();
+          row.ms_per_step = 1e3 * interval_seconds / double(interval_steps);
+          row.frames_per_s = double(interval_frames) / interval_seconds;
+          const std::string per_step =
+              launches.report(interval_steps, r.kernel_launches_per_step, r.blas_calls_per_step);
+          logf(log_, "epoch %lld  step %lld  loss %.4f  lr %.2e  ms/step %.0f  frames/s %.0f%s\n",
+               static_cast<long long>(epoch_), static_cast<long long>(s), row.train_loss, row.lr,
+               row.ms_per_step, row.frames_per_s, per_step.c_str());
+          if (first_interval) r.first_loss = row.train_loss, first_interval = false;
+          r.last_loss = row.train_loss;
+          metrics.append(row);
+          interval_loss = interval_seconds = 0;
+          interval_steps = interval_frames = 0;
+        }
+        if (stop && !r.interrupted_by)
           logf(log_, "%s reached at step %lld: training stops\n",
                time_up ? "time limit" : "--max-steps", static_cast<long long>(s));
-        ++batch_in_epoch_;
-        break;
+      }
+      if (graphs_ && !graphs_->off_reason().empty()) {
+        graphs_off_ = graphs_->off_reason();
+        graphs_.reset();
+        logf(log_, "cuda graphs: off (%s); training without them\n", graphs_off_.c_str());
       }
     }
     r.impossible += impossible;
@@ -528,13 +609,13 @@ TrainResult Trainer::run(RunFolder* folder) {
       if (epoch_done) ++epoch_, batch_in_epoch_ = 0;
       const double before = elapsed_before_;
       elapsed_before_ += run_seconds;
-      save(last, true);
+      save(last_file, true);
       elapsed_before_ = before;
       epoch_ = saved_epoch, batch_in_epoch_ = saved_batch;
       if (o.output.write_plots && !metrics.rows().empty()) metrics.plot(o.output.out);
       logf(log_,
            "interrupted by %s at step %lld: checkpoint saved: %s; continue with --resume %s\n",
-           signal_name(r.interrupted_by), static_cast<long long>(step()), last.c_str(),
+           signal_name(r.interrupted_by), static_cast<long long>(step()), last_file.c_str(),
            o.output.out.c_str());
       stop = true;
       break;
@@ -570,7 +651,7 @@ TrainResult Trainer::run(RunFolder* folder) {
     const double before = elapsed_before_;
     elapsed_before_ += run_seconds;
     if (improved) save(best, false);
-    save(last, true);
+    save(last_file, true);
     elapsed_before_ = before;
     epoch_ = saved_epoch, batch_in_epoch_ = saved_batch;
     if (improved) logf(log_, "dev PER improved to %.4f: saved %s\n", per, best.c_str());
@@ -585,7 +666,7 @@ TrainResult Trainer::run(RunFolder* folder) {
        "dev PER %.4f; checkpoints %s, %s\n",
        static_cast<long long>(r.steps), static_cast<long long>(r.steps - start_step), run_seconds,
        r.frames_per_second, static_cast<long long>(r.skipped_steps), best_per_, best.c_str(),
-       last.c_str());
+       last_file.c_str());
   return r;
 }
 

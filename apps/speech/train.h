@@ -29,6 +29,7 @@
 #include "apps/speech/dataset.h"
 #include "apps/common/run_folder.h"
 #include "apps/common/training.h"
+#include "apps/speech/graphed.h"
 #include "apps/speech/model.h"
 #include "apps/speech/options.h"
 #include "data/fbank.h"
@@ -133,6 +134,10 @@ class Trainer : public TrainerBase {
   void print_config(std::FILE* out) const;
 
   SpeechModel& model() { return *model_; }
+  // Why run() trains without CUDA graphs ("" when it uses them), and their counts (null when
+  // it does not use them).
+  const std::string& graphs_off_reason() const { return graphs_off_; }
+  const GraphedSteps* graphed_steps() const { return graphs_.get(); }
 
  private:
   void save(const std::string& path, bool with_state) const;
@@ -142,6 +147,27 @@ class Trainer : public TrainerBase {
   // seconds it took.
   double prepare_epoch();
   const std::vector<SpeechExample>& training_examples() const;
+  // One training step as the run loop sees it.
+  struct StepEvent {
+    float loss = 0;
+    double norm = 0;       // the gradient norm (when the loss was finite)
+    bool skipped = false;  // a non-finite loss or gradient norm: no update
+    int64_t impossible = 0, input_frames = 0;
+    size_t first = 0, utterances = 0;  // the batch's first example and its size
+  };
+  static StepEvent event_of(const SpeechBatch& batch);
+  // The batch of these examples, spec-augmented from the training stream.
+  SpeechBatch next_batch(const std::vector<SpeechExample>& examples,
+                         const std::vector<size_t>& indices);
+  // One step op by op, its loss and norm read back and decided on the host.
+  StepEvent eager_step(const std::vector<SpeechExample>& examples,
+                       const std::vector<size_t>& indices);
+  // --cuda-graphs on: the next `steps` batches of `order` (from batch_in_epoch_) as steps
+  // decided on the device (GraphedSteps), read back once at the end; fewer when a capture
+  // fails (graphs are then off).
+  std::vector<StepEvent> graphed_steps(const std::vector<SpeechExample>& examples,
+                                       const std::vector<std::vector<size_t>>& order,
+                                       int64_t steps);
 
   RunOptions options_;
   TokenTable tokens_;
@@ -155,6 +181,8 @@ class Trainer : public TrainerBase {
   int64_t epoch_ = 1;         // the epoch in progress (1-based)
   int64_t batch_in_epoch_ = 0;  // batches of it already done
   double best_per_ = -1;      // < 0: none yet
+  std::string graphs_off_;    // why there are no graphs ("" when there are)
+  std::unique_ptr<GraphedSteps> graphs_;
 };
 
 }  // namespace clustr::speech

@@ -192,7 +192,12 @@ class Graph {
   // Records body() on the current stream, which must be a cuda::Stream's (throws otherwise,
   // and when already captured). On an error in body() or in the capture, throws it, prefixed
   // by what was being captured, and leaves this Graph empty.
-  void capture(const std::function<void()>& body);
+  // share_pool_of: a captured graph whose pool this one takes its blocks from and adds its
+  // own to (the pool lives until the last graph holding it is destroyed), so that graphs of
+  // steps that never run at the same time hold one step's scratch, not one each. They must
+  // be replayed one after another, on one stream: each replay overwrites what the pool's
+  // free blocks held.
+  void capture(const std::function<void()>& body, const Graph* share_pool_of = nullptr);
   // Runs the recorded work on the current stream; throws when nothing was captured.
   void replay();
   bool captured() const { return exec_ != nullptr; }

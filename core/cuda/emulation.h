@@ -147,7 +147,7 @@ cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode);
 // Any stream value is accepted, as by cuBLAS; a GEMM on a stream that is not live fails.
 cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t stream);
 // Column-major C(m, n) = alpha * op(A)(m, k) op(B)(k, n) + beta * C, as cuBLAS. An element of A
-// or B (or of C with beta != 0) that still holds fresh memory's poison (never written) fails
+// or B (or of C with beta != 0) that holds the poison of fresh or freed memory fails
 // the call with CUBLAS_STATUS_EXECUTION_FAILED and a message naming it: a GPU would compute with
 // whatever was there.
 cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa,
@@ -371,8 +371,9 @@ uint64_t lt_generation();
 size_t device_bytes_in_use();
 
 // Fills bytes of device memory (inside one live allocation) with 0xff, as cudaMalloc does: the
-// allocator of runtime.cu poisons a block it hands out again, so that a kernel reading memory
-// it never wrote computes NaN (or -1 for integers) rather than the previous owner's values.
+// allocator of runtime.cu poisons a block when it is freed and when it hands it out again, so
+// that a kernel reading memory it never wrote, or a graph replay reading a freed tensor's
+// block, computes NaN (or -1 for integers) rather than the previous owner's values.
 void poison(void* device_ptr, size_t bytes);
 
 }  // namespace clustr::cuda::emulation

@@ -99,8 +99,8 @@ bool matrix_written(const char* call, const char* name, int batch, const void* p
       if (!std::all_of(e, e + elem, [](unsigned char b) { return b == 0xff; })) continue;
       std::fprintf(stderr,
                    "clustr device emulation: %s: matrix %s of batch entry %d reads element (%lld, "
-                   "%lld) (column-major, ld %lld), which nothing wrote (it still holds the "
-                   "poison of fresh device memory)\n",
+                   "%lld) (column-major, ld %lld), which nothing wrote (it holds the poison of "
+                   "fresh or freed device memory)\n",
                    call, name, batch, static_cast<long long>(i), static_cast<long long>(j),
                    static_cast<long long>(ld));
       return false;

@@ -56,7 +56,9 @@ cuda::Graph::~Graph() {}
 cuda::Graph::Graph(Graph&& other) noexcept : exec_(other.exec_), pool_(other.pool_) {}
 cuda::Graph& cuda::Graph::operator=(Graph&&) noexcept { return *this; }
 void cuda::Graph::release() noexcept {}
-void cuda::Graph::capture(const std::function<void()>&) { no_backend("cuda::Graph::capture"); }
+void cuda::Graph::capture(const std::function<void()>&, const Graph*) {
+  no_backend("cuda::Graph::capture");
+}
 void cuda::Graph::replay() { no_backend("cuda::Graph::replay"); }
 size_t cuda::Graph::pool_bytes() const { return 0; }
 bool cuda::capturing() { return false; }

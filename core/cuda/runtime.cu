@@ -170,10 +170,12 @@ struct Block {
 
 using FreeList = std::map<size_t, std::vector<void*>>;  // rounded size -> free blocks
 
-// A graph's private pool (Graph): its free blocks, and the bytes of all its blocks.
+// A graph's private pool (Graph): its free blocks, the bytes of all its blocks, and how many
+// graphs hold it (graphs captured to share it, each replayed in turn, never concurrently).
 struct Pool {
   FreeList free;
   size_t bytes = 0;
+  int users = 1;
 };
 
 struct Allocator {
@@ -449,6 +451,11 @@ void free(void* ptr, size_t bytes) {
     Block b = it->second;
     a.live.erase(it);
     a.stats.live_bytes -= static_cast<int64_t>(b.requested);
+#if defined(CLUSTR_CUDA_EMULATION)
+    // The emulated kernels queued before this free have run: a read of the block from now on
+    // (a graph replay holding a freed tensor's address) finds the poison, not the old values.
+    emulation::poison(ptr, b.size);
+#endif
     if (b.pool != 0) {  // kept for its graph (Graph::release retags the blocks of a dead one)
       a.pools.at(b.pool).free[b.size].push_back(ptr);
       return;
@@ -571,6 +578,7 @@ void Graph::release() noexcept {
     Allocator& a = allocator();
     std::lock_guard<std::mutex> lock(a.mu);
     auto it = a.pools.find(pool_);
+    if (it != a.pools.end() && --it->second.users > 0) it = a.pools.end();  // others hold it
     if (it != a.pools.end()) {
       FreeList& to = a.free_lists[kDefaultStream];
       for (auto& [size, blocks] : it->second.free) {
@@ -598,9 +606,11 @@ size_t Graph::pool_bytes() const {
   return it == a.pools.end() ? 0 : it->second.bytes;
 }
 
-void Graph::capture(const std::function<void()>& body) {
+void Graph::capture(const std::function<void()>& body, const Graph* share_pool_of) {
   require("cuda::Graph::capture");
   CLUSTR_CHECK(!captured(), "cuda::Graph::capture: this graph holds a capture already");
+  CLUSTR_CHECK(share_pool_of == nullptr || share_pool_of->captured(), "cuda::Graph::capture: "
+               "the graph whose pool this one would share holds no capture");
   CLUSTR_CHECK(!t_capturing, "cuda::Graph::capture: another graph is being captured on this "
                "host thread");
   const StreamHandle s = current;
@@ -610,8 +620,13 @@ void Graph::capture(const std::function<void()>& body) {
   {
     Allocator& a = allocator();
     std::lock_guard<std::mutex> lock(a.mu);
-    pool_ = a.next_pool++;
-    a.pools[pool_];
+    if (share_pool_of != nullptr) {
+      pool_ = share_pool_of->pool_;
+      a.pools.at(pool_).users += 1;
+    } else {
+      pool_ = a.next_pool++;
+      a.pools[pool_];
+    }
     a.capture[s] = pool_;
   }
   // Relaxed: the allocator may take a new block (cudaMalloc) during capture; what must not

@@ -382,8 +382,10 @@ inline void device_params(const Dims& d, const Tensor& lengths, const Tensor& as
   if (lengths.defined()) {
     // The GEMMs are sized per run of equal lengths from a host copy, except in a step that
     // must not wait for the host (cuda::deferring_checks(): a graph's capture): there they span
-    // all S keys and the kernels' masks, which read the lengths on the device, zero the padded
-    // keys' weights and gradients (the same bits when every length is S).
+    // all S keys and the kernels' masks, which read the lengths on the device, write zeros for
+    // the padded keys' weights, their dropped-out copies and their gradients. The sums then hold
+    // extra zero terms: the same values, and the same bits where a product sums in order (the
+    // emulator) or every length is S.
     if (!cuda::deferring_checks()) {
       r.lengths_host = lengths.to_int_vector();
       r.p.lengths_host = r.lengths_host.data();

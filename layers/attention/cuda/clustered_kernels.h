@@ -99,11 +99,13 @@ struct WeightsRowsKernel {
     const float p = drop.p, scale = drop.scale;
     for_each_word(t, drop, static_cast<uint64_t>((bh * C + j) * S), L,
                   [&](int64_t c, uint32_t word) { y[c] = math::dropout_value(x[c], word, p, scale); });
+    for (int64_t c = L + tid; c < S; c += nt) y[c] = 0.0f;
   }
 };
 
 // Backward of eq. 3 and of the mask, one CUDA block per row (as WeightsRowsKernel): on the first L columns,
-// ad = Ac D r and g = dAc D r (with dropout), then g = Ac (g - sum_l Ac[l] g[l]) in place.
+// ad = Ac D r and g = dAc D r (with dropout), then g = Ac (g - sum_l Ac[l] g[l]) in place; 0 on
+// the others.
 struct BackwardRowsKernel {
   static constexpr bool kUsesBarrier = true;
   const float* ac;
@@ -132,6 +134,12 @@ struct BackwardRowsKernel {
     for (int64_t c = tid; c < L; c += nt) acc += double(g[c]) * w[c];
     const float dot = static_cast<float>(block_reduce(t, acc, t.shared<double>(), AddDouble{}));
     for (int64_t c = tid; c < L; c += nt) g[c] = math::softmax_dx(w[c], g[c], dot);
+    // Masked keys: zeros, which the products read when their sizes do not stop at L (lengths on
+    // the device only, as in a CUDA graph's capture).
+    for (int64_t c = L + tid; c < S; c += nt) {
+      g[c] = 0.0f;
+      if (drop.on()) ad[row + c] = 0.0f;
+    }
   }
 };
 

@@ -139,8 +139,8 @@ struct TopkKernel {
 };
 
 // One CUDA block per row (pair bh, cluster j): acr = Ac with the T_j columns zeroed, times the
-// cluster's dropout mask, on the first L columns (the GEMMs read no others); with g (the
-// backward's dAc, or null) masked by the same words.
+// cluster's dropout mask, on the first L columns, and 0 on the others; with g (the backward's
+// dAc, or null) masked by the same words.
 struct RemainderKernel {
   static constexpr bool kUsesBarrier = true;
   const float* ac;
@@ -166,6 +166,9 @@ struct RemainderKernel {
     } else {
       for (int64_t c = tid; c < L; c += nt) y[c] = w[c];
     }
+    // Masked keys: zeros, which the products read when their sizes do not stop at L (lengths on
+    // the device only, as in a CUDA graph's capture).
+    for (int64_t c = L + tid; c < S; c += nt) y[c] = 0.0f;
     t.sync();  // the T_j columns fall to other threads than the copy's
     const int32_t* T = tk + row * kw;
     for (int64_t c = tid; c < kw; c += nt)
