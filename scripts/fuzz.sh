@@ -93,6 +93,8 @@ fuzz_one() {
   local limits=(-timeout=10 -rss_limit_mb=2048 -max_len=65536 -print_final_stats=1
                 "-artifact_prefix=build-fuzz/findings/$t-")
   if [ "$runs" -gt 0 ]; then limits+=("-runs=$runs"); else limits+=("-max_total_time=$seconds"); fi
+  # A target's dictionary of tokens its format is made of (tests/fuzz/dicts/), where it has one.
+  [ -f "tests/fuzz/dicts/$t.dict" ] && limits+=("-dict=tests/fuzz/dicts/$t.dict")
   echo "== $t =="
   local log=build-fuzz/fuzz-$t.log status start took execs cov inputs rate
   start=$(date +%s)
