@@ -57,9 +57,10 @@ void GraphedSteps::body(const Tensor& features, const Tensor& words, const CtcLa
 GraphedSteps::Entry& GraphedSteps::make_entry(const Shape3& shape, const SpeechBatch& b,
                                               const CtcLayout& layout) {
   if (graphs_.size() >= max_graphs_) {
-    auto oldest = std::min_element(graphs_.begin(), graphs_.end(), [](const auto& x, const auto& y) {
-      return x.second.last_use < y.second.last_use;
-    });
+    auto oldest = std::min_element(graphs_.begin(), graphs_.end(),
+                                   [](const auto& x, const auto& y) {
+                                     return x.second.last_use < y.second.last_use;
+                                   });
     graphs_.erase(oldest);
     ++counts_.evicted;
   }

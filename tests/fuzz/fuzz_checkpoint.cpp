@@ -8,7 +8,7 @@
 
 #include "core/random.h"
 #include "fuzz_input.h"
-#include "safetensors_mutator.h"
+#include "safetensors_mutator.h"  // its custom mutator, half the mutations
 #include "layers/checkpoint.h"
 #include "layers/linear.h"
 #include "layers/module.h"
@@ -57,12 +57,3 @@ extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
   clustr::fuzz::make_seeds_if_asked(*argc, *argv, clustr_fuzz_seeds);
   return 0;
 }
-
-#if defined(CLUSTR_LIBFUZZER)
-// Half of the mutations change the header's JSON structure (safetensors_mutator.h).
-extern "C" size_t LLVMFuzzerMutate(uint8_t* data, size_t size, size_t max_size);
-extern "C" size_t LLVMFuzzerCustomMutator(uint8_t* data, size_t size, size_t max_size,
-                                          unsigned int seed) {
-  return clustr::fuzz::mutate_safetensors(data, size, max_size, seed, LLVMFuzzerMutate);
-}
-#endif

@@ -6,7 +6,7 @@
 #include "core/safetensors.h"
 #include "core/tensor.h"
 #include "fuzz_input.h"
-#include "safetensors_mutator.h"
+#include "safetensors_mutator.h"  // its custom mutator, half the mutations
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string path = clustr::fuzz::write_file(
@@ -39,12 +39,3 @@ extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
   clustr::fuzz::make_seeds_if_asked(*argc, *argv, clustr_fuzz_seeds);
   return 0;
 }
-
-#if defined(CLUSTR_LIBFUZZER)
-// Half of the mutations change the header's JSON structure (safetensors_mutator.h).
-extern "C" size_t LLVMFuzzerMutate(uint8_t* data, size_t size, size_t max_size);
-extern "C" size_t LLVMFuzzerCustomMutator(uint8_t* data, size_t size, size_t max_size,
-                                          unsigned int seed) {
-  return clustr::fuzz::mutate_safetensors(data, size, max_size, seed, LLVMFuzzerMutate);
-}
-#endif

@@ -118,3 +118,13 @@ inline size_t mutate_safetensors(uint8_t* data, size_t size, size_t max_size, un
 }
 
 }  // namespace clustr::fuzz
+
+// The target that includes this header gets it as libFuzzer's custom mutator when built for
+// libFuzzer (the ordinary suite's replay program compiles the targets without libFuzzer).
+#if defined(CLUSTR_LIBFUZZER)
+extern "C" size_t LLVMFuzzerMutate(uint8_t* data, size_t size, size_t max_size);
+extern "C" size_t LLVMFuzzerCustomMutator(uint8_t* data, size_t size, size_t max_size,
+                                          unsigned int seed) {
+  return clustr::fuzz::mutate_safetensors(data, size, max_size, seed, LLVMFuzzerMutate);
+}
+#endif
