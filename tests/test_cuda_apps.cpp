@@ -307,7 +307,7 @@ TEST_CASE("apps: speech training with --cuda-graphs on and off gives the same lo
       o.train.lr = c.lr;
       o.train.max_skipped_steps = 4;
       o.train.max_graphs = c.max_graphs;
-      o.output.log_interval = 2;  // windows end inside epochs too
+      o.output.log_interval = 3;  // windows of 3 replays (inside epochs too)
       o.output.examples = 0;
       o.output.write_plots = false;
       o.device = "cuda";

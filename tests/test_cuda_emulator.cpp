@@ -320,6 +320,49 @@ TEST_CASE("cuda emulator: a product that reads memory nothing wrote fails and na
   cublasDestroy(h);
 }
 
+TEST_CASE("cuda emulator: a copy from pinned memory is queued; the host may write the buffer "
+          "again once it has waited for an event after the copy, for the stream or the device") {
+  constexpr int64_t n = 1000;
+  cuda::Stream side;
+  cuda::StreamGuard on_side(side);
+  cuda::PinnedBuffer staging(n * sizeof(float));
+  REQUIRE(staging.bytes() == n * sizeof(float));
+  auto* host = static_cast<float*>(staging.data());
+  Tensor d = Tensor::empty({n}, DType::f32, Device::cuda);
+  cuda::Event copied;
+  for (int wait = 0; wait < 3; ++wait) {  // an event, the stream, the device
+    CAPTURE(wait);
+    for (int64_t i = 0; i < n; ++i) host[i] = float(i + wait);
+    cuda::copy_h2d_async(d.f32(), host, n * sizeof(float));
+    copied.record();
+    if (wait == 0) copied.synchronize();
+    if (wait == 1) side.synchronize();
+    if (wait == 2) cuda::synchronize();
+    host[0] = -1.0f;  // after the wait: the copy has run, the buffer is the host's again
+    const std::vector<float> got = d.to_vector();
+    CHECK(got[0] == float(wait));
+    CHECK(got[n - 1] == float(n - 1 + wait));
+  }
+  // A copy from host memory cannot be part of a graph.
+  cuda::Graph graph;
+  CHECK_THROWS_WITH_AS(graph.capture([&] { cuda::copy_h2d_async(d.f32(), host, 4); }),
+                       doctest::Contains("a copy from host memory"), clustr::Error);
+}
+
+// The planted bug ends the process (a fault, named by the emulator), so ctest runs this case
+// alone (cuda_emulator_pinned_write_before_wait in tests/CMakeLists.txt) and checks the message
+// and the signal; the program skips it otherwise.
+TEST_CASE("cuda emulator: host code writing pinned memory before waiting for its copy is stopped "
+          "and named" *
+          doctest::skip()) {
+  cuda::PinnedBuffer staging(64);
+  Tensor d = Tensor::empty({16}, DType::f32, Device::cuda);
+  cuda::copy_h2d_async(d.f32(), staging.data(), 64);
+  volatile float* host = static_cast<float*>(staging.data());
+  host[3] = 1.0f;  // planted bug: on a GPU the copy may not have run yet
+  FAIL("the host wrote pinned memory a queued copy reads");
+}
+
 // The planted bug ends the process (a fault, named by the emulator), so ctest runs this case
 // alone (cuda_emulator_host_read_of_device_memory in tests/CMakeLists.txt) and checks the
 // message and the signal; the program skips it otherwise.

@@ -2,6 +2,7 @@
 #include "apps/speech/graphed.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "core/error.h"
 
@@ -117,15 +118,28 @@ void GraphedSteps::step(const SpeechBatch& b, const CtcLayout& layout) {
   }
   Entry& e = it->second;
   e.last_use = ++uses_;
-  e.features.copy_from(b.features);
+  // The replay's inputs go through the next pinned buffer: its copies are queued, and the host
+  // goes on to the next batch while the device copies and replays.
   const std::vector<int32_t> w = step_words(b, layout);
-  e.words.copy_from(Tensor::from_int_vector(w, {static_cast<int64_t>(w.size())}));
-  const int64_t plan_words = e.draws->words();
-  if (plan_words > 0) {
-    host_draws_.resize(static_cast<size_t>(plan_words));
-    e.draws->fill(gen_, host_draws_.data());
-    e.draws->memory().rows(0, plan_words).copy_from(Tensor::from_vector(host_draws_, {plan_words}));
-  }
+  const size_t feature_bytes = static_cast<size_t>(b.features.numel()) * sizeof(float);
+  const size_t word_bytes = w.size() * sizeof(int32_t);
+  const size_t draw_bytes = static_cast<size_t>(e.draws->words()) * sizeof(float);
+  auto aligned = [](size_t n) { return (n + 63) / 64 * 64; };
+  const size_t at_words = aligned(feature_bytes), at_draws = at_words + aligned(word_bytes);
+  Staging& s = staging_[next_staging_];
+  next_staging_ ^= 1;
+  if (s.queued) s.copied.synchronize();  // its copies of two replays ago have run
+  if (s.buffer.bytes() < at_draws + draw_bytes)
+    s.buffer = cuda::PinnedBuffer((at_draws + draw_bytes) * 3 / 2);
+  char* host = static_cast<char*>(s.buffer.data());
+  std::memcpy(host, b.features.f32(), feature_bytes);
+  std::memcpy(host + at_words, w.data(), word_bytes);
+  if (draw_bytes > 0) e.draws->fill(gen_, reinterpret_cast<float*>(host + at_draws));
+  cuda::copy_h2d_async(e.features.f32(), host, feature_bytes);
+  cuda::copy_h2d_async(e.words.i32(), host + at_words, word_bytes);
+  cuda::copy_h2d_async(e.draws->memory().f32(), host + at_draws, draw_bytes);
+  s.copied.record();
+  s.queued = true;
   e.graph.replay();
   ++counts_.replays;
 }

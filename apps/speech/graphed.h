@@ -11,7 +11,10 @@
 // one step's scratch between them.
 //
 // Inputs: each graph reads its batch from device buffers of its own (features; lengths and the
-// CTC layout, layers/ctc.h's CtcLayout), copied from the host before each replay. Random draws
+// CTC layout, layers/ctc.h's CtcLayout), copied before each replay from one of two pinned host
+// buffers used in turn (cuda::PinnedBuffer): the copies are queued without waiting, so the host
+// prepares the next batch while the device copies and replays this one, and it waits for a
+// buffer's copies (an event recorded after them) only before filling it again. Random draws
 // (dropout's stream offsets, the clustered types' hashing) are recorded in the graph's DrawPlan
 // at capture and drawn on the host from the training stream before each replay, in the order
 // the step op by op draws them (core/random.h), so the stream is where an op-by-op run leaves
@@ -95,7 +98,15 @@ class GraphedSteps {
   uint64_t table_generation_ = 0;  // the positional table's the graphs were captured with
   std::string off_reason_;
   Counts counts_;
-  std::vector<float> host_draws_;
+  // The replays' inputs are copied from two pinned buffers in turn: the host fills one while the
+  // other's copies may still be queued, and waits for a buffer's event before filling it again.
+  struct Staging {
+    cuda::PinnedBuffer buffer;
+    cuda::Event copied;  // recorded after its copies
+    bool queued = false;
+  };
+  Staging staging_[2];
+  int next_staging_ = 0;
 };
 
 }  // namespace clustr::speech

@@ -265,6 +265,35 @@ size_t cached_bytes();        // bytes held in the cache (every stream's), not i
 void copy_h2d(void* dst, const void* src_host, size_t bytes);
 void copy_d2h(void* dst_host, const void* src, size_t bytes);
 void copy_d2d(void* dst, const void* src, size_t bytes);
+// Pinned (page-locked) host memory, cudaMallocHost's: a copy from it to the device is queued on
+// the current stream and the host goes on at once (copy_h2d_async), so that it can prepare the
+// next input while the device works. The copy runs when the stream gets to it: the host may
+// write the buffer again only after waiting for it (an Event recorded after the copy,
+// synchronized; or the stream, or the device). The emulated device stops the process, naming
+// the address, when the host writes the buffer before that.
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  explicit PinnedBuffer(size_t bytes);  // throws without a usable GPU
+  ~PinnedBuffer();
+  PinnedBuffer(PinnedBuffer&& other) noexcept : p_(other.p_), bytes_(other.bytes_) {
+    other.p_ = nullptr;
+    other.bytes_ = 0;
+  }
+  PinnedBuffer& operator=(PinnedBuffer&& other) noexcept;
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  void* data() const { return p_; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* p_ = nullptr;
+  size_t bytes_ = 0;
+};
+// On the current stream, after the work queued there; returns without waiting. src_pinned lies
+// in a PinnedBuffer (from pageable memory the toolkit may copy at once, or not). Refused while
+// capturing a graph, as every copy from host memory.
+void copy_h2d_async(void* dst, const void* src_pinned, size_t bytes);
 void fill_f32(float* dst, float value, int64_t n);
 void fill_i32(int32_t* dst, int32_t value, int64_t n);
 void synchronize();  // the host waits for all work on every stream (cudaDeviceSynchronize)

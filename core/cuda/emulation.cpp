@@ -133,6 +133,68 @@ void open_arena(size_t from, size_t to) {
   }
 }
 
+// Pinned host memory (cudaMallocHost): each block its own pages, read-only while a copy from it
+// may still be queued on a GPU (emulation.h). A copy's entry stays in `in_flight` until the host
+// waits for its stream's work up to it.
+struct PinnedBlock {
+  size_t bytes = 0;   // page-rounded
+  int in_flight = 0;  // copies from it the host has not waited for
+};
+struct InFlightCopy {
+  cudaStream_t stream;
+  uint64_t seq;  // the stream's count of pinned copies, this one included
+  uintptr_t block;
+};
+struct PinnedMemory {
+  std::mutex mu;
+  std::map<uintptr_t, PinnedBlock> blocks;
+  std::vector<InFlightCopy> in_flight;
+  std::map<cudaStream_t, uint64_t> copies;  // pinned copies queued on each stream so far
+  std::map<cudaEvent_t, std::pair<cudaStream_t, uint64_t>> recorded;  // where each event stands
+};
+PinnedMemory& pinned_memory() {
+  static PinnedMemory* p = new PinnedMemory;  // never destroyed, like the device memory
+  return *p;
+}
+
+void set_read_only(uintptr_t base, size_t bytes, bool read_only) {
+  if (mprotect(reinterpret_cast<void*>(base), bytes,
+               read_only ? PROT_READ : PROT_READ | PROT_WRITE) != 0) {
+    std::perror("clustr device emulation: mprotect of pinned host memory");
+    std::abort();
+  }
+}
+
+// The host waited for the copies on `stream` up to `seq` (every stream's, all of them, when
+// `all`): their blocks are writable again once no other copy from them is in flight. Caller
+// holds mu.
+void waited_locked(PinnedMemory& pm, bool all, cudaStream_t stream, uint64_t seq) {
+  auto keep = pm.in_flight.begin();
+  for (const InFlightCopy& c : pm.in_flight) {
+    if (all || (c.stream == stream && c.seq <= seq)) {
+      PinnedBlock& b = pm.blocks.at(c.block);
+      if (--b.in_flight == 0) set_read_only(c.block, b.bytes, false);
+    } else {
+      *keep++ = c;
+    }
+  }
+  pm.in_flight.erase(keep, pm.in_flight.end());
+}
+void waited(bool all, cudaStream_t stream, uint64_t seq = UINT64_MAX) {
+  PinnedMemory& pm = pinned_memory();
+  std::lock_guard<std::mutex> lock(pm.mu);
+  waited_locked(pm, all, stream, seq);
+}
+
+// The pinned block a faulting address lies in while copies from it are in flight (0: none). Read
+// without the lock: a signal handler must not wait for one, and the process ends either way.
+uintptr_t pinned_fault(const void* addr) {
+  const auto a = reinterpret_cast<uintptr_t>(addr);
+  for (const auto& [base, b] : pinned_memory().blocks)
+    if (a >= base && a < base + b.bytes && b.in_flight > 0) return base;
+  return 0;
+}
+
 // A fault inside the arena while it is closed: host code touched device memory.
 struct sigaction previous_segv;
 
@@ -152,6 +214,22 @@ void on_segv(int sig, siginfo_t* info, void* context) {
     raise(SIGSEGV);
     return;
   }
+  if (info != nullptr && pinned_fault(info->si_addr) != 0) {
+    char msg[400];
+    const int n = std::snprintf(msg, sizeof msg,
+                                "clustr device emulation: host code wrote pinned memory at %p "
+                                "while a copy from it to the device may not have run yet (a GPU "
+                                "runs it when its stream gets there): wait for an event recorded "
+                                "after the copy, or synchronize its stream, before writing it "
+                                "again; where:\n",
+                                info->si_addr);
+    if (n > 0) (void)!write(STDERR_FILENO, msg, static_cast<size_t>(n));
+    void* frames[48];
+    backtrace_symbols_fd(frames, backtrace(frames, 48), STDERR_FILENO);
+    signal(SIGSEGV, SIG_DFL);
+    raise(SIGSEGV);
+    return;
+  }
   // Not ours: whoever handled SIGSEGV before (a sanitizer), or the default action.
   if (previous_segv.sa_flags & SA_SIGINFO) {
     if (previous_segv.sa_sigaction != nullptr) return previous_segv.sa_sigaction(sig, info, context);
@@ -160,6 +238,18 @@ void on_segv(int sig, siginfo_t* info, void* context) {
     return previous_segv.sa_handler(sig);
   }
   signal(SIGSEGV, SIG_DFL);  // returning re-runs the access, which now ends the process
+}
+
+// on_segv before whatever handled SIGSEGV until now (a sanitizer), once.
+void install_segv_handler() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction sa {};
+    sa.sa_sigaction = on_segv;
+    sa.sa_flags = SA_SIGINFO | SA_NODEFER;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGSEGV, &sa, &previous_segv);
+  });
 }
 
 // Reserves the arena (caller holds mu): false when the address space cannot be had.
@@ -175,11 +265,7 @@ bool reserve_locked(DeviceMemory& m) {
 #if defined(CLUSTR_ASAN_ARENA)
   ASAN_POISON_MEMORY_REGION(p, size);
 #endif
-  struct sigaction sa {};
-  sa.sa_sigaction = on_segv;
-  sa.sa_flags = SA_SIGINFO | SA_NODEFER;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGSEGV, &sa, &previous_segv);
+  install_segv_handler();
   return true;
 }
 
@@ -450,8 +536,49 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
     });
     return cudaSuccess;
   }
-  st::DeviceAccess open;
-  std::memcpy(dst, src, bytes);
+  {
+    st::DeviceAccess open;
+    std::memcpy(dst, src, bytes);
+  }
+  if (kind == cudaMemcpyHostToDevice) {  // from pinned memory: in flight until waited for
+    PinnedMemory& pm = pinned_memory();
+    std::lock_guard<std::mutex> lock(pm.mu);
+    const auto s = reinterpret_cast<uintptr_t>(src);
+    auto it = pm.blocks.upper_bound(s);  // the first block past src; the one before may hold it
+    if (it != pm.blocks.begin()) {
+      --it;
+      if (s < it->first + it->second.bytes) {
+        if (it->second.in_flight++ == 0) set_read_only(it->first, it->second.bytes, true);
+        pm.in_flight.push_back({stream, ++pm.copies[stream], it->first});
+      }
+    }
+  }
+  return cudaSuccess;
+}
+
+cudaError_t cudaMallocHost(void** ptr, size_t bytes) {
+  if (ptr == nullptr) return fail(cudaErrorInvalidValue);
+  if (no_devices()) return fail(cudaErrorNoDevice);
+  const size_t rounded = std::max<size_t>((bytes + page_size() - 1) / page_size(), 1) * page_size();
+  void* p = mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return fail(cudaErrorMemoryAllocation);
+  install_segv_handler();
+  PinnedMemory& pm = pinned_memory();
+  std::lock_guard<std::mutex> lock(pm.mu);
+  pm.blocks[reinterpret_cast<uintptr_t>(p)].bytes = rounded;
+  *ptr = p;
+  return cudaSuccess;
+}
+
+cudaError_t cudaFreeHost(void* ptr) {
+  if (ptr == nullptr) return cudaSuccess;
+  PinnedMemory& pm = pinned_memory();
+  std::lock_guard<std::mutex> lock(pm.mu);
+  auto it = pm.blocks.find(reinterpret_cast<uintptr_t>(ptr));
+  if (it == pm.blocks.end()) return fail(cudaErrorInvalidValue);
+  if (it->second.in_flight > 0) waited_locked(pm, true, nullptr, 0);  // it waits, as a GPU's
+  munmap(ptr, it->second.bytes);
+  pm.blocks.erase(it);
   return cudaSuccess;
 }
 
@@ -471,6 +598,7 @@ cudaError_t cudaDeviceSynchronize() {
   if (st::capturing_any())
     return st::refuse_in_capture(nullptr, "cudaDeviceSynchronize",
                                  "the host waits for the device (a host read of a result)");
+  waited(true, nullptr);
   return cudaSuccess;
 }
 
@@ -505,6 +633,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   if (st::capturing(stream))
     return st::refuse_in_capture(stream, "cudaStreamSynchronize",
                                  "the host waits for the stream (a host read of a result)");
+  waited(false, stream);
   return cudaSuccess;
 }
 
@@ -531,6 +660,9 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
   Handles& h = handles();
   if (event == nullptr || !h.remove(h.events, id_of(event)))
     return fail(cudaErrorInvalidResourceHandle);
+  PinnedMemory& pm = pinned_memory();
+  std::lock_guard<std::mutex> lock(pm.mu);
+  pm.recorded.erase(event);
   return cudaSuccess;
 }
 
@@ -540,16 +672,27 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   if (st::capturing(stream))
     return st::refuse_in_capture(stream, "cudaEventRecord", "events are not emulated in a "
                                  "captured graph");
+  PinnedMemory& pm = pinned_memory();
+  std::lock_guard<std::mutex> lock(pm.mu);
+  pm.recorded[event] = {stream, pm.copies[stream]};
   return cudaSuccess;
 }
 
-cudaError_t cudaEventQuery(cudaEvent_t event) {
-  return live_event(event) ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
+namespace {
+// The host learnt that an event's work is done: the pinned copies before it have run.
+cudaError_t event_done(cudaEvent_t event) {
+  if (!live_event(event)) return fail(cudaErrorInvalidResourceHandle);
+  PinnedMemory& pm = pinned_memory();
+  std::lock_guard<std::mutex> lock(pm.mu);
+  auto it = pm.recorded.find(event);
+  if (it != pm.recorded.end()) waited_locked(pm, false, it->second.first, it->second.second);
+  return cudaSuccess;
 }
+}  // namespace
 
-cudaError_t cudaEventSynchronize(cudaEvent_t event) {
-  return live_event(event) ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
-}
+// The emulated work has finished when its call returns: every event is complete.
+cudaError_t cudaEventQuery(cudaEvent_t event) { return event_done(event); }
+cudaError_t cudaEventSynchronize(cudaEvent_t event) { return event_done(event); }
 
 // ---- device memory, continued ---------------------------------------------------------------
 

@@ -76,6 +76,15 @@ cudaError_t cudaEventQuery(cudaEvent_t event);
 cudaError_t cudaEventSynchronize(cudaEvent_t event);
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
                             cudaStream_t stream = nullptr);
+// Pinned (page-locked) host memory, each block its own pages. A copy from it to the device runs
+// at once here, as every emulated copy does, but on a GPU it runs when its stream reaches it,
+// after the call has returned: so until the host has waited for it (cudaEventSynchronize or a
+// true cudaEventQuery of an event recorded after it on its stream, cudaStreamSynchronize of
+// its stream, cudaDeviceSynchronize) the block is read-only, and a host write to it stops the
+// process with a message naming the address and the missing wait. cudaFreeHost waits, as the
+// toolkit's does.
+cudaError_t cudaMallocHost(void** ptr, size_t bytes);
+cudaError_t cudaFreeHost(void* ptr);
 
 // Stream capture and graphs (emulation_graph.cpp). Work queued on a capturing stream is recorded
 // instead of run: kernel launches (a copy of the kernel's arguments), cuBLAS products and copies

@@ -85,6 +85,10 @@ size_t cuda::cached_bytes() { return 0; }
 void cuda::copy_h2d(void*, const void*, size_t) { no_backend("cuda::copy_h2d"); }
 void cuda::copy_d2h(void*, const void*, size_t) { no_backend("cuda::copy_d2h"); }
 void cuda::copy_d2d(void*, const void*, size_t) { no_backend("cuda::copy_d2d"); }
+cuda::PinnedBuffer::PinnedBuffer(size_t) { no_backend("cuda::PinnedBuffer"); }
+cuda::PinnedBuffer::~PinnedBuffer() {}
+cuda::PinnedBuffer& cuda::PinnedBuffer::operator=(PinnedBuffer&&) noexcept { return *this; }
+void cuda::copy_h2d_async(void*, const void*, size_t) { no_backend("cuda::copy_h2d_async"); }
 void cuda::fill_f32(float*, float, int64_t) { no_backend("cuda::fill_f32"); }
 void cuda::fill_i32(int32_t*, int32_t, int64_t) { no_backend("cuda::fill_i32"); }
 void cuda::synchronize() {}

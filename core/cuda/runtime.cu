@@ -512,6 +512,39 @@ void copy_h2d(void* dst, const void* src_host, size_t bytes) {
   CLUSTR_CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
+PinnedBuffer::PinnedBuffer(size_t bytes) : bytes_(bytes) {
+  require("cuda::PinnedBuffer");
+  if (bytes > 0) CLUSTR_CUDA_CHECK(cudaMallocHost(&p_, bytes));
+}
+
+PinnedBuffer::~PinnedBuffer() {
+  if (p_ == nullptr) return;
+  const cudaError_t e = cudaFreeHost(p_);  // waits for the device's work, as the toolkit's does
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "clustr: freeing pinned host memory: %s (%s)\n", cudaGetErrorName(e),
+                 cudaGetErrorString(e));
+    cudaGetLastError();
+  }
+}
+
+PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& other) noexcept {
+  if (this != &other) {
+    PinnedBuffer gone(std::move(*this));
+    p_ = other.p_;
+    bytes_ = other.bytes_;
+    other.p_ = nullptr;
+    other.bytes_ = 0;
+  }
+  return *this;
+}
+
+void copy_h2d_async(void* dst, const void* src_pinned, size_t bytes) {
+  if (bytes == 0) return;
+  require("cuda::copy_h2d_async");
+  refuse_if_capturing("cuda::copy_h2d_async", "a copy from host memory");
+  CLUSTR_CUDA_CHECK(cudaMemcpyAsync(dst, src_pinned, bytes, cudaMemcpyHostToDevice, current));
+}
+
 void copy_d2h(void* dst_host, const void* src, size_t bytes) {
   if (bytes == 0) return;
   require("cuda::copy_d2h");
