@@ -198,38 +198,31 @@ uintptr_t pinned_fault(const void* addr) {
 // A fault inside the arena while it is closed: host code touched device memory.
 struct sigaction previous_segv;
 
+// Ends the process on the fault, after `what` (a format with one %p: the address) and a
+// backtrace on stderr.
+void fault_named(const char* what, const void* addr) {
+  char msg[400];
+  const int n = std::snprintf(msg, sizeof msg, what, addr);
+  if (n > 0) (void)!write(STDERR_FILENO, msg, std::min(static_cast<size_t>(n), sizeof msg - 1));
+  void* frames[48];
+  backtrace_symbols_fd(frames, backtrace(frames, 48), STDERR_FILENO);
+  signal(SIGSEGV, SIG_DFL);
+  raise(SIGSEGV);
+}
+
 void on_segv(int sig, siginfo_t* info, void* context) {
   DeviceMemory& m = device_memory();
-  if (info != nullptr && m.in_arena(info->si_addr)) {
-    char msg[256];
-    const int n = std::snprintf(msg, sizeof msg,
-                                "clustr device emulation: host code read or wrote device memory "
-                                "at %p outside a copy or a kernel (device memory is reachable "
-                                "only through copies: Tensor::to, cudaMemcpyAsync); where:\n",
-                                info->si_addr);
-    if (n > 0) (void)!write(STDERR_FILENO, msg, static_cast<size_t>(n));
-    void* frames[48];
-    backtrace_symbols_fd(frames, backtrace(frames, 48), STDERR_FILENO);
-    signal(SIGSEGV, SIG_DFL);
-    raise(SIGSEGV);
-    return;
-  }
-  if (info != nullptr && pinned_fault(info->si_addr) != 0) {
-    char msg[400];
-    const int n = std::snprintf(msg, sizeof msg,
-                                "clustr device emulation: host code wrote pinned memory at %p "
-                                "while a copy from it to the device may not have run yet (a GPU "
-                                "runs it when its stream gets there): wait for an event recorded "
-                                "after the copy, or synchronize its stream, before writing it "
-                                "again; where:\n",
-                                info->si_addr);
-    if (n > 0) (void)!write(STDERR_FILENO, msg, static_cast<size_t>(n));
-    void* frames[48];
-    backtrace_symbols_fd(frames, backtrace(frames, 48), STDERR_FILENO);
-    signal(SIGSEGV, SIG_DFL);
-    raise(SIGSEGV);
-    return;
-  }
+  if (info != nullptr && m.in_arena(info->si_addr))
+    return fault_named("clustr device emulation: host code read or wrote device memory at %p "
+                       "outside a copy or a kernel (device memory is reachable only through "
+                       "copies: Tensor::to, cudaMemcpyAsync); where:\n",
+                       info->si_addr);
+  if (info != nullptr && pinned_fault(info->si_addr) != 0)
+    return fault_named("clustr device emulation: host code wrote pinned memory at %p while a "
+                       "copy from it to the device may not have run yet (a GPU runs it when its "
+                       "stream gets there): wait for an event recorded after the copy, or "
+                       "synchronize its stream, before writing it again; where:\n",
+                       info->si_addr);
   // Not ours: whoever handled SIGSEGV before (a sanitizer), or the default action.
   if (previous_segv.sa_flags & SA_SIGINFO) {
     if (previous_segv.sa_sigaction != nullptr) return previous_segv.sa_sigaction(sig, info, context);
