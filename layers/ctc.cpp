@@ -528,13 +528,9 @@ CtcOutput run_device(const CtcLayout& l, const Tensor& logits, const Tensor& inf
   return out;
 }
 
-// The CUDA kernel over the batch, its layout copied to the device in one piece (*info).
-CtcOutput ctc_forward_device(const CtcBatch& c, const Tensor& logits, int blank, bool want_grad,
-                             Tensor* info) {
-  const CtcLayout l = make_layout(c, blank);
-  *info = Tensor::from_int_vector(l.words, {static_cast<int64_t>(l.words.size())},
-                                  logits.device());
-  return run_device(l, logits, *info, want_grad);
+// The layout's words copied to `device` in one piece: what run_device reads as `info`.
+Tensor on_device(const CtcLayout& l, Device device) {
+  return Tensor::from_int_vector(l.words, {static_cast<int64_t>(l.words.size())}, device);
 }
 
 int reduction_code(CtcReduction r) {
@@ -558,8 +554,8 @@ CtcOutput ctc_loss_forward(const Tensor& logits, const Tensor& input_lengths, co
   check_logits(logits);
   const CtcBatch c = check_batch(logits, input_lengths, targets, target_lengths, blank);
   if (logits.device() != Device::cpu) {
-    Tensor info;
-    return ctc_forward_device(c, logits, blank, want_grad, &info);
+    const CtcLayout l = make_layout(c, blank);
+    return run_device(l, logits, on_device(l, logits.device()), want_grad);
   }
   return ctc_forward_host(c, logits, blank, want_grad);
 }
@@ -650,9 +646,7 @@ CtcLoss ctc_loss(const Variable& logits, const Tensor& input_lengths, const Tens
   const CtcBatch c = check_batch(x, input_lengths, targets, target_lengths, options.blank);
   if (x.device() != Device::cpu) {
     const CtcLayout layout = make_layout(c, options.blank);
-    Tensor info = Tensor::from_int_vector(
-        layout.words, {static_cast<int64_t>(layout.words.size())}, x.device());
-    return ctc_loss_device(logits, layout, std::move(info), options, record);
+    return ctc_loss_device(logits, layout, on_device(layout, x.device()), options, record);
   }
   CtcOutput out = ctc_forward_host(c, x, options.blank, record);
   const int64_t B = out.loss.numel();

@@ -55,11 +55,10 @@ PositionalEncoding::PositionalEncoding(int64_t dim) : dim_(dim) {
   CLUSTR_CHECK(dim > 0, "PositionalEncoding: expected a positive dimension, got ", dim);
 }
 
-bool PositionalEncoding::reserve(int64_t n, Device device) const {
-  if (table_.defined() && table_.device() == device && table_.size(0) >= n) return false;
+void PositionalEncoding::reserve(int64_t n, Device device) const {
+  if (table_.defined() && table_.device() == device && table_.size(0) >= n) return;
   table_ = sinusoidal_positional_encoding(n, dim_, device);
   ++generation_;
-  return true;
 }
 
 Variable PositionalEncoding::forward(const Variable& x) const {

@@ -49,9 +49,9 @@ class PositionalEncoding : public Module {
 
   int64_t dim() const { return dim_; }
   // Makes the table hold at least n positions on `device` now, so that no forward of up to n
-  // positions replaces it: a CUDA graph keeps reading the table it was captured with. Returns
-  // whether the table was made anew (graphs captured before then read a freed one).
-  bool reserve(int64_t n, Device device) const;
+  // positions replaces it: a CUDA graph keeps reading the table it was captured with (one made
+  // anew shows as a new generation()).
+  void reserve(int64_t n, Device device) const;
   // How many times the table was made: a graph captured at one count reads a freed table at
   // another (the table also grows in a forward outside any graph, e.g. an evaluation's).
   uint64_t generation() const { return generation_; }

@@ -120,9 +120,9 @@ void GraphedSteps::step(const SpeechBatch& b, const CtcLayout& layout) {
   e.last_use = ++uses_;
   // The replay's inputs go through the next pinned buffer: its copies are queued, and the host
   // goes on to the next batch while the device copies and replays.
-  const std::vector<int32_t> w = step_words(b, layout);
   const size_t feature_bytes = static_cast<size_t>(b.features.numel()) * sizeof(float);
-  const size_t word_bytes = w.size() * sizeof(int32_t);
+  const size_t length_bytes = static_cast<size_t>(layout.B) * sizeof(int32_t);
+  const size_t word_bytes = length_bytes + layout.words.size() * sizeof(int32_t);
   const size_t draw_bytes = static_cast<size_t>(e.draws->words()) * sizeof(float);
   auto aligned = [](size_t n) { return (n + 63) / 64 * 64; };
   const size_t at_words = aligned(feature_bytes), at_draws = at_words + aligned(word_bytes);
@@ -133,7 +133,8 @@ void GraphedSteps::step(const SpeechBatch& b, const CtcLayout& layout) {
     s.buffer = cuda::PinnedBuffer((at_draws + draw_bytes) * 3 / 2);
   char* host = static_cast<char*>(s.buffer.data());
   std::memcpy(host, b.features.f32(), feature_bytes);
-  std::memcpy(host + at_words, w.data(), word_bytes);
+  std::memcpy(host + at_words, b.lengths.i32(), length_bytes);  // step_words' order
+  std::memcpy(host + at_words + length_bytes, layout.words.data(), word_bytes - length_bytes);
   if (draw_bytes > 0) e.draws->fill(gen_, reinterpret_cast<float*>(host + at_draws));
   cuda::copy_h2d_async(e.features.f32(), host, feature_bytes);
   cuda::copy_h2d_async(e.words.i32(), host + at_words, word_bytes);

@@ -34,9 +34,9 @@ class SpeechModel : public Module {
   // The encoder's input: features (B, T, features) -> (B, T, D) (projection, positions, dropout).
   Variable embed(const Tensor& features, Generator& gen) const;
 
-  // Makes the positional table hold T positions on `device` (PositionalEncoding::reserve);
-  // true when it was made anew.
-  bool reserve_positions(int64_t T, Device device) const { return position_->reserve(T, device); }
+  // Makes the positional table hold T positions on `device` (PositionalEncoding::reserve); a
+  // table made anew shows as a new positions_generation().
+  void reserve_positions(int64_t T, Device device) const { position_->reserve(T, device); }
   uint64_t positions_generation() const { return position_->generation(); }
 
   Encoder& encoder() const { return *encoder_; }
