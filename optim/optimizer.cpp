@@ -3,8 +3,10 @@
 // in the CPU loops below or in the CUDA kernels of optim/cuda/update.h, by parameter device.
 #include "optim/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 
+#include "core/cpu/row_clones.h"
 #include "core/error.h"
 #include "optim/cuda/update.h"
 #include "optim/update_math.h"
@@ -18,6 +20,7 @@ constexpr const char* kPrefix = "optimizer.";
 // Elementwise loops are split over threads only when they are long enough to pay for it; each
 // element is independent, so the result does not depend on the thread count.
 constexpr int64_t kParallelMin = 1 << 15;
+constexpr int64_t kSpan = 1 << 14;  // elements per parallel work item
 
 void check_lr(const char* op, float lr) {
   CLUSTR_CHECK(std::isfinite(lr) && lr >= 0.0f, op, ": lr must be a finite number >= 0, got ", lr);
@@ -34,6 +37,18 @@ int64_t read_step(const std::string& name, const Tensor& t) {
   const int32_t s = t.to_int_vector()[0];
   CLUSTR_CHECK(s >= 0, "optimizer: state ", name, " is negative (", s, ")");
   return s;
+}
+
+// Adam's (or R-Adam's) update of n elements, compiled per instruction set (row_clones.h): its
+// square roots and divisions run sixteen lanes at a time with AVX-512 rather than four in the
+// library's plain x86-64 build. Without contraction every clone rounds alike.
+CLUSTR_ROW_CLONES_NO_CONTRACT
+void adam_span(bool radam, float* p, const float* g, float* m, float* v, int64_t n,
+               const math::AdamScalars& s) {
+  if (radam)
+    for (int64_t i = 0; i < n; ++i) math::radam_update(p[i], g[i], m[i], v[i], s);
+  else
+    for (int64_t i = 0; i < n; ++i) math::adam_update(p[i], g[i], m[i], v[i], s);
 }
 
 }  // namespace
@@ -291,16 +306,12 @@ void AdamBase::update(Device device, int64_t t, const std::vector<ParamUpdate>& 
   const bool radam = variant_ == AdamVariant::radam;
   if (device == Device::cuda) return cuda::adam_update_many(tensor_slots(params), s, radam);
   for (const ParamUpdate& u : params) {
-    float* p = u.p;
-    const float* g = u.g;
-    float* m = u.slots[0];
-    float* v = u.slots[1];
-    if (radam) {
+    const int64_t items = (u.n + kSpan - 1) / kSpan;
 #pragma omp parallel for schedule(static) if (u.n >= kParallelMin)
-      for (int64_t i = 0; i < u.n; ++i) math::radam_update(p[i], g[i], m[i], v[i], s);
-    } else {
-#pragma omp parallel for schedule(static) if (u.n >= kParallelMin)
-      for (int64_t i = 0; i < u.n; ++i) math::adam_update(p[i], g[i], m[i], v[i], s);
+    for (int64_t item = 0; item < items; ++item) {
+      const int64_t i0 = item * kSpan;
+      adam_span(radam, u.p + i0, u.g + i0, u.slots[0] + i0, u.slots[1] + i0,
+                std::min(kSpan, u.n - i0), s);
     }
   }
 }

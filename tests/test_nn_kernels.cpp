@@ -1,13 +1,15 @@
 // The nn kernels against plain double loops: unary derivatives, softmax / log-softmax backward,
 // layer norm forward and backward (constant rows, rows of 1e4 + noise, sizes 1, 3, 17, 129),
 // cross-entropy (logits of 1e4, ignored rows, weights, every row ignored), dropout (the exact
-// Philox mask, its statistics, reproducibility), thread-count independence and error messages.
+// Philox mask on the vector and portable paths, its statistics, reproducibility), thread-count independence and error messages.
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "check.h"
+#include "core/cpu/nn.h"
 #include "core/error.h"
 #include "core/ops.h"
 #include "core/philox.h"
@@ -416,17 +418,25 @@ TEST_CASE("cross_entropy rejects bad targets, weights and shapes") {
 
 TEST_CASE("dropout uses the Philox mask: keep when uint_to_unit(word) >= p, scale 1/(1-p)") {
   const float p = 0.3f;
-  const uint64_t seed = 77, offset = 5;
-  for (int64_t n : {1, 3, 4, 17, 129}) {
-    INFO("n ", n);
-    const std::vector<float> x = random_values(n, 111);
-    std::vector<float> want;
-    for (int64_t i = 0; i < n; ++i) {
-      const uint32_t bits = philox4x32(seed, offset + uint64_t(i / 4)).v[i % 4];
-      want.push_back(uint_to_unit(bits) >= p ? x[i] * (1.0f / (1.0f - p)) : 0.0f);
+  // Sizes around the vector path's step of 128 elements and its work items of 4096, a seed
+  // with both halves set, and an offset whose low word wraps inside a group of 16 blocks.
+  for (const auto& [seed, offset] : {std::pair<uint64_t, uint64_t>{77, 5},
+                                     {0x0123456789ABCDEFull, (uint64_t(1) << 32) - 9}}) {
+    for (int64_t n : {1, 3, 4, 17, 127, 128, 129, 255, 4096 + 77, 70001}) {
+      INFO("seed ", seed, ", offset ", offset, ", n ", n);
+      const std::vector<float> x = random_values(n, 111);
+      std::vector<float> want;
+      for (int64_t i = 0; i < n; ++i) {
+        const uint32_t bits = philox4x32(seed, offset + uint64_t(i / 4)).v[i % 4];
+        want.push_back(uint_to_unit(bits) >= p ? x[i] * (1.0f / (1.0f - p)) : 0.0f);
+      }
+      CHECK_CLOSE(dropout_apply(vec(x, {n}), p, seed, offset).to_vector(), want, 0.0, 0.0);
+      std::vector<float> portable(static_cast<size_t>(n));
+      cpu::dropout_portable(x.data(), p, seed, offset, portable.data(), n);
+      CHECK_CLOSE(portable, want, 0.0, 0.0);
     }
-    CHECK_CLOSE(dropout_apply(vec(x, {n}), p, seed, offset).to_vector(), want, 0.0, 0.0);
   }
+  const uint64_t seed = 77, offset = 5;
   const Tensor x = random_tensor({2, 9}, 112);
   CHECK(dropout_apply(x, 0.0f, seed, offset).to_vector() == x.to_vector());
   CHECK(dropout_apply(x, p, seed, offset).to_vector() ==

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/cpu/kernels.h"
+#include "core/cpu/row_clones.h"
 #include "core/math.h"
 
 namespace clustr::cpu {
@@ -32,7 +33,7 @@ void with_binary(BinaryOp op, Fn&& fn) {
 }
 
 template <class Fn>
-void with_unary(UnaryOp op, Fn&& fn) {
+[[gnu::always_inline]] inline void with_unary(UnaryOp op, Fn&& fn) {
   switch (op) {
     case UnaryOp::neg: return fn(math::Neg{});
     case UnaryOp::exp: return fn(math::Exp{});
@@ -152,11 +153,27 @@ void binary_scalar(BinaryOp op, const float* a, float s, float* out, int64_t n) 
   });
 }
 
-void unary(UnaryOp op, const float* x, float* y, int64_t n) {
-  with_unary(op, [&](auto f) {
-#pragma omp parallel for schedule(static) if (n >= kParallelMin)
+namespace {
+
+// y = f(x) over a contiguous span, compiled per instruction set (row_clones.h): the library is
+// built for plain x86-64, where GELU's erfc and the exps run four lanes at a time; the AVX-512
+// clone runs sixteen. Without contraction every clone rounds alike.
+CLUSTR_ROW_CLONES_NO_CONTRACT
+void unary_span(UnaryOp op, const float* x, float* y, int64_t n) {
+  with_unary(op, [&](auto f) __attribute__((always_inline)) {
     for (int64_t i = 0; i < n; ++i) y[i] = f(x[i]);
   });
+}
+
+}  // namespace
+
+void unary(UnaryOp op, const float* x, float* y, int64_t n) {
+  const int64_t items = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
+  for (int64_t item = 0; item < items; ++item) {
+    const int64_t i0 = item * kChunk;
+    unary_span(op, x + i0, y + i0, std::min(kChunk, n - i0));
+  }
 }
 
 void axpy(float alpha, const float* src, float* dst, int64_t n) {

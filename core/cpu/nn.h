@@ -36,6 +36,9 @@ void cross_entropy_backward(float scale, const float* logits, const int32_t* tar
 
 // x, y (n): y[i] = x[i] / (1 - p) when uint_to_unit(philox4x32(seed, offset + i/4).v[i%4]) >= p,
 // else 0. p in [0, 1).
+// Vectors with AVX-512 where the CPU has it, else dropout_portable (also called by the tests).
 void dropout(const float* x, float p, uint64_t seed, uint64_t offset, float* y, int64_t n);
+void dropout_portable(const float* x, float p, uint64_t seed, uint64_t offset, float* y,
+                      int64_t n);
 
 }  // namespace clustr::cpu
