@@ -192,7 +192,17 @@ Variable MaskedLmHead::forward(const Variable& x, const Variable& table) const {
 
 Variable BertModel::forward(const Tensor& ids, const Tensor& types, const Tensor& lengths,
                             Generator& gen) const {
-  return encoder_->forward(embeddings_->forward(ids, types, gen), lengths, gen);
+  const Variable x = embeddings_->forward(ids, types, gen);
+  if (!lengths.defined()) return encoder_->forward(x, lengths, gen);
+  const int64_t B = x.size(0), N = x.size(1);
+  CLUSTR_CHECK(lengths.dtype() == DType::i32 && lengths.shape() == Shape{B},
+               "BertModel: expected lengths i32 (", B, ") for ids ", describe(ids), ", got ",
+               describe(lengths));
+  // The layers run on the valid tokens alone (layers/token_packing.h): padding is most of the
+  // rows of a batch of short and long inputs.
+  const TokenPacking packing(lengths.to_int_vector(), N, x.data().device());
+  if (packing.tokens() == B * N) return encoder_->forward(x, lengths, gen);
+  return packing.unpack(encoder_->forward(packing.pack(x), lengths, gen, &packing));
 }
 
 Variable BertModel::pool_first(const Variable& tokens) const {

@@ -95,7 +95,8 @@ class BertModel : public Module {
 
   // ids, types as BertEmbeddings; lengths i32 (B), the valid length of each row (padding at
   // the end, as BERT's attention mask), or undefined (all N valid) -> (B, N, D), the last
-  // layer's token outputs. Rows past a sequence's length are finite but meaningless.
+  // layer's token outputs. Rows past a sequence's length are 0: the layers run on the valid
+  // tokens alone, packed (layers/token_packing.h); lengths are read on the host for that.
   Variable forward(const Tensor& ids, const Tensor& types, const Tensor& lengths,
                    Generator& gen) const;
   // BERT's pooler: tanh(pooler(tokens[:, 0])), tokens (B, N, D) -> (B, D).

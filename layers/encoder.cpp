@@ -20,18 +20,27 @@ EncoderLayer::EncoderLayer(int64_t dim, int64_t heads, int64_t hidden,
   dropout2_ = register_module("dropout2", std::make_shared<Dropout>(dropout));
 }
 
-Variable EncoderLayer::forward(const Variable& x, const Tensor& lengths, Generator& gen) const {
+Variable EncoderLayer::forward(const Variable& x, const Tensor& lengths, Generator& gen,
+                              const TokenPacking* packing) const {
   const int64_t D = attention_->dim();
-  CLUSTR_CHECK(x.defined() && x.rank() == 3 && x.size(2) == D, "EncoderLayer(D=", D,
-               ", H=", attention_->heads(), "): expected x (B, N, ", D, "), got ",
-               x.defined() ? describe(x.data()) : std::string("an undefined Variable"));
-  // All shapes stay (B, N, D).
+  if (packing)
+    CLUSTR_CHECK(x.defined() && x.rank() == 2 && x.size(0) == packing->tokens() &&
+                     x.size(1) == D,
+                 "EncoderLayer(D=", D, ", H=", attention_->heads(), "): expected packed x (",
+                 packing->tokens(), ", ", D, "), got ",
+                 x.defined() ? describe(x.data()) : std::string("an undefined Variable"));
+  else
+    CLUSTR_CHECK(x.defined() && x.rank() == 3 && x.size(2) == D, "EncoderLayer(D=", D,
+                 ", H=", attention_->heads(), "): expected x (B, N, ", D, "), got ",
+                 x.defined() ? describe(x.data()) : std::string("an undefined Variable"));
+  // All shapes stay those of x: (B, N, D), or (T, D) packed.
+  auto attend = [&](const Variable& t) { return attention_->forward(t, lengths, gen, packing); };
   if (pre_norm_) {
-    Variable h = x + dropout1_->forward(attention_->forward(norm1_->forward(x), lengths, gen), gen);
+    Variable h = x + dropout1_->forward(attend(norm1_->forward(x)), gen);
     return h + dropout2_->forward(feedforward_->forward(norm2_->forward(h), gen), gen);
   }
   // norm(a, b) is norm(a + b) in one fused op.
-  Variable h = norm1_->forward(x, dropout1_->forward(attention_->forward(x, lengths, gen), gen));
+  Variable h = norm1_->forward(x, dropout1_->forward(attend(x), gen));
   return norm2_->forward(h, dropout2_->forward(feedforward_->forward(h, gen), gen));
 }
 
@@ -46,9 +55,10 @@ Encoder::Encoder(int64_t num_layers, int64_t dim, int64_t heads, int64_t hidden,
   if (pre_norm) norm_ = register_module("norm", std::make_shared<LayerNorm>(dim, norm_eps));
 }
 
-Variable Encoder::forward(const Variable& x, const Tensor& lengths, Generator& gen) const {
+Variable Encoder::forward(const Variable& x, const Tensor& lengths, Generator& gen,
+                         const TokenPacking* packing) const {
   Variable h = x;
-  for (const auto& layer : *layers_) h = layer->forward(h, lengths, gen);
+  for (const auto& layer : *layers_) h = layer->forward(h, lengths, gen, packing);
   return norm_ ? norm_->forward(h) : h;
 }
 

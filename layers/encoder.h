@@ -42,7 +42,10 @@ class EncoderLayer : public Module {
 
   // x (B, N, D), lengths i32 (B) or undefined (all valid) -> (B, N, D). Outputs at padded
   // positions (>= lengths[b]) are finite but meaningless: only the attention masks them.
-  Variable forward(const Variable& x, const Tensor& lengths, Generator& gen) const;
+  // With `packing` (built from the same lengths), x and the result are the packed valid
+  // tokens (T, D) instead, and no padded row is computed (layers/token_packing.h).
+  Variable forward(const Variable& x, const Tensor& lengths, Generator& gen,
+                   const TokenPacking* packing = nullptr) const;
 
   bool pre_norm() const { return pre_norm_; }
   MultiHeadAttention& attention() const { return *attention_; }
@@ -67,8 +70,10 @@ class Encoder : public Module {
           const AttentionConfig& attention, float dropout, Activation activation, bool pre_norm,
           Generator& gen, float norm_eps = 1e-5f);
 
-  // x (B, N, D), lengths i32 (B) or undefined -> (B, N, D).
-  Variable forward(const Variable& x, const Tensor& lengths, Generator& gen) const;
+  // x (B, N, D), lengths i32 (B) or undefined -> (B, N, D); with `packing`, (T, D) -> (T, D)
+  // as EncoderLayer's.
+  Variable forward(const Variable& x, const Tensor& lengths, Generator& gen,
+                   const TokenPacking* packing = nullptr) const;
 
   size_t num_layers() const { return layers_->size(); }
   EncoderLayer& layer(size_t i) const { return (*layers_)[i]; }

@@ -28,12 +28,18 @@ MultiHeadAttention::MultiHeadAttention(int64_t dim, int64_t heads, AttentionConf
   out_ = register_module("out", std::make_shared<Linear>(dim, dim, true, gen));
 }
 
-Variable MultiHeadAttention::forward(const Variable& x, const Tensor& lengths,
-                                     Generator& gen) const {
+Variable MultiHeadAttention::forward(const Variable& x, const Tensor& lengths, Generator& gen,
+                                     const TokenPacking* packing) const {
   CLUSTR_CHECK(x.defined(), "MultiHeadAttention(D=", dim_, ", H=", heads_, "): x is undefined");
-  CLUSTR_CHECK(x.rank() == 3 && x.size(2) == dim_, "MultiHeadAttention(D=", dim_, ", H=", heads_,
-               "): expected x (B, N, ", dim_, "), got ", describe(x.data()));
-  const int64_t B = x.size(0), N = x.size(1), H = heads_, E = dim_ / heads_;
+  if (packing)
+    CLUSTR_CHECK(x.rank() == 2 && x.size(0) == packing->tokens() && x.size(1) == dim_,
+                 "MultiHeadAttention(D=", dim_, ", H=", heads_, "): expected packed x (",
+                 packing->tokens(), ", ", dim_, "), got ", describe(x.data()));
+  else
+    CLUSTR_CHECK(x.rank() == 3 && x.size(2) == dim_, "MultiHeadAttention(D=", dim_, ", H=",
+                 heads_, "): expected x (B, N, ", dim_, "), got ", describe(x.data()));
+  const int64_t B = packing ? packing->batch() : x.size(0);
+  const int64_t N = packing ? packing->positions() : x.size(1), H = heads_, E = dim_ / heads_;
   if (lengths.defined())
     CLUSTR_CHECK(lengths.dtype() == DType::i32 && lengths.shape() == Shape{B},
                  "MultiHeadAttention(D=", dim_, ", H=", heads_, "): expected lengths i32 ",
@@ -42,6 +48,9 @@ Variable MultiHeadAttention::forward(const Variable& x, const Tensor& lengths,
                attention_type_name(config.type), " attention needs a layer whose queries and keys ",
                "share one projection (a model trained with shared-full or lsh attention); this ",
                "one has a key projection of its own");
+  // Projections run on x's rows as they come; the attention itself on (B, N, ...).
+  auto unpacked = [&](const Variable& t) { return packing ? packing->unpack(t) : t; };
+  auto packed = [&](const Variable& t) { return packing ? packing->pack(t) : t; };
   if (config.type == AttentionType::full) {
     config.validate();
     // One GEMM makes the three projections, [q | k | v] side by side in each token's row
@@ -50,7 +59,7 @@ Variable MultiHeadAttention::forward(const Variable& x, const Tensor& lengths,
     // less than the activations it saves passing over.
     const Variable w = concat({query_->weight(), key().weight(), value_->weight()}, 0);
     const Variable b = concat({query_->bias(), key().bias(), value_->bias()}, 0);
-    const Variable qkv = linear(x, w, b);
+    const Variable qkv = unpacked(linear(x, w, b));
     FullAttentionOptions options;  // as attention() sets them for the split heads
     options.causal = config.causal;
     if (training() && config.dropout > 0.0f) {
@@ -58,11 +67,11 @@ Variable MultiHeadAttention::forward(const Variable& x, const Tensor& lengths,
       options.seed = gen.seed();
       options.offset = reserve_device(gen, full_attention_dropout_blocks(B, H, N, N));
     }
-    return out_->forward(full_attention_qkv(qkv, H, lengths, options));
+    return out_->forward(packed(full_attention_qkv(qkv, H, lengths, options)));
   }
   // (B, N, D) -> (B, N, H, E) -> (B, H, N, E)
   auto split_heads = [&](const Variable& t) {
-    return permute(reshape(t, {B, N, H, E}), {0, 2, 1, 3});
+    return permute(reshape(unpacked(t), {B, N, H, E}), {0, 2, 1, 3});
   };
   const Variable Q = split_heads(query_->forward(x));
   const Variable K = shared_qk_ ? Q : split_heads(key_->forward(x));
@@ -70,7 +79,7 @@ Variable MultiHeadAttention::forward(const Variable& x, const Tensor& lengths,
   const Variable heads_out = attention(config, Q, K, V, lengths, gen, training());  // (B, H, N, E)
   // (B, H, N, E) -> (B, N, H, E) -> (B, N, D)
   const Variable merged = reshape(permute(heads_out, {0, 2, 1, 3}), {B, N, dim_});
-  return out_->forward(merged);
+  return out_->forward(packed(merged));
 }
 
 }  // namespace clustr

@@ -26,6 +26,7 @@
 #include "layers/attention/config.h"
 #include "layers/linear.h"
 #include "layers/module.h"
+#include "layers/token_packing.h"
 
 namespace clustr {
 
@@ -37,7 +38,11 @@ class MultiHeadAttention : public Module {
   // valid) -> (B, N, D). Keys at positions >= lengths[b] are masked, and the attention output
   // of such (padded) queries is 0 before the output projection, so their rows are out.bias.
   // gen draws attention dropout (in training) and the clustered types' random hashing.
-  Variable forward(const Variable& x, const Tensor& lengths, Generator& gen) const;
+  // With `packing` (layers/token_packing.h), x is the packed valid tokens (T, D) of a batch
+  // whose lengths `packing` was built from, and so is the result (T, D): the projections run
+  // on the T rows, the attention on the unpacked (B, N) layout.
+  Variable forward(const Variable& x, const Tensor& lengths, Generator& gen,
+                   const TokenPacking* packing = nullptr) const;
 
   int64_t dim() const { return dim_; }
   int64_t heads() const { return heads_; }

@@ -209,6 +209,59 @@ TEST_CASE("bert: mean_pool averages the valid rows only, l2_normalize gives unit
       {random_tensor({3, 4}, 8, 0.5f, 2.0f)});
 }
 
+TEST_CASE("bert: the layers run on the valid tokens alone, packed: the padded batch's outputs "
+          "and gradients, zeros at padding") {
+  const std::vector<int32_t> len = {7, 2, 5, 1};
+  const int64_t B = 4, N = 7;
+  std::vector<int32_t> id(B * N), type(B * N);
+  for (int64_t i = 0; i < B * N; ++i) id[i] = static_cast<int32_t>((i * 7 + 3) % 11), type[i] = i % 3 == 0;
+  const Tensor ids = Tensor::from_int_vector(id, {B, N}), types = Tensor::from_int_vector(type, {B, N});
+  const Tensor lengths = Tensor::from_int_vector(len, {B});
+  AttentionConfig clustered;
+  clustered.type = AttentionType::clustered;
+  clustered.clusters = 2;
+  for (const AttentionConfig& attention : {AttentionConfig{}, clustered}) {
+    INFO(attention.describe());
+    Generator init(21);
+    BertModel model(tiny_config(), attention, init);
+    model.eval();  // the same dropout masks on both sides: none
+    // The padded batch through the layers (what BertModel ran before it packed), and packed.
+    const auto loss_and_grads = [&](bool packed, Tensor* tokens) {
+      Generator gen(4);  // the clustered types' hashing draws
+      model.zero_grad();
+      const Variable out =
+          packed ? model.forward(ids, types, lengths, gen)
+                 : model.encoder().forward(model.embeddings().forward(ids, types, gen), lengths, gen);
+      *tokens = out.data();
+      sum_all(mean_pool(out, lengths) * Variable(random_tensor({B, 8}, 3))).backward();
+      std::vector<float> grads;
+      for (const auto& [name, p] : model.named_parameters())
+        if (p.grad().defined()) {
+          const std::vector<float> g = p.grad().to_vector();
+          grads.insert(grads.end(), g.begin(), g.end());
+        }
+      return grads;
+    };
+    Tensor padded, packed;
+    const std::vector<float> g_padded = loss_and_grads(false, &padded);
+    const std::vector<float> g_packed = loss_and_grads(true, &packed);
+    // A token's outputs do not depend on the other rows of its products: the same bits.
+    CHECK_CLOSE(valid_rows(packed, len), valid_rows(padded, len), 0.0, 0.0);
+    const std::vector<float> out = packed.to_vector();
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = len[b] * 8; i < N * 8; ++i) CHECK(out[b * N * 8 + i] == 0.0f);
+    // Weight gradients sum over tokens: only the padding's zero terms are left out.
+    REQUIRE(g_packed.size() == g_padded.size());
+    CHECK_CLOSE(g_packed, g_padded, 1e-6, 1e-5);
+  }
+  Generator gen(1);
+  BertModel model(tiny_config(), AttentionConfig{}, gen);
+  CHECK_ERROR(model.forward(ids, types, Tensor::from_int_vector({7, 8, 1, 1}, {B}), gen),
+              "TokenPacking: sequence 1 has length 8, expected one in [0, 7]");
+  CHECK_ERROR(model.forward(ids, types, Tensor::from_int_vector({7, 7}, {2}), gen),
+              "BertModel: expected lengths i32 (4)", "(2,)");
+}
+
 TEST_CASE("bert: the masked-LM head is dense, GELU, layer norm, then the tied word table plus a "
           "bias, and passes gradcheck through the table and its input") {
   Generator gen(5);
