@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdarg>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 
 #include "apps/common/device.h"
@@ -190,12 +191,23 @@ std::vector<Trainer::StepEvent> Trainer::graphed_steps(int64_t steps, int64_t ne
   const int64_t ready = static_cast<int64_t>(ahead_offsets_.size());
   if (ready < K) prepare_attempts(K - ready);
   cuda::StreamGuard on_stream(*graph_stream_);
-  window_inputs_.rows(0, K).copy_from(Tensor::from_int_vector(
-      std::vector<int32_t>(ahead_words_.begin(), ahead_words_.begin() + K * words), {K, words}));
-  if (plan_words > 0)
-    window_draws_.rows(0, K).copy_from(Tensor::from_vector(
-        std::vector<float>(ahead_draws_.begin(), ahead_draws_.begin() + K * plan_words),
-        {K, plan_words}));
+  // The window's batches and draws through the pinned buffer: copies queued, not waited for.
+  const size_t word_bytes = static_cast<size_t>(K * words) * sizeof(int32_t);
+  const size_t at_draws = (word_bytes + 63) / 64 * 64;
+  const size_t draw_bytes = static_cast<size_t>(K * plan_words) * sizeof(float);
+  if (window_queued_) window_copied_.synchronize();  // the last window's copies have run
+  if (window_staging_.bytes() < at_draws + draw_bytes) {
+    const size_t full = (static_cast<size_t>(kMaxWindow * words) * sizeof(int32_t) + 63) / 64 *
+                            64 + static_cast<size_t>(kMaxWindow * plan_words) * sizeof(float);
+    window_staging_ = cuda::PinnedBuffer(full);
+  }
+  char* host = static_cast<char*>(window_staging_.data());
+  std::memcpy(host, ahead_words_.data(), word_bytes);
+  if (draw_bytes > 0) std::memcpy(host + at_draws, ahead_draws_.data(), draw_bytes);
+  cuda::copy_h2d_async(window_inputs_.i32(), host, word_bytes);
+  if (draw_bytes > 0) cuda::copy_h2d_async(window_draws_.f32(), host + at_draws, draw_bytes);
+  window_copied_.record();
+  window_queued_ = true;
   ahead_offsets_.erase(ahead_offsets_.begin(), ahead_offsets_.begin() + K);
   ahead_words_.erase(ahead_words_.begin(), ahead_words_.begin() + K * words);
   ahead_draws_.erase(ahead_draws_.begin(), ahead_draws_.begin() + K * plan_words);

@@ -126,8 +126,8 @@ class Trainer : public TrainerBase {
   // train_step(), timed.
   StepEvent eager_step();
   // --cuda-graphs on: `steps` steps (at most kMaxWindow) as replays of the captured step, their
-  // batches drawn first (the training stream's order is the eager loop's) and copied to the
-  // device at once; while the device runs them, the host prepares the next window's
+  // batches drawn first (the training stream's order is the eager loop's) and their copies to
+  // the device queued at once; while the device runs them, the host prepares the next window's
   // (`next_steps`); one event per replay, read back at the end.
   std::vector<StepEvent> graphed_steps(int64_t steps, int64_t next_steps);
   // Appends n attempted steps' batches and random draws, from the training stream, to the
@@ -162,6 +162,12 @@ class Trainer : public TrainerBase {
   // (core/random.h's DrawPlan), and a window's of them.
   std::unique_ptr<DrawPlan> draws_;
   Tensor window_draws_;
+  // A window's batches and draws go to the device from this pinned buffer, the copies queued
+  // before the replays (the host does not wait for them); `window_copied_` (recorded after
+  // them) is waited for before the next window fills the buffer again.
+  cuda::PinnedBuffer window_staging_;
+  cuda::Event window_copied_;
+  bool window_queued_ = false;
   // Attempts prepared ahead on the host: batch words, draws, the stream's offset before each.
   std::vector<int32_t> ahead_words_;
   std::vector<float> ahead_draws_;
