@@ -195,7 +195,7 @@ std::vector<Trainer::StepEvent> Trainer::graphed_steps(int64_t steps, int64_t ne
   const size_t word_bytes = static_cast<size_t>(K * words) * sizeof(int32_t);
   const size_t at_draws = (word_bytes + 63) / 64 * 64;
   const size_t draw_bytes = static_cast<size_t>(K * plan_words) * sizeof(float);
-  if (window_queued_) window_copied_.synchronize();  // the last window's copies have run
+  if (window_copied_) window_copied_->synchronize();  // the last window's copies have run
   if (window_staging_.bytes() < at_draws + draw_bytes) {
     const size_t full = (static_cast<size_t>(kMaxWindow * words) * sizeof(int32_t) + 63) / 64 *
                             64 + static_cast<size_t>(kMaxWindow * plan_words) * sizeof(float);
@@ -206,8 +206,8 @@ std::vector<Trainer::StepEvent> Trainer::graphed_steps(int64_t steps, int64_t ne
   if (draw_bytes > 0) std::memcpy(host + at_draws, ahead_draws_.data(), draw_bytes);
   cuda::copy_h2d_async(window_inputs_.i32(), host, word_bytes);
   if (draw_bytes > 0) cuda::copy_h2d_async(window_draws_.f32(), host + at_draws, draw_bytes);
-  window_copied_.record();
-  window_queued_ = true;
+  if (!window_copied_) window_copied_ = std::make_unique<cuda::Event>();
+  window_copied_->record();
   ahead_offsets_.erase(ahead_offsets_.begin(), ahead_offsets_.begin() + K);
   ahead_words_.erase(ahead_words_.begin(), ahead_words_.begin() + K * words);
   ahead_draws_.erase(ahead_draws_.begin(), ahead_draws_.begin() + K * plan_words);

@@ -164,10 +164,10 @@ class Trainer : public TrainerBase {
   Tensor window_draws_;
   // A window's batches and draws go to the device from this pinned buffer, the copies queued
   // before the replays (the host does not wait for them); `window_copied_` (recorded after
-  // them) is waited for before the next window fills the buffer again.
+  // them) is waited for before the next window fills the buffer again. The event is made with
+  // the first window: an Event needs a GPU, and a cpu run has none.
   cuda::PinnedBuffer window_staging_;
-  cuda::Event window_copied_;
-  bool window_queued_ = false;
+  std::unique_ptr<cuda::Event> window_copied_;
   // Attempts prepared ahead on the host: batch words, draws, the stream's offset before each.
   std::vector<int32_t> ahead_words_;
   std::vector<float> ahead_draws_;
