@@ -192,15 +192,17 @@ std::vector<Trainer::StepEvent> Trainer::graphed_steps(int64_t steps, int64_t ne
   if (ready < K) prepare_attempts(K - ready);
   cuda::StreamGuard on_stream(*graph_stream_);
   // The window's batches and draws through the pinned buffer: copies queued, not waited for.
-  const size_t word_bytes = static_cast<size_t>(K * words) * sizeof(int32_t);
+  // k steps' words, then (from a 64-byte boundary) their draws.
+  auto word_bytes_of = [&](int64_t k) { return static_cast<size_t>(k * words) * sizeof(int32_t); };
+  auto draw_bytes_of = [&](int64_t k) {
+    return static_cast<size_t>(k * plan_words) * sizeof(float);
+  };
+  const size_t word_bytes = word_bytes_of(K), draw_bytes = draw_bytes_of(K);
   const size_t at_draws = (word_bytes + 63) / 64 * 64;
-  const size_t draw_bytes = static_cast<size_t>(K * plan_words) * sizeof(float);
   if (window_copied_) window_copied_->synchronize();  // the last window's copies have run
-  if (window_staging_.bytes() < at_draws + draw_bytes) {
-    const size_t full = (static_cast<size_t>(kMaxWindow * words) * sizeof(int32_t) + 63) / 64 *
-                            64 + static_cast<size_t>(kMaxWindow * plan_words) * sizeof(float);
-    window_staging_ = cuda::PinnedBuffer(full);
-  }
+  if (window_staging_.bytes() < at_draws + draw_bytes)  // sized once, for the largest window
+    window_staging_ = cuda::PinnedBuffer((word_bytes_of(kMaxWindow) + 63) / 64 * 64 +
+                                         draw_bytes_of(kMaxWindow));
   char* host = static_cast<char*>(window_staging_.data());
   std::memcpy(host, ahead_words_.data(), word_bytes);
   if (draw_bytes > 0) std::memcpy(host + at_draws, ahead_draws_.data(), draw_bytes);
