@@ -51,15 +51,29 @@ Variable MultiHeadAttention::forward(const Variable& x, const Tensor& lengths, G
   // Projections run on x's rows as they come; the attention itself on (B, N, ...).
   auto unpacked = [&](const Variable& t) { return packing ? packing->unpack(t) : t; };
   auto packed = [&](const Variable& t) { return packing ? packing->pack(t) : t; };
+  // (B, N, D) -> (B, N, H, E) -> (B, H, N, E)
+  auto split_heads = [&](const Variable& t) {
+    return permute(reshape(unpacked(t), {B, N, H, E}), {0, 2, 1, 3});
+  };
+  // (B, H, N, E) -> (B, N, H, E) -> (B, N, D)
+  auto merge_heads = [&](const Variable& t) {
+    return reshape(permute(t, {0, 2, 1, 3}), {B, N, dim_});
+  };
+  if (shared_qk_) {  // queries and keys share one projection
+    const Variable Q = split_heads(query_->forward(x));
+    const Variable V = split_heads(value_->forward(x));
+    return out_->forward(packed(merge_heads(attention(config, Q, Q, V, lengths, gen, training()))));
+  }
+  // One GEMM makes the three projections, [q | k | v] side by side in each token's row
+  // (B, N, 3D). Stacking the weights copies 3 D^2 floats per call, far less than the
+  // activations it saves passing over.
+  const Variable w = concat({query_->weight(), key().weight(), value_->weight()}, 0);
+  const Variable b = concat({query_->bias(), key().bias(), value_->bias()}, 0);
+  const Variable qkv = unpacked(linear(x, w, b));
   if (config.type == AttentionType::full) {
+    // The attention reads its heads in that layout and writes (B, N, D) with the heads merged:
+    // no permute either way.
     config.validate();
-    // One GEMM makes the three projections, [q | k | v] side by side in each token's row
-    // (B, N, 3D), and the attention reads its heads there and writes (B, N, D) with the heads
-    // merged: no permute either way. Stacking the weights copies 3 D^2 floats per call, far
-    // less than the activations it saves passing over.
-    const Variable w = concat({query_->weight(), key().weight(), value_->weight()}, 0);
-    const Variable b = concat({query_->bias(), key().bias(), value_->bias()}, 0);
-    const Variable qkv = unpacked(linear(x, w, b));
     FullAttentionOptions options;  // as attention() sets them for the split heads
     options.causal = config.causal;
     if (training() && config.dropout > 0.0f) {
@@ -69,17 +83,11 @@ Variable MultiHeadAttention::forward(const Variable& x, const Tensor& lengths, G
     }
     return out_->forward(packed(full_attention_qkv(qkv, H, lengths, options)));
   }
-  // (B, N, D) -> (B, N, H, E) -> (B, H, N, E)
-  auto split_heads = [&](const Variable& t) {
-    return permute(reshape(unpacked(t), {B, N, H, E}), {0, 2, 1, 3});
-  };
-  const Variable Q = split_heads(query_->forward(x));
-  const Variable K = shared_qk_ ? Q : split_heads(key_->forward(x));
-  const Variable V = split_heads(value_->forward(x));
-  const Variable heads_out = attention(config, Q, K, V, lengths, gen, training());  // (B, H, N, E)
-  // (B, H, N, E) -> (B, N, H, E) -> (B, N, D)
-  const Variable merged = reshape(permute(heads_out, {0, 2, 1, 3}), {B, N, dim_});
-  return out_->forward(packed(merged));
+  // The other types: (B, N, 3, H, E) -> (3, B, H, N, E), the heads split by one permute (and
+  // their gradient stacked the same way).
+  const Variable heads = permute(reshape(qkv, {B, N, 3, H, E}), {2, 0, 3, 1, 4});
+  return out_->forward(
+      packed(merge_heads(attention_stacked(config, heads, lengths, gen, training()))));
 }
 
 }  // namespace clustr

@@ -101,7 +101,7 @@ double clip_grad_norm(const std::vector<Variable>& params, double max_norm) {
   const double coef = math::clip_coefficient(max_norm, norm);
   if (coef < 1.0) {  // also false for a NaN norm, which is returned for the caller to see
     const float c = static_cast<float>(coef);
-    std::vector<cuda::TensorSlots> device_grads;  // scaled together, a launch per 24
+    std::vector<cuda::TensorSlots> device_grads;  // scaled together, a launch per 48
     for (const Tensor* g : grads) {
       float* x = g->f32();
       if (g->device() == Device::cuda)

@@ -38,6 +38,10 @@ using namespace clustr::optim;
 
 namespace {
 
+// optim/cuda/update.h's kTensorsPerLaunch (that header's namespace cuda would clash with core's
+// here): the parameters one multi-tensor launch holds.
+constexpr int kPerLaunch = 48;
+
 constexpr int kSteps = 12;      // R-Adam (beta2 0.999) rectifies from step 6
 constexpr int64_t kGpuUlps = 32;  // ulps of a tensor's largest magnitude, after 12 steps
 
@@ -185,11 +189,11 @@ TEST_CASE("cuda optim: every optimizer takes the cpu's steps on device parameter
 }
 
 TEST_CASE("cuda optim: a step updates all parameters in a few launches (multi-tensor)") {
-  // 49 parameters (more than one launch holds), one of which gets no gradient at the first
-  // step and so runs a step behind: each step is one launch per 24 parameters of each run of
-  // parameters at the same step number. SGD without momentum has no state to allocate (the
-  // zero-fill of new state would be kernels of its own).
-  const int kParams = 49, kLagging = 10;
+  // 2 K + 1 parameters (K = kTensorsPerLaunch, what one launch holds), one of which gets no
+  // gradient at the first step and so runs a step behind: each step is one launch per K
+  // parameters of each run of parameters at the same step number. SGD without momentum has no
+  // state to allocate (the zero-fill of new state would be kernels of its own).
+  const int kParams = 2 * kPerLaunch + 1, kLagging = 10;
   NamedParameters ps[2];
   for (int d = 0; d < 2; ++d)
     for (int i = 0; i < kParams; ++i)
@@ -213,8 +217,8 @@ TEST_CASE("cuda optim: a step updates all parameters in a few launches (multi-te
     const cuda::LaunchCounts before = cuda::launch_counts();
     dev_opt.step();
     const uint64_t launches = cuda::launch_counts().kernels - before.kernels;
-    // Step 1: one run of 48 parameters (2 launches). Step 2: p0-p9 at step 2, p10 at step 1,
-    // p11-p48 at step 2: 1 + 1 + 2 launches.
+    // Step 1: one run of 2 K parameters (2 launches). Step 2: p0-p9 at step 2, p10 at step 1,
+    // the other 2 K - 10 at step 2: 1 + 1 + 2 launches.
     CHECK(launches == (t == 1 ? 2u : 4u));
     for (int i = 0; i < kParams; ++i) {
       CAPTURE(i);
@@ -276,10 +280,12 @@ TEST_CASE("cuda optim: clip_grad_norm on device gradients matches the cpu") {
 }
 
 TEST_CASE("cuda optim: clip_grad_norm sums and scales many device gradients in few launches") {
-  // 30 gradients (and an empty one): a sum-of-squares launch per 24, a scaling launch per 24.
+  // K + 6 gradients (and an empty one; K = kTensorsPerLaunch): a sum-of-squares launch per K,
+  // a scaling launch per K.
   std::vector<Variable> cpu_ps, dev_ps;
-  for (int i = 0; i <= 30; ++i) {
-    const Shape s{i == 30 ? 0 : 1 + 37 * i};
+  const int n = kPerLaunch + 6;
+  for (int i = 0; i <= n; ++i) {
+    const Shape s{i == n ? 0 : 1 + 37 * i};
     Tensor g = test::random_tensor(s, 700 + uint32_t(i));
     cpu_ps.emplace_back(Tensor::zeros(s), true);
     dev_ps.emplace_back(Tensor::zeros(s, DType::f32, Device::cuda), true);

@@ -14,6 +14,8 @@
 #include "autograd/variable.h"
 #include "check.h"
 #include "core/random.h"
+#include "core/cuda/cuda.h"
+#include "layers/attention/attention.h"
 #include "layers/attention/full.h"
 #include "layers/dropout.h"
 #include "layers/embedding.h"
@@ -402,6 +404,74 @@ TEST_CASE("multi-head attention: the fused projections equal split heads and ful
     const auto dp_ref = params();
     for (size_t i = 0; i < dp_ref.size(); ++i) CHECK_CLOSE(dp_fused[i], dp_ref[i], 1e-6, 1e-5);
   }
+}
+
+TEST_CASE("multi-head attention: the stacked heads of the clustered types equal three split "
+          "heads and attention()") {
+  // Clustered, improved-clustered and oracle-top attention run one GEMM for q, k and v and split
+  // the heads of all three with one permute into (3, B, H, N, E); the clustered types take it
+  // whole and write their three gradients as its slices. The reference splits the heads of
+  // three Linears and calls attention(), as the layer did before. Padded queries, attention
+  // dropout (the same Philox blocks from the same Generator state), and the emulated device.
+  const int64_t B = 3, N = 9, D = 12, H = 3, E = D / H;
+  std::vector<Device> devices{Device::cpu};
+  if (clustr::cuda::available()) devices.push_back(Device::cuda);
+  for (Device device : devices)
+    for (AttentionType type : {AttentionType::clustered, AttentionType::improved_clustered,
+                               AttentionType::oracle_top})
+      for (int variant = 0; variant < 2; ++variant) {
+        const bool training = type != AttentionType::oracle_top;  // oracle-top: evaluation only
+        if (!training && variant == 1) continue;
+        AttentionConfig config;
+        config.type = type;
+        config.clusters = 3;
+        config.topk = 3;
+        config.bits = 16;
+        config.dropout = variant == 1 ? 0.25f : 0.0f;
+        const Tensor lengths = Tensor::from_int_vector({9, 5, 1}, {3}).to(device);
+        const Tensor x0 = random_tensor({B, N, D}, 74).to(device);
+        const Tensor dout = random_tensor({B, N, D}, 75).to(device);
+        Generator init(11);
+        MultiHeadAttention mha(D, H, config, init);
+        mha.to(device);
+        mha.train(training);
+        std::unique_ptr<NoGradGuard> no_grad;  // oracle-top refuses to record a graph
+        if (!training) no_grad = std::make_unique<NoGradGuard>();
+        auto grads = [&] {
+          std::vector<std::vector<float>> g;
+          for (const auto& [name, p] : mha.named_parameters())
+            g.push_back(training ? p.grad().to_vector() : std::vector<float>());
+          return g;
+        };
+        Generator gen(12);
+        Variable x(x0.clone(), training);
+        const Variable y = mha.forward(x, lengths, gen);
+        if (training) y.backward(dout);
+        const std::vector<float> y_stacked = y.data().to_vector();
+        const std::vector<float> dx_stacked = training ? x.grad().to_vector() : y_stacked;
+        const auto dp_stacked = grads();
+        mha.zero_grad();
+        Generator gen2(12);
+        Variable x2(x0.clone(), training);
+        auto split = [&](const Variable& t) {
+          return permute(reshape(t, {B, N, H, E}), {0, 2, 1, 3});
+        };
+        const Variable heads = attention(config, split(mha.query().forward(x2)),
+                                         split(mha.key().forward(x2)),
+                                         split(mha.value().forward(x2)), lengths, gen2, training);
+        const Variable y2 = mha.out().forward(reshape(permute(heads, {0, 2, 1, 3}), {B, N, D}));
+        if (training) y2.backward(dout);
+        INFO("device ", std::string(device == Device::cuda ? "cuda" : "cpu"), ", type ",
+             std::string(attention_type_name(type)), ", variant ", variant);
+        // Forward: the same products per element and the same attention arithmetic.
+        CHECK(y_stacked == y2.data().to_vector());
+        if (!training) continue;
+        // Backward: dx sums over q, k and v in one GEMM (K = 3D) rather than three.
+        CHECK_CLOSE(dx_stacked, x2.grad().to_vector(), 1e-6, 1e-5);
+        const auto dp_ref = grads();
+        for (size_t i = 0; i < dp_ref.size(); ++i)
+          CHECK_CLOSE(dp_stacked[i], dp_ref[i], 1e-6, 1e-5);
+      }
 }
 
 TEST_CASE("multi-head attention results are identical at 1 and 2 threads") {

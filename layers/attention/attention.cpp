@@ -5,6 +5,7 @@
 #include <numeric>
 #include <vector>
 
+#include "autograd/ops.h"
 #include "core/error.h"
 #include "core/ops_check.h"
 #include "core/random.h"
@@ -17,6 +18,31 @@
 #include "layers/attention/reformer.h"
 
 namespace clustr {
+
+namespace {
+
+// The clustered types (sec. 3.2.2): hash + Hamming K-means of the queries q, then
+// run(assignment, dropout) for eq. 3-6 (clustered) or eq. 9-11 (improved) on that clustering.
+// The dropout's counter blocks come after the clustering's.
+template <class Run>
+Variable clustered_types(const AttentionConfig& config, const Tensor& q, const Tensor& k,
+                         const Tensor& query_lengths, Generator& gen, bool training, Run run) {
+  const bool improved = config.type == AttentionType::improved_clustered;
+  const Clustering c = cluster_queries(
+      q, query_lengths, ClusteringOptions{config.clusters, config.bits, config.iterations}, gen);
+  ClusteredDropout dropout;
+  if (training && config.dropout > 0.0f) {
+    dropout.p = config.dropout;
+    dropout.seed = gen.seed();
+    dropout.offset = reserve_device(
+        gen, improved ? improved_clustered_attention_dropout_blocks(q, k, config.clusters,
+                                                                    config.topk)
+                      : clustered_attention_dropout_blocks(q, k, config.clusters));
+  }
+  return run(c.assignment, dropout);
+}
+
+}  // namespace
 
 Variable attention(const AttentionConfig& config, const Variable& Q, const Variable& K,
                    const Variable& V, const Tensor& lengths, Generator& gen, bool training,
@@ -36,31 +62,18 @@ Variable attention(const AttentionConfig& config, const Variable& Q, const Varia
     }
     case AttentionType::clustered:
     case AttentionType::improved_clustered: {
-      const bool improved = config.type == AttentionType::improved_clustered;
       const Tensor& q = Q.data();
       // lengths mark padded queries only in self-attention (N == S), see attention.h.
       const bool self = q.rank() == 4 && K.data().rank() == 4 && q.size(2) == K.data().size(2);
-      // sec. 3.2.2: hash + Hamming K-means, then eq. 3-6 (clustered) or eq. 9-11 (improved)
-      // for that clustering.
-      const Clustering c =
-          cluster_queries(q, self ? lengths : Tensor(),
-                          ClusteringOptions{config.clusters, config.bits, config.iterations}, gen);
-      // Dropout on the attention weights, as clustered.h and improved_clustered.h define it;
-      // its counter blocks come after the clustering's.
-      ClusteredDropout dropout;
-      if (training && config.dropout > 0.0f) {
-        dropout.p = config.dropout;
-        dropout.seed = gen.seed();
-        dropout.offset = reserve_device(
-            gen, improved ? improved_clustered_attention_dropout_blocks(q, K.data(),
-                                                                        config.clusters, config.topk)
-                          : clustered_attention_dropout_blocks(q, K.data(), config.clusters));
-      }
-      if (improved)
-        return improved_clustered_attention(Q, K, V, lengths, c.assignment, config.clusters,
-                                            config.topk, temperature, dropout);
-      return clustered_attention(Q, K, V, lengths, c.assignment, config.clusters, temperature,
-                                 dropout);
+      return clustered_types(config, q, K.data(), self ? lengths : Tensor(), gen, training,
+                             [&](const Tensor& assignment, const ClusteredDropout& dropout) {
+                               if (config.type == AttentionType::improved_clustered)
+                                 return improved_clustered_attention(
+                                     Q, K, V, lengths, assignment, config.clusters, config.topk,
+                                     temperature, dropout);
+                               return clustered_attention(Q, K, V, lengths, assignment,
+                                                          config.clusters, temperature, dropout);
+                             });
     }
     case AttentionType::oracle_top:
       CLUSTR_CHECK(!training, "attention: oracle-top attention is for evaluation only (it ",
@@ -100,6 +113,34 @@ Variable attention(const AttentionConfig& config, const Variable& Q, const Varia
   }
   throw Error(detail::cat("attention: unknown AttentionType value ",
                           static_cast<int>(config.type)));
+}
+
+Variable attention_stacked(const AttentionConfig& config, const Variable& QKV,
+                           const Tensor& lengths, Generator& gen, bool training,
+                           float temperature) {
+  config.validate();
+  const Tensor& qkv = QKV.data();
+  CLUSTR_CHECK(qkv.rank() == 5 && qkv.size(0) == 3, "attention_stacked: expected queries, keys ",
+               "and values stacked as (3, B, H, N, E), got ", describe(qkv));
+  if (config.type != AttentionType::clustered &&
+      config.type != AttentionType::improved_clustered) {  // the three slices as separate inputs
+    const Shape s{qkv.size(1), qkv.size(2), qkv.size(3), qkv.size(4)};
+    auto part = [&](int64_t i) { return reshape(slice(QKV, 0, i, 1), s); };
+    const Variable Q = part(0);
+    return attention(config, Q, shares_query_key(config.type) ? Q : part(1), part(2), lengths,
+                     gen, training, temperature);
+  }
+  const Shape s{qkv.size(1), qkv.size(2), qkv.size(3), qkv.size(4)};
+  const Tensor q = qkv.rows(0, 1).reshape(s), k = qkv.rows(1, 2).reshape(s);
+  return clustered_types(config, q, k, lengths, gen, training,
+                         [&](const Tensor& assignment, const ClusteredDropout& dropout) {
+                           if (config.type == AttentionType::improved_clustered)
+                             return improved_clustered_attention(QKV, lengths, assignment,
+                                                                 config.clusters, config.topk,
+                                                                 temperature, dropout);
+                           return clustered_attention(QKV, lengths, assignment, config.clusters,
+                                                      temperature, dropout);
+                         });
 }
 
 namespace {

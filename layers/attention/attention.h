@@ -21,6 +21,14 @@ Variable attention(const AttentionConfig& config, const Variable& Q, const Varia
                    const Variable& V, const Tensor& lengths, Generator& gen, bool training,
                    float temperature = 0.0f);
 
+// Self-attention on queries, keys and values stacked as QKV (3, B, H, N, E) (one projection
+// of the tokens, its heads split once): the same result as attention() on the three slices.
+// The clustered types take QKV whole, so its gradient is one tensor written by their backward;
+// the others get the three slices as separate inputs.
+Variable attention_stacked(const AttentionConfig& config, const Variable& QKV,
+                           const Tensor& lengths, Generator& gen, bool training,
+                           float temperature = 0.0f);
+
 // Analysis (small N only): the dense attention weights (B, H, N, S) that `type` applies, so that
 // out = weights V. full: softmax(t Q K^T + mask), rows of padded queries (N == S, i >=
 // lengths[b]) 0, assignment, clusters and topk unused; clustered: row i is Ac_{j(i)} (eq. 3-6);

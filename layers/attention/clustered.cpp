@@ -181,12 +181,23 @@ void check_dropout(const char* op, const ClusteredDropout& drop) {
 
 // Saves K, V, the assignment, lengths and the forward's Ac, Qc, counts and dropout stream (not
 // Q: it enters backward only through Qc).
+// With `stacked_` its one input is QKV (3, B, H, N, E) and its gradient one tensor of that
+// shape, whose slices backward writes.
 class ClusteredAttentionNode : public Node {
  public:
   const char* name() const override { return "clustered_attention"; }
   std::vector<Tensor> backward(const Tensor& g) override {
-    ClusteredAttentionGrads d =
-        clustered_attention_backward(g, K_, V_, lengths_, assignment_, saved_, temperature_);
+    Tensor stacked;
+    ClusteredAttentionGrads into;
+    if (stacked_) {
+      stacked = Tensor::empty({3, K_.size(0), K_.size(1), K_.size(2), K_.size(3)}, DType::f32,
+                              K_.device());
+      const Stacked s = unstack(name(), stacked);
+      into = {s.q, s.k, s.v};
+    }
+    ClusteredAttentionGrads d = clustered_attention_backward(g, K_, V_, lengths_, assignment_,
+                                                             saved_, temperature_, into);
+    if (stacked_) return {std::move(stacked)};
     return {std::move(d.dQ), std::move(d.dK), std::move(d.dV)};
   }
   void release() override {
@@ -197,6 +208,7 @@ class ClusteredAttentionNode : public Node {
   Tensor K_, V_, lengths_, assignment_;
   ClusteredAttentionOutput saved_;  // out left undefined
   float temperature_ = 0.0f;
+  bool stacked_ = false;
 };
 
 }  // namespace
@@ -229,7 +241,7 @@ ClusteredAttentionOutput clustered_attention_forward(const Tensor& Q, const Tens
   r.precision = precision;
   if (Q.device() == Device::cuda) {
     DeviceParams dp;
-    device_params(d, lengths, assignment, temperature, dropout, precision, dp);
+    device_params(op, d, lengths, assignment, temperature, dropout, precision, dp);
     const cuda::ClusteredDims cd{d.B, d.H, d.N, d.S, d.E, d.M, d.C};
     const Tensor ws = device_workspace(cuda::clustered_attention_forward_workspace(cd, dp.p));
     cuda::clustered_attention_forward(cd, dp.p, Q.f32(), K.f32(), V.f32(), r.out.f32(),
@@ -256,7 +268,8 @@ ClusteredAttentionGrads clustered_attention_backward(const Tensor& dout, const T
                                                      const Tensor& lengths,
                                                      const Tensor& assignment,
                                                      const ClusteredAttentionOutput& forward,
-                                                     float temperature) {
+                                                     float temperature,
+                                                     const ClusteredAttentionGrads& into) {
   const char* op = "clustered_attention_backward";
   CLUSTR_CHECK(forward.counts.defined() && forward.counts.rank() == 3, op,
                ": expected the forward's counts of shape (B, H, C), got ",
@@ -282,12 +295,12 @@ ClusteredAttentionGrads clustered_attention_backward(const Tensor& dout, const T
     check_saved(op, "order", forward.order, K, DType::i32, {d.B * d.H * d.N});
   }
   ClusteredAttentionGrads g;
-  g.dQ = Tensor::empty(q_shape, DType::f32, K.device());
-  g.dK = Tensor::empty(K.shape(), DType::f32, K.device());
-  g.dV = Tensor::empty(V.shape(), DType::f32, K.device());
+  g.dQ = grad_buffer(op, "dQ", into.dQ, q_shape, K);
+  g.dK = grad_buffer(op, "dK", into.dK, K.shape(), K);
+  g.dV = grad_buffer(op, "dV", into.dV, V.shape(), K);
   if (K.device() == Device::cuda) {
     DeviceParams dp;
-    device_params(d, lengths, assignment, temperature, forward.dropout, forward.precision, dp,
+    device_params(op, d, lengths, assignment, temperature, forward.dropout, forward.precision, dp,
                   forward.counts, forward.start, forward.order);
     const cuda::ClusteredDims cd{d.B, d.H, d.N, d.S, d.E, d.M, d.C};
     const Tensor ws = device_workspace(cuda::clustered_attention_backward_workspace(cd, dp.p));
@@ -309,16 +322,22 @@ ClusteredAttentionGrads clustered_attention_backward(const Tensor& dout, const T
   return g;
 }
 
-Variable clustered_attention(const Variable& Q, const Variable& K, const Variable& V,
-                             const Tensor& lengths, const Tensor& assignment, int64_t clusters,
-                             float temperature, const ClusteredDropout& dropout) {
-  ClusteredAttentionOutput r =
-      clustered_attention_forward(Q.data(), K.data(), V.data(), lengths, assignment, clusters,
-                                  temperature, dropout, current_precision());
-  if (!record_needed({&Q, &K, &V})) return Variable(std::move(r.out));
+namespace {
+
+// The differentiable op on Q, K, V (three inputs) or on QKV stacked (one input).
+Variable clustered_attention_op(const std::vector<Variable>& inputs, const Tensor& Q,
+                                const Tensor& K, const Tensor& V, const Tensor& lengths,
+                                const Tensor& assignment, int64_t clusters, float temperature,
+                                const ClusteredDropout& dropout) {
+  ClusteredAttentionOutput r = clustered_attention_forward(
+      Q, K, V, lengths, assignment, clusters, temperature, dropout, current_precision());
+  bool needed = false;
+  for (const Variable& x : inputs) needed = needed || record_needed({&x});
+  if (!needed) return Variable(std::move(r.out));
   auto node = std::make_shared<ClusteredAttentionNode>();
-  node->K_ = K.data();
-  node->V_ = V.data();
+  node->stacked_ = inputs.size() == 1;
+  node->K_ = K;
+  node->V_ = V;
   node->lengths_ = lengths;
   node->assignment_ = assignment;
   node->saved_.weights = std::move(r.weights);
@@ -329,7 +348,24 @@ Variable clustered_attention(const Variable& Q, const Variable& K, const Variabl
   node->saved_.dropout = r.dropout;
   node->saved_.precision = r.precision;
   node->temperature_ = temperature;
-  return attach(std::move(r.out), std::move(node), {&Q, &K, &V});
+  return attach(std::move(r.out), std::move(node), inputs);
+}
+
+}  // namespace
+
+Variable clustered_attention(const Variable& Q, const Variable& K, const Variable& V,
+                             const Tensor& lengths, const Tensor& assignment, int64_t clusters,
+                             float temperature, const ClusteredDropout& dropout) {
+  return clustered_attention_op({Q, K, V}, Q.data(), K.data(), V.data(), lengths, assignment,
+                                clusters, temperature, dropout);
+}
+
+Variable clustered_attention(const Variable& QKV, const Tensor& lengths, const Tensor& assignment,
+                             int64_t clusters, float temperature,
+                             const ClusteredDropout& dropout) {
+  const Stacked s = unstack("clustered_attention", QKV.data());
+  return clustered_attention_op({QKV}, s.q, s.k, s.v, lengths, assignment, clusters, temperature,
+                                dropout);
 }
 
 }  // namespace clustr

@@ -72,17 +72,27 @@ struct ClusteredAttentionGrads {
 // The gradients of sum(dout * out) for the fixed assignment (and the forward's dropout mask),
 // given the forward's outputs.
 // Q's shape is (B, H, N, E) from assignment and K; Q itself enters only through the centroids.
+// `into`: where to write them (each defined one must have its gradient's shape, on K's device;
+// undefined ones are allocated).
 ClusteredAttentionGrads clustered_attention_backward(const Tensor& dout, const Tensor& K,
                                                      const Tensor& V, const Tensor& lengths,
                                                      const Tensor& assignment,
                                                      const ClusteredAttentionOutput& forward,
-                                                     float temperature = 0.0f);
+                                                     float temperature = 0.0f,
+                                                     const ClusteredAttentionGrads& into = {});
 
 // The differentiable op (gradients for Q, K and V; the assignment is a constant), its
 // products in this thread's precision.
 Variable clustered_attention(const Variable& Q, const Variable& K, const Variable& V,
                              const Tensor& lengths, const Tensor& assignment, int64_t clusters,
                              float temperature = 0.0f, const ClusteredDropout& dropout = {});
+
+// The same op on queries, keys and values stacked as QKV (3, B, H, N, E) (self-attention, as
+// one projection of the tokens makes them): one gradient for QKV, whose three slices backward
+// writes as dQ, dK and dV (no copy either way).
+Variable clustered_attention(const Variable& QKV, const Tensor& lengths, const Tensor& assignment,
+                             int64_t clusters, float temperature = 0.0f,
+                             const ClusteredDropout& dropout = {});
 
 // Counter blocks the dropout mask of one call uses: ceil(B H C S / 4) for Q (B, H, N, E) and
 // K (B, H, S, E) (reserve them from the run's Generator).

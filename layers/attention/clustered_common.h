@@ -280,6 +280,16 @@ using detail::check_f32;
 // the CUDA device are refused unless `cuda_ok` (the op has device kernels); their values are
 // checked on a host copy. Without `assignment_values` the assignment's values are not looked at
 // (a backward on the device that reuses its forward's grouping of the same, checked, assignment).
+// Names the first value of assignment (B, H, N) outside [-1, C) (a host copy of a device one).
+inline void check_assignment_values(const char* op, const Tensor& assignment, const Dims& d) {
+  std::vector<int32_t> copy;
+  const int32_t* a = detail::host_i32(assignment, copy);
+  for (int64_t i = 0; i < d.B * d.H * d.N; ++i)
+    CLUSTR_CHECK(a[i] >= -1 && a[i] < d.C, op, ": assignment value ", a[i], " at (",
+                 i / (d.H * d.N), ", ", i / d.N % d.H, ", ", i % d.N, ") is outside [-1, C = ",
+                 d.C, ") (-1 marks a padded query)");
+}
+
 inline Dims check_inputs(const char* op, const Shape& q_shape, const Tensor& K, const Tensor& V,
                   const Tensor& lengths, const Tensor& assignment, int64_t clusters,
                   float temperature, bool cuda_ok = false, bool assignment_values = true) {
@@ -309,23 +319,18 @@ inline Dims check_inputs(const char* op, const Shape& q_shape, const Tensor& K, 
   CLUSTR_CHECK(assignment.shape() == (Shape{d.B, d.H, d.N}), op,
                ": expected assignment of shape (B, H, N) = (", d.B, ", ", d.H, ", ", d.N,
                ") to match ", Q, ", got ", describe(assignment));
-  // A device assignment is checked on the device (one integer comes back); only a bad one is
+  // A device assignment is checked where device_params groups its members (one integer, the
+  // count of values outside [-1, C), comes back with no extra launch); only a bad one is
   // copied, to name the first bad value. When the device's checks are deferred, a kernel
   // records the first bad one (the kernels leave such a query's row alone).
   const bool on_device = assignment.device() == Device::cuda;
   if (!assignment_values) {
     // checked by the forward
-  } else if (on_device && cuda::deferring_checks())
+  } else if (on_device && cuda::deferring_checks()) {
     cuda::check_range_on_device(op, "assignment", assignment.i32(), d.B * d.H * d.N, -1,
                                 static_cast<int32_t>(clusters));
-  else if (!on_device || cuda::count_outside_clusters({d.B, d.H, d.N, 0, 0, 0, d.C},
-                                                 assignment.i32()) > 0) {
-    std::vector<int32_t> copy;
-    const int32_t* a = detail::host_i32(assignment, copy);
-    for (int64_t i = 0; i < d.B * d.H * d.N; ++i)
-      CLUSTR_CHECK(a[i] >= -1 && a[i] < clusters, op, ": assignment value ", a[i], " at (",
-                   i / (d.H * d.N), ", ", i / d.N % d.H, ", ", i % d.N,
-                   ") is outside [-1, C = ", clusters, ") (-1 marks a padded query)");
+  } else if (!on_device) {
+    check_assignment_values(op, assignment, d);
   }
   if (lengths.defined()) detail::check_lengths_deferrable(op, lengths, d.B, d.S, "S", "K", K);
   return d;
@@ -355,6 +360,28 @@ inline void check_saved(const char* op, const char* what, const Tensor& t, const
                ", got ", describe(t));
 }
 
+// Queries, keys and values stacked as one tensor (3, B, H, N, E), as one projection of the
+// tokens makes them: views of its three slices (no copy).
+struct Stacked {
+  Tensor q, k, v;
+};
+inline Stacked unstack(const char* op, const Tensor& qkv) {
+  CLUSTR_CHECK(qkv.defined() && qkv.rank() == 5 && qkv.size(0) == 3, op,
+               ": expected queries, keys and values stacked as (3, B, H, N, E), got ",
+               qkv.defined() ? describe(qkv) : "undefined");
+  const Shape s{qkv.size(1), qkv.size(2), qkv.size(3), qkv.size(4)};
+  return {qkv.rows(0, 1).reshape(s), qkv.rows(1, 2).reshape(s), qkv.rows(2, 3).reshape(s)};
+}
+
+// A backward's gradient for `like`: `into` when defined (of like's shape, on its device: the
+// caller's buffer, e.g. a slice of a stacked gradient), else a new tensor.
+inline Tensor grad_buffer(const char* op, const char* what, const Tensor& into, const Shape& shape,
+                          const Tensor& like) {
+  if (!into.defined()) return Tensor::empty(shape, DType::f32, like.device());
+  check_saved(op, what, into, like, DType::f32, shape);
+  return into;
+}
+
 // The device kernels' parameters (cuda/clustered.h): the members of each cluster grouped on
 // the device (cuda::group_members: the arrays of the CPU's group(), so sums over members run
 // in the CPU's order); the lengths on both sides.
@@ -364,20 +391,30 @@ struct DeviceParams {
   cuda::ClusteredParams p;
 };
 // With `start` defined, (count, start, order) are this assignment's grouping already (a
-// forward's, which its backward reuses); otherwise the members are grouped here.
-inline void device_params(const Dims& d, const Tensor& lengths, const Tensor& assignment,
-                          float temperature, const ClusteredDropout& dropout,
-                          Precision precision, DeviceParams& r, const Tensor& count = Tensor(),
-                          const Tensor& start = Tensor(), const Tensor& order = Tensor()) {
+// forward's, which its backward reuses); otherwise the members are grouped here, and the
+// grouping's count of values outside [-1, C) checks the assignment (check_inputs left it here;
+// deferred checks read it on the device instead).
+inline void device_params(const char* op, const Dims& d, const Tensor& lengths,
+                          const Tensor& assignment, float temperature,
+                          const ClusteredDropout& dropout, Precision precision, DeviceParams& r,
+                          const Tensor& count = Tensor(), const Tensor& start = Tensor(),
+                          const Tensor& order = Tensor()) {
   const int64_t BH = d.B * d.H;
   if (start.defined()) {
     r.count = count, r.start = start, r.order = order;
   } else {
-    r.count = Tensor::empty({d.B, d.H, d.C}, DType::i32, Device::cuda);
+    const Tensor counts = Tensor::empty({BH * d.C + 1}, DType::i32, Device::cuda);  // + outside
+    r.count = counts.rows(0, BH * d.C).reshape({d.B, d.H, d.C});
     r.start = Tensor::empty({BH * (d.C + 1)}, DType::i32, Device::cuda);
     r.order = Tensor::empty({BH * d.N}, DType::i32, Device::cuda);
+    int32_t* outside = counts.i32() + BH * d.C;
     cuda::group_members({d.B, d.H, d.N, d.S, d.E, d.M, d.C}, assignment.i32(), r.count.i32(),
-                        r.start.i32(), r.order.i32());
+                        outside, r.start.i32(), r.order.i32());
+    if (!cuda::deferring_checks()) {
+      int32_t bad = 0;
+      cuda::copy_d2h(&bad, outside, sizeof bad);
+      if (bad > 0) check_assignment_values(op, assignment, d);
+    }
   }
   if (lengths.defined()) {
     // The GEMMs are sized per run of equal lengths from a host copy, except in a step that

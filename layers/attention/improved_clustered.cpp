@@ -30,12 +30,23 @@ void check_dropout(const char* op, const ClusteredDropout& drop) {
                ": expected a dropout probability in [0, 1), got ", drop.p);
 }
 
+// With `stacked_` its one input is QKV (3, B, H, N, E) and its gradient one tensor of that
+// shape, whose slices backward writes.
 class ImprovedClusteredAttentionNode : public Node {
  public:
   const char* name() const override { return "improved_clustered_attention"; }
   std::vector<Tensor> backward(const Tensor& g) override {
+    Tensor stacked;
+    ImprovedClusteredAttentionGrads into;
+    if (stacked_) {
+      stacked = Tensor::empty({3, Q_.size(0), Q_.size(1), Q_.size(2), Q_.size(3)}, DType::f32,
+                              Q_.device());
+      const Stacked s = unstack(name(), stacked);
+      into = {s.q, s.k, s.v};
+    }
     ImprovedClusteredAttentionGrads d = improved_clustered_attention_backward(
-        g, Q_, K_, V_, lengths_, assignment_, saved_, temperature_);
+        g, Q_, K_, V_, lengths_, assignment_, saved_, temperature_, into);
+    if (stacked_) return {std::move(stacked)};
     return {std::move(d.dQ), std::move(d.dK), std::move(d.dV)};
   }
   void release() override {
@@ -46,6 +57,7 @@ class ImprovedClusteredAttentionNode : public Node {
   Tensor Q_, K_, V_, lengths_, assignment_;
   ImprovedClusteredAttentionOutput saved_;  // out left undefined
   float temperature_ = 0.0f;
+  bool stacked_ = false;
 };
 
 }  // namespace
@@ -84,7 +96,7 @@ ImprovedClusteredAttentionOutput improved_clustered_attention_forward(
   r.precision = precision;
   if (Q.device() == Device::cuda) {
     DeviceParams dp;
-    device_params(d, lengths, assignment, temperature, dropout, precision, dp);
+    device_params(op, d, lengths, assignment, temperature, dropout, precision, dp);
     const cuda::ClusteredDims cd{d.B, d.H, d.N, d.S, d.E, d.M, d.C};
     const Tensor ws =
         device_workspace(cuda::improved_clustered_attention_forward_workspace(cd, kw, dp.p));
@@ -109,7 +121,7 @@ ImprovedClusteredAttentionOutput improved_clustered_attention_forward(
 ImprovedClusteredAttentionGrads improved_clustered_attention_backward(
     const Tensor& dout, const Tensor& Q, const Tensor& K, const Tensor& V, const Tensor& lengths,
     const Tensor& assignment, const ImprovedClusteredAttentionOutput& forward,
-    float temperature) {
+    float temperature, const ImprovedClusteredAttentionGrads& into) {
   const char* op = "improved_clustered_attention_backward";
   check_f32(op, "Q", Q);
   detail::check_same_device(op, Q, K);
@@ -135,12 +147,12 @@ ImprovedClusteredAttentionGrads improved_clustered_attention_backward(
     check_saved(op, "order", forward.order, K, DType::i32, {d.B * d.H * d.N});
   }
   ImprovedClusteredAttentionGrads g;
-  g.dQ = Tensor::empty(Q.shape(), DType::f32, K.device());
-  g.dK = Tensor::empty(K.shape(), DType::f32, K.device());
-  g.dV = Tensor::empty(V.shape(), DType::f32, K.device());
+  g.dQ = grad_buffer(op, "dQ", into.dQ, Q.shape(), K);
+  g.dK = grad_buffer(op, "dK", into.dK, K.shape(), K);
+  g.dV = grad_buffer(op, "dV", into.dV, V.shape(), K);
   if (K.device() == Device::cuda) {
     DeviceParams dp;
-    device_params(d, lengths, assignment, temperature, forward.dropout, forward.precision, dp,
+    device_params(op, d, lengths, assignment, temperature, forward.dropout, forward.precision, dp,
                   forward.counts, forward.start, forward.order);
     const cuda::ClusteredDims cd{d.B, d.H, d.N, d.S, d.E, d.M, d.C};
     const Tensor ws =
@@ -161,24 +173,47 @@ ImprovedClusteredAttentionGrads improved_clustered_attention_backward(
   return g;
 }
 
-Variable improved_clustered_attention(const Variable& Q, const Variable& K, const Variable& V,
-                                      const Tensor& lengths, const Tensor& assignment,
-                                      int64_t clusters, int64_t topk, float temperature,
-                                      const ClusteredDropout& dropout) {
+namespace {
+
+// The differentiable op on Q, K, V (three inputs) or on QKV stacked (one input).
+Variable improved_clustered_attention_op(const std::vector<Variable>& inputs, const Tensor& Q,
+                                         const Tensor& K, const Tensor& V, const Tensor& lengths,
+                                         const Tensor& assignment, int64_t clusters, int64_t topk,
+                                         float temperature, const ClusteredDropout& dropout) {
   ImprovedClusteredAttentionOutput r = improved_clustered_attention_forward(
-      Q.data(), K.data(), V.data(), lengths, assignment, clusters, topk, temperature, dropout,
-      current_precision());
-  if (!record_needed({&Q, &K, &V})) return Variable(std::move(r.out));
+      Q, K, V, lengths, assignment, clusters, topk, temperature, dropout, current_precision());
+  bool needed = false;
+  for (const Variable& x : inputs) needed = needed || record_needed({&x});
+  if (!needed) return Variable(std::move(r.out));
   auto node = std::make_shared<ImprovedClusteredAttentionNode>();
-  node->Q_ = Q.data();
-  node->K_ = K.data();
-  node->V_ = V.data();
+  node->stacked_ = inputs.size() == 1;
+  node->Q_ = Q;
+  node->K_ = K;
+  node->V_ = V;
   node->lengths_ = lengths;
   node->assignment_ = assignment;
   Tensor out = std::move(r.out);
   node->saved_ = std::move(r);  // out left undefined
   node->temperature_ = temperature;
-  return attach(std::move(out), std::move(node), {&Q, &K, &V});
+  return attach(std::move(out), std::move(node), inputs);
+}
+
+}  // namespace
+
+Variable improved_clustered_attention(const Variable& Q, const Variable& K, const Variable& V,
+                                      const Tensor& lengths, const Tensor& assignment,
+                                      int64_t clusters, int64_t topk, float temperature,
+                                      const ClusteredDropout& dropout) {
+  return improved_clustered_attention_op({Q, K, V}, Q.data(), K.data(), V.data(), lengths,
+                                         assignment, clusters, topk, temperature, dropout);
+}
+
+Variable improved_clustered_attention(const Variable& QKV, const Tensor& lengths,
+                                      const Tensor& assignment, int64_t clusters, int64_t topk,
+                                      float temperature, const ClusteredDropout& dropout) {
+  const Stacked s = unstack("improved_clustered_attention", QKV.data());
+  return improved_clustered_attention_op({QKV}, s.q, s.k, s.v, lengths, assignment, clusters,
+                                         topk, temperature, dropout);
 }
 
 }  // namespace clustr

@@ -65,17 +65,23 @@ struct ImprovedClusteredAttentionGrads {
   Tensor dQ, dK, dV;  // the shapes of Q, K, V (overwritten, never accumulated)
 };
 // The gradients of sum(dout * out) for the fixed assignment and the forward's top-k sets (and
-// dropout masks).
+// dropout masks), written into `into`'s defined tensors as clustered_attention_backward does.
 ImprovedClusteredAttentionGrads improved_clustered_attention_backward(
     const Tensor& dout, const Tensor& Q, const Tensor& K, const Tensor& V, const Tensor& lengths,
     const Tensor& assignment, const ImprovedClusteredAttentionOutput& forward,
-    float temperature = 0.0f);
+    float temperature = 0.0f, const ImprovedClusteredAttentionGrads& into = {});
 
 // The differentiable op (gradients for Q, K and V; the assignment is a constant), its
 // products in this thread's precision.
 Variable improved_clustered_attention(const Variable& Q, const Variable& K, const Variable& V,
                                       const Tensor& lengths, const Tensor& assignment,
                                       int64_t clusters, int64_t topk, float temperature = 0.0f,
+                                      const ClusteredDropout& dropout = {});
+// The same on queries, keys and values stacked as QKV (3, B, H, N, E), with one gradient for
+// QKV (as clustered_attention's stacked form).
+Variable improved_clustered_attention(const Variable& QKV, const Tensor& lengths,
+                                      const Tensor& assignment, int64_t clusters, int64_t topk,
+                                      float temperature = 0.0f,
                                       const ClusteredDropout& dropout = {});
 
 // Counter blocks the dropout masks of one call use: ceil((B H C S + B H N min(k, S)) / 4) for

@@ -107,6 +107,8 @@ struct SumSquaresKernel {
   }
 };
 
+static_assert(sizeof(SumSquaresKernel) <= 4096, "a sum of squares' arguments exceed 4 KiB");
+
 // The blocks of an array of n elements in a sum of squares: one per kSumThreads elements, up
 // to 256, enough to keep a GPU's memory busy. A function of n only, so the block sums, and
 // their sum, are the same at every call.
@@ -148,6 +150,8 @@ namespace {
 template <class Op>
 void launch_many(const char* name, const std::vector<TensorSlots>& tensors, const Op& op,
                  const math::DeviceStepState* dev = nullptr) {
+  // The list travels in the kernel's arguments, which a GPU caps at 4 KiB.
+  static_assert(sizeof(ManyKernel<Op>) <= 4096, "a multi-tensor launch's arguments exceed 4 KiB");
   TensorList list{};
   auto flush = [&] {
     if (list.count == 0) return;

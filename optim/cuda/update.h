@@ -27,7 +27,7 @@ struct TensorSlots {
   float* b;
   int64_t n;
 };
-constexpr int kTensorsPerLaunch = 24;
+constexpr int kTensorsPerLaunch = 48;
 void sgd_update_many(const std::vector<TensorSlots>& tensors, const math::SgdScalars& s);
 void adam_update_many(const std::vector<TensorSlots>& tensors, const math::AdamScalars& s,
                       bool radam);

@@ -70,7 +70,7 @@ void clustered_attention_backward(const ClusteredDims& d, const ClusteredParams&
                                   float* dK, float* dV, float* workspace) {
   const int64_t BH = d.B * d.H, H = d.H, N = d.N, S = d.S, E = d.E, M = d.M, C = d.C;
   // Masked keys get no gradient: the GEMMs below write only the first L rows of dK and dV.
-  if (p.lengths_host) {
+  if (some_keys_masked(d, p)) {
     fill_f32(dK, 0.0f, BH * S * E);
     fill_f32(dV, 0.0f, BH * S * M);
   }
@@ -112,25 +112,23 @@ void clustered_attention_backward(const ClusteredDims& d, const ClusteredParams&
 namespace {
 
 // count[p C + j] += 1 for each query of pair p in cluster j: a thread per query, integer atomics
-// (exact in any order). Also counts the values outside [-1, C) into *outside when it is not null,
-// and zeroes order[q] when order is not null (the slots of padded queries, which no member
-// fills, are then 0 as on the CPU).
+// (exact in any order). Also counts the values outside [-1, C) into *outside, and zeroes
+// order[q] (the slots of padded queries, which no member fills, are then 0 as on the CPU).
 struct CountMembersKernel {
   static constexpr bool kUsesBarrier = false;
   const int32_t* a;
-  int32_t* count;    // (B H C), zeroed before, or null
-  int32_t* outside;  // (1), zeroed before, or null
-  int32_t* order;    // (B H N) or null
+  int32_t* count;    // (B H C), zeroed before
+  int32_t* outside;  // (1), zeroed before
+  int32_t* order;    // (B H N)
   int64_t N, C, total;
   CLUSTR_DEVICE void operator()(const Thread& t) const {
     for (int64_t q = global_x(t); q < total; q += grid_stride_x(t)) {
-      if (order) order[q] = 0;
+      order[q] = 0;
       const int32_t j = a[q];
-      if (j < -1 || j >= C) {
-        if (outside) atomic_add(outside, 1);
-      } else if (j >= 0 && count) {
+      if (j < -1 || j >= C)
+        atomic_add(outside, 1);
+      else if (j >= 0)
         atomic_add(count + (q / N) * C + j, 1);
-      }
     }
   }
 };
@@ -177,31 +175,20 @@ struct MemberOrderKernel {
 }  // namespace
 
 void group_members(const ClusteredDims& d, const int32_t* assignment, int32_t* count,
-                   int32_t* start, int32_t* order) {
+                   int32_t* outside, int32_t* start, int32_t* order) {
   const int64_t BH = d.B * d.H, total = BH * d.N;
-  if (BH == 0) return;
   require("cuda::group_members");
-  fill_i32(count, 0, BH * d.C);
+  CLUSTR_CHECK(outside == count + BH * d.C, "cuda::group_members: the outside count must follow "
+               "the B H C counts");
+  fill_i32(count, 0, BH * d.C + 1);
+  if (BH == 0) return;
   launch("cuda::group_members (counts)", {elementwise_blocks(total)}, {kElementwiseThreads}, 0,
-         CountMembersKernel{assignment, count, nullptr, order, d.N, d.C, total});
+         CountMembersKernel{assignment, count, outside, order, d.N, d.C, total});
   launch("cuda::group_members (starts)", {elementwise_blocks(BH)}, {kElementwiseThreads}, 0,
          MemberStartKernel{count, start, d.C, BH});
   const unsigned threads = row_threads(d.N);
   launch("cuda::group_members (order)", {grid_of(BH * d.C)}, {threads}, threads * sizeof(int),
          MemberOrderKernel{assignment, start, order, d.N, d.C});
-}
-
-int64_t count_outside_clusters(const ClusteredDims& d, const int32_t* assignment) {
-  const int64_t total = d.B * d.H * d.N;
-  if (total == 0) return 0;
-  require("cuda::count_outside_clusters");
-  Scratch<int32_t> outside(1);
-  fill_i32(outside.get(), 0, 1);
-  launch("cuda::count_outside_clusters", {elementwise_blocks(total)}, {kElementwiseThreads}, 0,
-         CountMembersKernel{assignment, nullptr, outside.get(), nullptr, d.N, d.C, total});
-  int32_t n = 0;
-  copy_d2h(&n, outside.get(), sizeof(n));
-  return n;
 }
 
 }  // namespace clustr::cuda

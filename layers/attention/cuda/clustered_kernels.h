@@ -186,6 +186,15 @@ inline void for_each_sequence(const ClusteredDims& d, const ClusteredParams& p, 
   }
 }
 
+// True when some sequence has fewer than S valid keys by the host lengths: for_each_sequence's
+// GEMMs then leave the rows of its masked keys unwritten (zeroed first by the caller).
+inline bool some_keys_masked(const ClusteredDims& d, const ClusteredParams& p) {
+  if (!p.lengths_host) return false;
+  for (int64_t b = 0; b < d.B; ++b)
+    if (p.lengths_host[b] < d.S) return true;
+  return false;
+}
+
 // The elements a batch of `batch` matrices of rows x cols spans (row stride ld, matrix i at
 // i * stride).
 inline int64_t batch_span(int64_t rows, int64_t cols, int64_t ld, int64_t stride, int64_t batch) {

@@ -575,7 +575,7 @@ void improved_clustered_attention_backward(const ClusteredDims& d, const Cluster
                                            float* dK, float* dV, float* workspace) {
   const int64_t BH = d.B * d.H, H = d.H, N = d.N, S = d.S, E = d.E, M = d.M, C = d.C;
   // Masked keys get no gradient: the GEMMs below write only the first L rows of dV.
-  if (p.lengths_host) fill_f32(dV, 0.0f, BH * S * M);
+  if (some_keys_masked(d, p)) fill_f32(dV, 0.0f, BH * S * M);
   if (BH == 0 || C == 0) return;
   require("cuda::improved_clustered_attention_backward");
   const Dropout drop = dropout_of(p);

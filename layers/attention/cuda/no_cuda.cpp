@@ -87,11 +87,9 @@ void cuda::clustered_attention_backward(const ClusteredDims&, const ClusteredPar
   no_backend("cuda::clustered_attention_backward");
 }
 
-void cuda::group_members(const ClusteredDims&, const int32_t*, int32_t*, int32_t*, int32_t*) {
+void cuda::group_members(const ClusteredDims&, const int32_t*, int32_t*, int32_t*, int32_t*,
+                         int32_t*) {
   no_backend("cuda::group_members");
-}
-int64_t cuda::count_outside_clusters(const ClusteredDims&, const int32_t*) {
-  no_backend("cuda::count_outside_clusters");
 }
 
 // cuda/improved_clustered.h
