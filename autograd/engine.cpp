@@ -24,14 +24,39 @@ void check_grad_shape(const Tensor& g, const Shape& expected, const char* node, 
                to_string(expected));
 }
 
-// The first gradient of a leaf is taken over when nothing else uses its storage, and copied
-// otherwise (a gradient may be shared with other edges: add passes one tensor to both inputs;
-// and the caller's own gradient tensor must stay as it is). Later ones are added in place.
-void accumulate_leaf(VariableImpl& leaf, Tensor g) {
+// The first gradient of a leaf is taken over when nothing else uses its storage (or, with
+// `exclusive`, when only other disjoint parts of it do), and copied otherwise (a gradient may
+// be shared with other edges: add passes one tensor to both inputs; and the caller's own
+// gradient tensor must stay as it is). Later ones are added in place.
+void accumulate_leaf(VariableImpl& leaf, Tensor g, bool exclusive = false) {
   if (!leaf.grad.defined())
-    leaf.grad = g.sole_owner() ? std::move(g) : g.clone();
+    leaf.grad = exclusive || g.sole_owner() ? std::move(g) : g.clone();
   else
     add_(leaf.grad, g);
+}
+
+// Which of a node's gradients are disjoint row blocks of one storage that nothing else uses
+// (concat's along axis 0: the parts of one gradient, handed to the stacked parameters it was
+// made of). Each may be taken over by its leaf: writes to one never reach another.
+std::vector<bool> exclusive_parts(const std::vector<Tensor>& grads) {
+  std::vector<bool> exclusive(grads.size(), false);
+  std::vector<bool> grouped(grads.size(), false);
+  for (size_t i = 0; i < grads.size(); ++i) {
+    if (grouped[i] || !grads[i].defined()) continue;
+    std::vector<size_t> group{i};
+    for (size_t j = i + 1; j < grads.size(); ++j)
+      if (grads[j].defined() && grads[j].shares_storage(grads[i])) group.push_back(j);
+    for (size_t j : group) grouped[j] = true;
+    if (group.size() < 2) continue;
+    std::vector<const Tensor*> parts;
+    for (size_t j : group) parts.push_back(&grads[j]);
+    if (!Tensor::sole_owners(parts)) continue;
+    std::vector<Tensor> blocks;
+    for (size_t j : group) blocks.push_back(grads[j]);
+    if (!Tensor::adjacent_rows(blocks).defined()) continue;
+    for (size_t j : group) exclusive[j] = true;
+  }
+  return exclusive;
 }
 
 void run_backward(const Variable& root, const Tensor& grad) {
@@ -83,13 +108,14 @@ void run_backward(const Variable& root, const Tensor& grad) {
     n->released = true;
     std::vector<Edge> edges = std::move(n->next);
     n->next.clear();
+    const std::vector<bool> exclusive = exclusive_parts(grads);
 
     for (size_t i = 0; i < edges.size(); ++i) {
       Edge& e = edges[i];
       Tensor& gi = grads[i];
       if (e.leaf && gi.defined()) {
         check_grad_shape(gi, e.leaf->data.shape(), n->name(), i);
-        accumulate_leaf(*e.leaf, std::move(gi));
+        accumulate_leaf(*e.leaf, std::move(gi), exclusive[i]);
       }
       if (!e.node) continue;
       if (gi.defined()) {

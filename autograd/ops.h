@@ -46,6 +46,9 @@ Variable reshape(const Variable& x, const Shape& shape);
 Variable permute(const Variable& x, const std::vector<int>& perm);
 Variable transpose(const Variable& x, int axis0, int axis1);
 Variable slice(const Variable& x, int axis, int64_t start, int64_t length);
+// Along axis 0, pieces that lie side by side in one storage (Tensor::adjacent_rows, as a layer
+// stacks its projections' weights) give a view of them, as reshape does, and their gradients
+// are views of the output's gradient; otherwise a copy.
 Variable concat(const std::vector<Variable>& xs, int axis);
 Variable sum(const Variable& x, int axis, bool keepdim = false);
 Variable mean(const Variable& x, int axis, bool keepdim = false);

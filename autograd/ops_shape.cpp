@@ -73,6 +73,15 @@ class ConcatNode : public Node {
   ConcatNode(int axis, std::vector<int64_t> lens) : axis_(axis), lens_(std::move(lens)) {}
   const char* name() const override { return "concat"; }
   std::vector<Tensor> backward(const Tensor& g) override {
+    if (axis_ == 0) {  // blocks of g's rows: views, no copy
+      std::vector<Tensor> parts;
+      int64_t begin = 0;
+      for (int64_t len : lens_) {
+        parts.push_back(g.rows(begin, begin + len));
+        begin += len;
+      }
+      return parts;
+    }
     std::vector<bool> wanted(lens_.size());
     for (size_t k = 0; k < lens_.size(); ++k) wanted[k] = needs_grad(k);
     return split(g, axis_, lens_, wanted);  // one pass over g
@@ -147,6 +156,19 @@ Variable slice(const Variable& x, int axis, int64_t start, int64_t length) {
 }
 
 // xs[k] (..., len_k, ...) -> (..., sum_k len_k, ...).
+namespace {
+
+// Pieces laid side by side in one storage (Tensor::adjacent_rows: a layer's stacked weights)
+// concatenate along axis 0 as a view of them; others are copied.
+Tensor concat_or_view(const std::vector<Tensor>& xs, int axis) {
+  if (!xs.empty() && xs[0].defined() && xs[0].rank() >= 1 &&
+      (axis == 0 || axis == -xs[0].rank()))
+    if (Tensor v = Tensor::adjacent_rows(xs); v.defined()) return v;
+  return concat(xs, axis);
+}
+
+}  // namespace
+
 Variable concat(const std::vector<Variable>& xs, int axis) {
   std::vector<Tensor> data;
   data.reserve(xs.size());
@@ -154,7 +176,7 @@ Variable concat(const std::vector<Variable>& xs, int axis) {
     CLUSTR_CHECK(xs[k].defined(), "concat: xs[", k, "] is an undefined Variable");
     data.push_back(xs[k].data());
   }
-  Tensor y = concat(data, axis);  // validates shapes and the axis
+  Tensor y = concat_or_view(data, axis);  // validates shapes and the axis
   bool record = false;
   if (grad_enabled())
     for (const Variable& x : xs) record = record || x.requires_grad();

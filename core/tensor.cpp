@@ -268,6 +268,31 @@ Tensor Tensor::rows(int64_t begin, int64_t end) const {
   return t;
 }
 
+Tensor Tensor::adjacent_rows(const std::vector<Tensor>& xs) {
+  if (xs.size() < 2 || !xs[0].defined() || xs[0].rank() < 1) return Tensor();
+  const Tensor& x0 = xs[0];
+  Tensor t = x0;
+  t.shape_[0] = 0;
+  t.numel_ = 0;
+  for (const Tensor& x : xs) {
+    if (!x.defined() || x.storage_ != x0.storage_ || x.dtype_ != x0.dtype_ ||
+        x.rank() != x0.rank() || x.offset_ != x0.offset_ + t.numel_)
+      return Tensor();
+    for (int i = 1; i < x.rank(); ++i)
+      if (x.shape_[i] != x0.shape_[i]) return Tensor();
+    t.shape_[0] += x.shape_[0];
+    t.numel_ += x.numel_;
+  }
+  return t;
+}
+
+bool Tensor::sole_owners(const std::vector<const Tensor*>& views) {
+  if (views.empty() || views[0]->storage_ == nullptr) return false;
+  for (const Tensor* v : views)
+    if (v->storage_ != views[0]->storage_) return false;
+  return views[0]->storage_.use_count() == static_cast<long>(views.size());
+}
+
 Tensor Tensor::clone() const { return to(device_); }
 
 Tensor Tensor::to(Device device) const {

@@ -90,6 +90,11 @@ class Tensor {
   Tensor reshape(const Shape& shape) const;
   // A view of rows [begin, end) along axis 0.
   Tensor rows(int64_t begin, int64_t end) const;
+  // The inverse of rows(): when every xs[k] (at least two) is a block of rows of one storage,
+  // xs[k + 1] starting where xs[k] ends, all of one dtype and with one shape past axis 0, a
+  // view spanning them (their concatenation along axis 0, without a copy); else an undefined
+  // tensor.
+  static Tensor adjacent_rows(const std::vector<Tensor>& xs);
 
   Tensor clone() const;                 // a deep copy on the same device
   Tensor to(Device device) const;       // a deep copy on `device` (a clone when it is the same)
@@ -114,6 +119,8 @@ class Tensor {
   // True when no other tensor or view uses this one's storage, so that an in-place update
   // cannot be seen anywhere else (the autograd engine then sums gradients in place).
   bool sole_owner() const { return storage_ != nullptr && storage_.use_count() == 1; }
+  // The same for a set of views: true when they are all of one storage and nothing else uses it.
+  static bool sole_owners(const std::vector<const Tensor*>& views);
 
  private:
   std::shared_ptr<Storage> storage_;

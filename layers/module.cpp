@@ -2,6 +2,7 @@
 #include "layers/module.h"
 
 #include "core/error.h"
+#include "core/ops.h"
 
 namespace clustr {
 
@@ -61,10 +62,44 @@ void Module::zero_grad() {
 }
 
 void Module::to(Device device) {
-  for (auto& p : named_parameters()) {
-    VariableImpl& v = *p.second.impl();
-    if (v.data.device() != device) v.data = v.data.to(device);
-    v.grad = Tensor();
+  const auto params = named_parameters();
+  std::vector<bool> moved(params.size(), false);
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (moved[i]) continue;
+    // The parameters stacked with this one (stack_rows), in storage order, move as one block.
+    std::vector<size_t> group{i};
+    for (size_t j = i + 1; j < params.size(); ++j)
+      if (params[j].second.data().shares_storage(params[i].second.data())) group.push_back(j);
+    std::vector<Tensor> parts;
+    for (size_t j : group) parts.push_back(params[j].second.data());
+    const Tensor block = Tensor::adjacent_rows(parts);
+    if (block.defined() && block.device() != device) {
+      const Tensor to = block.to(device);
+      int64_t row = 0;
+      for (size_t j : group) {
+        VariableImpl& v = *params[j].second.impl();
+        v.data = to.rows(row, row + v.data.size(0));
+        row += v.data.size(0);
+      }
+    }
+    for (size_t j : block.defined() ? group : std::vector<size_t>{i}) {
+      VariableImpl& v = *params[j].second.impl();
+      if (v.data.device() != device) v.data = v.data.to(device);
+      v.grad = Tensor();
+      moved[j] = true;
+    }
+  }
+}
+
+void Module::stack_rows(const std::vector<Variable>& params) {
+  std::vector<Tensor> parts;
+  for (const Variable& p : params) parts.push_back(p.data());
+  const Tensor stacked = concat(parts, 0);  // validates dtypes, devices and shapes
+  int64_t row = 0;
+  for (const Variable& p : params) {
+    VariableImpl& v = *p.impl();
+    v.data = stacked.rows(row, row + v.data.size(0));
+    row += v.data.size(0);
   }
 }
 

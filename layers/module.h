@@ -35,11 +35,16 @@ class Module {
   // Moves every parameter's values to `device`, in place: the layers' own handles see the moved
   // tensors. Gradients are forgotten (they would be on the old device). An optimizer keeps
   // state per parameter on the parameter's device, so move the model before making one.
+  // Parameters stacked side by side (stack_rows) stay so.
   void to(Device device);
 
  protected:
   // Registers a parameter (a leaf that requires grad) holding `value`; returns it.
   Variable register_parameter(const std::string& name, Tensor value);
+  // Lays the values of `params` (one dtype, device and shape past axis 0) side by side in one
+  // new storage, in order, each parameter's tensor becoming a view of its rows: concat of them
+  // along axis 0 is then a view (Tensor::adjacent_rows). Values and handles are unchanged.
+  static void stack_rows(const std::vector<Variable>& params);
   // Registers a submodule; returns it.
   template <typename M>
   std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> module) {

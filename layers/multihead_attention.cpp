@@ -26,6 +26,13 @@ MultiHeadAttention::MultiHeadAttention(int64_t dim, int64_t heads, AttentionConf
   if (!shared_qk_) key_ = register_module("key", std::make_shared<Linear>(dim, dim, true, gen));
   value_ = register_module("value", std::make_shared<Linear>(dim, dim, true, gen));
   out_ = register_module("out", std::make_shared<Linear>(dim, dim, true, gen));
+  if (!shared_qk_) {
+    // The three projections' weights (and biases) side by side in one storage, as PyTorch's
+    // in_proj_weight: forward's concat of them is then a view (no copy, no launch), and so
+    // are their gradients' parts.
+    stack_rows({query_->weight(), key_->weight(), value_->weight()});
+    stack_rows({query_->bias(), key_->bias(), value_->bias()});
+  }
 }
 
 Variable MultiHeadAttention::forward(const Variable& x, const Tensor& lengths, Generator& gen,

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "autograd/gradcheck.h"
+#include "autograd/ops.h"
 #include "autograd/node.h"
 #include "autograd/variable.h"
 #include "check.h"
@@ -134,6 +135,40 @@ TEST_CASE("gradients summed or kept in place never change a tensor seen elsewher
   plus(plus(a, b), a).backward(dout);
   CHECK(x.grad().to_vector() == std::vector<float>{7, -14, 21});
   CHECK(dout.to_vector() == d);
+}
+
+TEST_CASE("leaves stacked in one storage take their parts of concat's gradient as views") {
+  // concat of row blocks laid side by side is a view, and its gradient's parts go to the
+  // leaves without copies when nothing else holds that gradient; later passes add into each
+  // part in place without touching the others.
+  const Tensor stacked = Tensor::from_vector({1, 2, 3, 4, 5}, {5});
+  Variable a(stacked.rows(0, 2), true), b(stacked.rows(2, 5), true);
+  const Variable ab = concat({a, b}, 0);
+  CHECK(ab.data().shares_storage(stacked));
+  total(square(ab)).backward();  // 2 x, made anew by square's backward
+  CHECK(a.grad().shares_storage(b.grad()));
+  CHECK(a.grad().to_vector() == std::vector<float>{2, 4});
+  CHECK(b.grad().to_vector() == std::vector<float>{6, 8, 10});
+  total(square(concat({a, b}, 0))).backward();
+  CHECK(a.grad().to_vector() == std::vector<float>{4, 8});
+  CHECK(b.grad().to_vector() == std::vector<float>{12, 16, 20});
+  // The caller's own gradient is held elsewhere: its parts are copied, and it stays as it was.
+  const std::vector<float> d = {1, -2, 3, -4, 5};
+  const Tensor dout = Tensor::from_vector(d, {5});
+  // Leaves in separate storages: concat copies (its gradient's parts still go out as views).
+  Variable f(stacked.clone().rows(0, 2), true), e(Tensor::from_vector({1, 1, 1}, {3}), true);
+  a.zero_grad();
+  b.zero_grad();
+  concat({a, b}, 0).backward(dout);
+  concat({a, b}, 0).backward(dout);
+  CHECK(a.grad().to_vector() == std::vector<float>{2, -4});
+  CHECK(b.grad().to_vector() == std::vector<float>{6, -8, 10});
+  CHECK(dout.to_vector() == d);
+  const Variable fe = concat({f, e}, 0);
+  CHECK_FALSE(fe.data().shares_storage(f.data()));
+  total(square(fe)).backward();
+  CHECK(f.grad().to_vector() == std::vector<float>{2, 4});
+  CHECK(e.grad().to_vector() == std::vector<float>{2, 2, 2});
 }
 
 TEST_CASE("backward with an explicit upstream gradient") {

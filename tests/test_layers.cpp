@@ -15,6 +15,7 @@
 #include "check.h"
 #include "core/random.h"
 #include "core/cuda/cuda.h"
+#include "core/ops.h"
 #include "layers/attention/attention.h"
 #include "layers/attention/full.h"
 #include "layers/dropout.h"
@@ -472,6 +473,35 @@ TEST_CASE("multi-head attention: the stacked heads of the clustered types equal 
         for (size_t i = 0; i < dp_ref.size(); ++i)
           CHECK_CLOSE(dp_stacked[i], dp_ref[i], 1e-6, 1e-5);
       }
+}
+
+TEST_CASE("multi-head attention: q, k and v weights stacked in one storage, so that their "
+          "concat and its gradient are views, also after to()") {
+  Generator init(13);
+  MultiHeadAttention mha(8, 2, AttentionConfig{}, init);
+  std::vector<Device> devices{Device::cpu};
+  if (clustr::cuda::available()) devices.push_back(Device::cuda);
+  for (Device device : devices) {
+    mha.to(device);
+    const Variable wq = mha.query().weight(), wk = mha.key().weight(), wv = mha.value().weight();
+    const std::vector<float> values = concat(std::vector<Tensor>{wq.data(), wk.data(), wv.data()},
+                                             0).to_vector();
+    const Variable w = concat({wq, wk, wv}, 0);
+    CHECK(w.data().shares_storage(wq.data()));
+    CHECK(w.data().to_vector() == values);
+    CHECK(concat({mha.query().bias(), mha.key().bias(), mha.value().bias()}, 0)
+              .data()
+              .shares_storage(mha.query().bias().data()));
+    CHECK_FALSE(concat({wq, wv, wk}, 0).data().shares_storage(wq.data()));  // out of order: a copy
+    CHECK(mha.out().weight().data().device() == device);
+    // The gradient's parts are views of the gradient (the gradient of sum(w * g) is g, made
+    // anew by mul's backward; a caller's own gradient tensor would be copied instead).
+    const Tensor g = random_tensor({24, 8}, 76).to(device);
+    sum_all(mul(w, Variable(g))).backward();
+    CHECK(wq.grad().shares_storage(wk.grad()));
+    CHECK(wk.grad().to_vector() == g.rows(8, 16).to_vector());
+    mha.zero_grad();
+  }
 }
 
 TEST_CASE("multi-head attention results are identical at 1 and 2 threads") {

@@ -43,6 +43,31 @@ TEST_CASE("reshape and rows are views of the same storage") {
   CHECK(row1.reshape({3}).rows(1, 3).to_vector() == std::vector<float>{-1, -1});
 }
 
+TEST_CASE("adjacent_rows joins row blocks laid side by side, and nothing else") {
+  const Tensor t = Tensor::from_vector({0, 1, 2, 3, 4, 5, 6, 7}, {4, 2});
+  const Tensor a = t.rows(0, 1), b = t.rows(1, 3), c = t.rows(3, 4);
+  const Tensor abc = Tensor::adjacent_rows({a, b, c});
+  REQUIRE(abc.defined());
+  CHECK(abc.shape() == Shape{4, 2});
+  CHECK(abc.shares_storage(t));
+  CHECK(abc.to_vector() == t.to_vector());
+  const Tensor bc = Tensor::adjacent_rows({b, c});
+  REQUIRE(bc.defined());
+  CHECK(bc.to_vector() == std::vector<float>{2, 3, 4, 5, 6, 7});
+  // Out of order, with a gap, repeated, from another storage, another row shape or dtype, or
+  // a single piece: no view.
+  CHECK_FALSE(Tensor::adjacent_rows({b, a}).defined());
+  CHECK_FALSE(Tensor::adjacent_rows({a, c}).defined());
+  CHECK_FALSE(Tensor::adjacent_rows({a, a}).defined());
+  CHECK_FALSE(Tensor::adjacent_rows({a, t.clone().rows(1, 2)}).defined());
+  CHECK_FALSE(Tensor::adjacent_rows({a, t.reshape({8}).rows(2, 4)}).defined());
+  CHECK_FALSE(Tensor::adjacent_rows({a}).defined());
+  CHECK_FALSE(Tensor::adjacent_rows({a, Tensor()}).defined());
+  const Tensor words = Tensor::from_int_vector({1, 2, 3, 4}, {4});
+  CHECK(Tensor::adjacent_rows({words.rows(0, 1), words.rows(1, 4)}).to_int_vector() ==
+        words.to_int_vector());
+}
+
 TEST_CASE("clone and copy_from are deep copies") {
   Tensor t = Tensor::from_vector({1, 2, 3}, {3});
   Tensor c = t.clone();
