@@ -78,39 +78,61 @@ CLUSTR_HD float select(bool c, float a, float b) {
   return float_from_bits((bits_of(a) & m) | (bits_of(b) & ~m));
 }
 
+// Multiply-adds for the polynomials below: a * b + c rounded twice (what the CPU's row loops,
+// compiled without contraction, and the device both do), or once (fmaf: the same bits on every
+// CPU and the device; one instruction where the code is compiled for FMA, as the AVX2 and
+// AVX-512 clones of the row loops are (core/cpu/row_clones.h) and every GPU; a libm call in
+// code built for plain x86-64).
+struct MulAdd {
+  CLUSTR_HD float operator()(float a, float b, float c) const { return a * b + c; }
+};
+struct FusedMulAdd {
+  CLUSTR_HD float operator()(float a, float b, float c) const { return fmaf(a, b, c); }
+};
+
+// exp's constants: x = n ln2 + r with |r| <= ln2/2 (ln2 split in two, Cody-Waite, so n ln2 is
+// exact), e^r from Cephes' degree-6 polynomial, and 2^n applied as two factors 2^(n/2)
+// 2^(n - n/2) so that both are normal floats even when the result is subnormal.
+namespace exp_detail {
+constexpr float kLog2e = 1.44269504088896341f;
+constexpr float kLn2Hi = 0.693359375f;      // 9 significant bits: n * kLn2Hi is exact
+constexpr float kLn2Lo = -2.12194440e-4f;   // ln2 - kLn2Hi
+constexpr float kRound = 12582912.0f;       // 1.5 * 2^23: v + kRound has ulp 1, rounds v
+
+// e^r 2^n for the reduced r and t = the rounding sum that gave n (n read from its bits rather
+// than converted with (int), which would be undefined for NaN).
+template <class MA>
+CLUSTR_HD float scaled(float r, float t, MA ma) {
+  float p = 1.9875691500e-4f;
+  p = ma(p, r, 1.3981999507e-3f);
+  p = ma(p, r, 8.3334519073e-3f);
+  p = ma(p, r, 4.1665795894e-2f);
+  p = ma(p, r, 1.6666665459e-1f);
+  p = ma(p, r, 5.0000001201e-1f);
+  const float er = ma(p * r, r, r) + 1.0f;
+  const int32_t ni = static_cast<int32_t>(bits_of(t) - bits_of(kRound));
+  const int32_t n1 = ni / 2, n2 = ni - n1;
+  return er * float_from_bits(static_cast<uint32_t>(n1 + 127) << 23) *
+         float_from_bits(static_cast<uint32_t>(n2 + 127) << 23);
+}
+}  // namespace exp_detail
+
 // e^x for every float x, within 2 ulp of the exact value (checked against double exp over
 // the whole range in tests/test_elementwise.cpp), and without a libm call or a branch, so that
 // loops over it vectorise: libm's expf is one scalar call per element, and softmax spent most
-// of its time there.
-// x = n ln2 + r with |r| <= ln2/2 (ln2 split in two, Cody-Waite, so n ln2 is exact), e^r from
-// Cephes' degree-6 polynomial, and 2^n applied as two factors 2^(n/2) 2^(n - n/2) so that both
-// are normal floats even when the result is subnormal (x down to -104).
+// of its time there. The reduction and polynomial of exp_detail, x down to -104.
 // The clamp of x to [kMin, kMax] also gives the limits: at kMin the formula yields
 // 0.97 * 2^-150, which rounds to 0, and at kMax 1.0000003 * 2^128, which overflows to inf; NaN
-// passes the clamp and flows through r. n is read from the bits of the rounding sum rather
-// than converted with (int), which would be undefined for NaN.
+// passes the clamp and flows through r.
 CLUSTR_HD float exp(float x) {
-  constexpr float kLog2e = 1.44269504088896341f;
-  constexpr float kLn2Hi = 0.693359375f;      // 9 significant bits: n * kLn2Hi is exact
-  constexpr float kLn2Lo = -2.12194440e-4f;   // ln2 - kLn2Hi
-  constexpr float kRound = 12582912.0f;       // 1.5 * 2^23: v + kRound has ulp 1, rounds v
+  using namespace exp_detail;
   constexpr float kMax = 88.7228394f;         // e^kMax > FLT_MAX: inf from here up
   constexpr float kMin = -104.0f;             // e^kMin < 2^-150: 0 from here down
   const float xc = select(x < kMin, kMin, select(x > kMax, kMax, x));
   const float t = xc * kLog2e + kRound;
   const float n = t - kRound;  // round(x / ln2), in [-150, 128]
-  const int32_t ni = static_cast<int32_t>(bits_of(t) - bits_of(kRound));
   const float r = (xc - n * kLn2Hi) - n * kLn2Lo;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const float er = p * r * r + r + 1.0f;
-  const int32_t n1 = ni / 2, n2 = ni - n1;
-  return er * float_from_bits(static_cast<uint32_t>(n1 + 127) << 23) *
-         float_from_bits(static_cast<uint32_t>(n2 + 127) << 23);
+  return scaled(r, t, MulAdd{});
 }
 
 CLUSTR_HD float relu(float x) { return x < 0.0f ? 0.0f : x; }  // NaN passes through
@@ -118,42 +140,50 @@ CLUSTR_HD float relu(float x) { return x < 0.0f ? 0.0f : x; }  // NaN passes thr
 // erfc(x) for every float x, within 7 ulp of the exact value wherever it is a normal float
 // (checked against double erfc in tests/test_elementwise.cpp), without a libm call or a branch,
 // so that loops over it vectorise (libm's erfcf is one scalar call per element: GELU spent most
-// of a BERT layer's non-GEMM time there).
+// of a BERT layer's non-GEMM time there). Its multiply-adds are fused (FusedMulAdd): GELU's
+// row loops run half the instructions, with the same bits on every CPU and on the device.
 // For z = |x|: erfc(z) = t e^(-z^2 + P(t)), t = 1 / (1 + z/2), P the degree-9 fit of Numerical
-// Recipes' erfcc (relative error below 1.2e-7 for every z). e^(-z^2) is taken as
-// e^(-h^2) e^(-l (z + h)), h = z with its low 12 significand bits cleared (so h^2 is exact) and
-// l = z - h, so that the large exponent never carries the rounding of z^2 (the series below
-// takes over for z <= 0.5). For x < 0,
-// erfc(x) = 2 - erfc(-x). z is clamped at 10.5 (erfc(10.5) = 1e-49 rounds to 0); NaN passes.
+// Recipes' erfcc (relative error below 1.2e-7 for every z). -z^2 is split exactly into
+// hi + lo (lo the fused product's rounding error), and e^(hi + lo + P) takes one range
+// reduction: n from hi + P, then r = ((hi - n ln2_hi) + (lo - n ln2_lo)) + P, whose first
+// difference is exact (hi and n ln2_hi are close multiples of a common small power of two), so
+// the large exponent never carries the rounding of z^2 (the series below takes over for
+// z <= 0.5). For x < 0, erfc(x) = 2 - erfc(-x). z is clamped at 10.5 (erfc(10.5) = 1e-49
+// rounds to 0); NaN passes.
 CLUSTR_HD float erfc(float x) {
+  using namespace exp_detail;
+  const FusedMulAdd ma;
   const float a = fabsf(x);
   const float z = select(a > 10.5f, 10.5f, a);
-  const float t = 1.0f / (1.0f + 0.5f * z);
+  const float t = 1.0f / ma(0.5f, z, 1.0f);
   float p = 0.17087277f;
-  p = p * t - 0.82215223f;
-  p = p * t + 1.48851587f;
-  p = p * t - 1.13520398f;
-  p = p * t + 0.27886807f;
-  p = p * t - 0.18628806f;
-  p = p * t + 0.09678418f;
-  p = p * t + 0.37409196f;
-  p = p * t + 1.00002368f;
-  p = p * t - 1.26551223f;
-  const float h = float_from_bits(bits_of(z) & 0xFFFFF000u);
-  const float l = z - h;
-  const float tail = t * exp(-h * h) * exp(p - l * (z + h));
+  p = ma(p, t, -0.82215223f);
+  p = ma(p, t, 1.48851587f);
+  p = ma(p, t, -1.13520398f);
+  p = ma(p, t, 0.27886807f);
+  p = ma(p, t, -0.18628806f);
+  p = ma(p, t, 0.09678418f);
+  p = ma(p, t, 0.37409196f);
+  p = ma(p, t, 1.00002368f);
+  p = ma(p, t, -1.26551223f);
+  const float hi = -z * z;
+  const float lo = ma(-z, z, -hi);  // -z^2 - hi, exactly
+  const float rounding = ma(hi + p, kLog2e, kRound);
+  const float n = rounding - kRound;
+  const float r = (ma(-n, kLn2Hi, hi) + ma(-n, kLn2Lo, lo)) + p;
+  const float tail = t * scaled(r, rounding, ma);
   // Near 0 the fit's terms cancel to e^P with P near 0, a few ulp off erfc ~ 1: there
   // 1 - erf(z), erf from its Taylor series to z^13 (below an ulp for z <= 0.5).
   const float s = z * z;
   float q = -1.0f / 9360.0f;
-  q = q * s + 1.0f / 1320.0f;
-  q = q * s - 1.0f / 216.0f;
-  q = q * s + 1.0f / 42.0f;
-  q = q * s - 1.0f / 10.0f;
-  q = q * s + 1.0f / 3.0f;
-  const float erf_small = z * (1.12837916709551257f - 1.12837916709551257f * s * q);
-  const float r = select(z <= 0.5f, 1.0f - erf_small, tail);
-  return select(x < 0.0f, 2.0f - r, r);
+  q = ma(q, s, 1.0f / 1320.0f);
+  q = ma(q, s, -1.0f / 216.0f);
+  q = ma(q, s, 1.0f / 42.0f);
+  q = ma(q, s, -1.0f / 10.0f);
+  q = ma(q, s, 1.0f / 3.0f);
+  const float erf_small = z * ma(-1.12837916709551257f * s, q, 1.12837916709551257f);
+  const float rz = select(z <= 0.5f, 1.0f - erf_small, tail);
+  return select(x < 0.0f, 2.0f - rz, rz);
 }
 
 // GELU, exact form 0.5 x (1 + erf(x / sqrt(2))) (PyTorch's default, not the tanh fit).
