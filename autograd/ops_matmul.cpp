@@ -91,9 +91,7 @@ class EmbeddingNode : public Node {
       : index_(std::move(index)), table_shape_(std::move(table_shape)) {}
   const char* name() const override { return "embedding"; }
   std::vector<Tensor> backward(const Tensor& g) override {
-    Tensor dtable = Tensor::zeros(table_shape_, DType::f32, g.device());
-    scatter_add_rows_(dtable, index_, g);
-    return {dtable};
+    return {scatter_sum_rows(table_shape_[0], index_, g)};
   }
   void release() override { index_ = Tensor(); }
 

@@ -68,6 +68,9 @@ Tensor transpose(const Tensor& x, int axis0, int axis1);
 Tensor gather_rows(const Tensor& table, const Tensor& index);
 // table[index[i], :] += src[i, :]; src (index.shape..., D). Throws on an index outside [0, V).
 void scatter_add_rows_(Tensor& table, const Tensor& index, const Tensor& src);
+// A new table (V, D) of those sums from zero: row v the sum of src's rows whose index is v (0
+// where none), the bits of zeros() then scatter_add_rows_ (an embedding's gradient).
+Tensor scatter_sum_rows(int64_t V, const Tensor& index, const Tensor& src);
 
 // ---- shape ops ----------------------------------------------------------------------------------
 // x broadcast (NumPy rules) to `shape`, as a new contiguous tensor.

@@ -128,9 +128,10 @@ Tensor gather_rows(const Tensor& table, const Tensor& index) {
   return out;
 }
 
-// table (V, D) += src (..., D) scattered by index (...); repeated indices accumulate.
-void scatter_add_rows_(Tensor& table, const Tensor& index, const Tensor& src) {
-  const char* op = "scatter_add_rows_";
+namespace {
+
+// The checks of a scatter of src (..., D) by index (...) into table (V, D).
+void check_scatter(const char* op, const Tensor& table, const Tensor& index, const Tensor& src) {
   detail::check_dtype(op, "src", src, DType::f32);
   check_rows_op(op, table, index);
   detail::check_same_device(op, table, src);
@@ -140,9 +141,33 @@ void scatter_add_rows_(Tensor& table, const Tensor& index, const Tensor& src) {
                " (index shape ", to_string(index.shape()), " then D of table ", describe(table),
                "), got ", describe(src));
   check_indices(op, table, index);
+}
+
+}  // namespace
+
+// table (V, D) += src (..., D) scattered by index (...); repeated indices accumulate.
+void scatter_add_rows_(Tensor& table, const Tensor& index, const Tensor& src) {
+  check_scatter("scatter_add_rows_", table, index, src);
   auto fn = on_cuda(table) ? cuda::scatter_add_rows : cpu::scatter_add_rows;
   if (src.numel() > 0)
     fn(table.f32(), table.shape()[0], table.shape()[1], index.i32(), index.numel(), src.f32());
+}
+
+Tensor scatter_sum_rows(int64_t V, const Tensor& index, const Tensor& src) {
+  const char* op = "scatter_sum_rows";
+  CLUSTR_CHECK(V >= 0 && src.defined() && src.rank() >= 1, op, ": expected V >= 0 and src ",
+               "(..., D), got V = ", V, " and src ",
+               src.defined() ? describe(src) : std::string("undefined"));
+  const int64_t D = src.shape().back();
+  if (!on_cuda(src)) {
+    Tensor table = Tensor::zeros({V, D});
+    scatter_add_rows_(table, index, src);
+    return table;
+  }
+  Tensor table = Tensor::empty({V, D}, DType::f32, src.device());
+  check_scatter(op, table, index, src);
+  cuda::scatter_sum_rows(table.f32(), V, D, index.i32(), index.numel(), src.f32());
+  return table;
 }
 
 }  // namespace clustr

@@ -279,7 +279,8 @@ TEST_CASE("cuda layout: permute and transpose match the cpu bit for bit, f32 and
   compare_devices([](const Inputs& v) { return clustr::transpose(v[0], -1, -2); }, {x}, 0);
 }
 
-TEST_CASE("cuda layout: gather_rows and scatter_add_rows_ match the cpu bit for bit") {
+TEST_CASE("cuda layout: gather_rows, scatter_add_rows_ and scatter_sum_rows match the cpu bit "
+          "for bit") {
   struct Case {
     int64_t V, D;
     Shape index;
@@ -309,7 +310,16 @@ TEST_CASE("cuda layout: gather_rows and scatter_add_rows_ match the cpu bit for 
           return t;
         },
         {table, index, src}, 0);
+    // From zero (an embedding's gradient): one pass over the indices per row on the device.
+    compare_devices([&](const Inputs& v) { return clustr::scatter_sum_rows(c.V, v[0], v[1]); },
+                    {index, src}, 0);
   }
+  // A table past the one-pass limit (V n > 2^20) takes the fill and the grouping: the same bits.
+  const int64_t V = 1100, n = 1000, D = 3;
+  const Tensor index = Tensor::from_int_vector(random_ints(n, 190, 0, 7), {n});
+  const Tensor src = on_cpu(random_values(n * D, 191), {n, D});
+  compare_devices([&](const Inputs& v) { return clustr::scatter_sum_rows(V, v[0], v[1]); },
+                  {index, src}, 0);
 }
 
 TEST_CASE("cuda shape ops: broadcast_to, sum_to, slice, slice_add_ and concat match the cpu") {

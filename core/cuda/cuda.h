@@ -453,6 +453,12 @@ void gather_rows(const float* table, int64_t V, int64_t D, const int32_t* index,
 // an index outside [0, V) (a check deferred to the device) is left out.
 void scatter_add_rows(float* table, int64_t V, int64_t D, const int32_t* index, int64_t n,
                       const float* src);
+// The same into a table that starts at 0 (=: every row written, 0 where no index points): the
+// bits of a zero fill then scatter_add_rows. A small table (V n <= 2^20: an embedding of a
+// few symbols) takes one launch, a block per row reading every index in order; a larger one
+// the fill and the grouping above.
+void scatter_sum_rows(float* table, int64_t V, int64_t D, const int32_t* index, int64_t n,
+                      const float* src);
 
 // Shape ops (core/cuda/shape_ops.cu), the twins of core/cpu/shape_ops.h, same arguments; shape,
 // stride and keep arrays, and concat's array of pointers, live on the host.

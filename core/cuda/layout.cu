@@ -275,6 +275,26 @@ void gather_rows(const float* table, int64_t V, int64_t D, const int32_t* index,
          GatherRowsKernel{table, V, D, index, n, out});
 }
 
+// A small table's sums in one pass: a block per row v (threads over the columns) walks every
+// index in order and adds the rows that point at v, from 0 (the CPU's order and bits).
+struct ScatterSumScanKernel {
+  static constexpr bool kUsesBarrier = false;
+  float* table;
+  int64_t V, D;
+  const float* src;
+  const int32_t* index;
+  int64_t n;
+  CLUSTR_DEVICE void operator()(const Thread& t) const {
+    for (int64_t v = t.block_idx().x; v < V; v += t.grid_dim().x)
+      for (int64_t c = t.thread_idx().x; c < D; c += t.block_dim().x) {
+        float acc = 0.0f;
+        for (int64_t i = 0; i < n; ++i)
+          if (index[i] == v) acc += src[i * D + c];
+        table[v * D + c] = acc;
+      }
+  }
+};
+
 // table (V, D) += rows of src (n, D) at index (n) (accumulated). Indices were checked by the
 // front door (on the device, when deferred: a bad one is left out).
 void scatter_add_rows(float* table, int64_t V, int64_t D, const int32_t* index, int64_t n,
@@ -297,6 +317,19 @@ void scatter_add_rows(float* table, int64_t V, int64_t D, const int32_t* index, 
          ScatterPlaceKernel{index, counts, rank, n, V, chunks, order});
   launch("cuda::scatter_add_rows (add)", {row_blocks(V)}, {row_threads(D)}, 0,
          ScatterAddKernel{table, V, D, chunks, src, counts, order});
+}
+
+void scatter_sum_rows(float* table, int64_t V, int64_t D, const int32_t* index, int64_t n,
+                      const float* src) {
+  if (V * D == 0) return;
+  require("cuda::scatter_sum_rows");
+  constexpr int64_t kScanLimit = int64_t{1} << 20;  // V n: the index reads of the one pass
+  if (V * n > kScanLimit) {
+    fill_f32(table, 0.0f, V * D);
+    return scatter_add_rows(table, V, D, index, n, src);
+  }
+  launch("cuda::scatter_sum_rows", {row_blocks(V)}, {row_threads(D)}, 0,
+         ScatterSumScanKernel{table, V, D, src, index, n});
 }
 
 }  // namespace clustr::cuda

@@ -185,6 +185,9 @@ void cuda::gather_rows(const float*, int64_t, int64_t, const int32_t*, int64_t, 
 void cuda::scatter_add_rows(float*, int64_t, int64_t, const int32_t*, int64_t, const float*) {
   no_backend("cuda::scatter_add_rows");
 }
+void cuda::scatter_sum_rows(float*, int64_t, int64_t, const int32_t*, int64_t, const float*) {
+  no_backend("cuda::scatter_sum_rows");
+}
 void cuda::broadcast_to(const uint32_t*, const int64_t*, int, const int64_t*, uint32_t*) {
   no_backend("cuda::broadcast_to");
 }
