@@ -155,7 +155,6 @@ Variable slice(const Variable& x, int axis, int64_t start, int64_t length) {
   return attach(std::move(y), std::make_shared<SliceNode>(x.shape(), axis, start), {&x});
 }
 
-// xs[k] (..., len_k, ...) -> (..., sum_k len_k, ...).
 namespace {
 
 // Pieces laid side by side in one storage (Tensor::adjacent_rows: a layer's stacked weights)
@@ -169,6 +168,7 @@ Tensor concat_or_view(const std::vector<Tensor>& xs, int axis) {
 
 }  // namespace
 
+// xs[k] (..., len_k, ...) -> (..., sum_k len_k, ...).
 Variable concat(const std::vector<Variable>& xs, int axis) {
   std::vector<Tensor> data;
   data.reserve(xs.size());

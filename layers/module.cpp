@@ -73,16 +73,18 @@ void Module::to(Device device) {
     std::vector<Tensor> parts;
     for (size_t j : group) parts.push_back(params[j].second.data());
     const Tensor block = Tensor::adjacent_rows(parts);
-    if (block.defined() && block.device() != device) {
-      const Tensor to = block.to(device);
+    if (!block.defined()) {
+      group = {i};  // not a stack: each moves on its own
+    } else if (block.device() != device) {
+      const Tensor moved_block = block.to(device);
       int64_t row = 0;
       for (size_t j : group) {
         VariableImpl& v = *params[j].second.impl();
-        v.data = to.rows(row, row + v.data.size(0));
+        v.data = moved_block.rows(row, row + v.data.size(0));
         row += v.data.size(0);
       }
     }
-    for (size_t j : block.defined() ? group : std::vector<size_t>{i}) {
+    for (size_t j : group) {
       VariableImpl& v = *params[j].second.impl();
       if (v.data.device() != device) v.data = v.data.to(device);
       v.grad = Tensor();

@@ -72,8 +72,7 @@ Variable MultiHeadAttention::forward(const Variable& x, const Tensor& lengths, G
     return out_->forward(packed(merge_heads(attention(config, Q, Q, V, lengths, gen, training()))));
   }
   // One GEMM makes the three projections, [q | k | v] side by side in each token's row
-  // (B, N, 3D). Stacking the weights copies 3 D^2 floats per call, far less than the
-  // activations it saves passing over.
+  // (B, N, 3D), against the stacked weights (a view: see the constructor).
   const Variable w = concat({query_->weight(), key().weight(), value_->weight()}, 0);
   const Variable b = concat({query_->bias(), key().bias(), value_->bias()}, 0);
   const Variable qkv = unpacked(linear(x, w, b));

@@ -1,8 +1,10 @@
 // Multi-head self-attention: project x to queries, keys and values, split the width D into H
 // heads of E = D / H, run the attention kernel chosen by `config` (layers/attention/), merge the
-// heads and project back. With full attention the three projections are one GEMM with the
-// stacked weights, and the attention works on the heads where that GEMM leaves them
-// (full_attention_qkv): no permutes (docs/ARCHITECTURE.md, "Fused paths of the encoder layer").
+// heads and project back. The query, key and value weights (and biases) are stacked in one
+// storage, so the three projections are one GEMM against a view of them; full attention works
+// on the heads where that GEMM leaves them (full_attention_qkv: no permutes), the others split
+// the heads of all three with one permute (attention_stacked) (docs/ARCHITECTURE.md, "Fused
+// paths of the encoder layer").
 //
 // Legend: B batch, N positions, D model width, H heads, E = D / H per-head width.
 // Parameters (PyTorch's nn.MultiheadAttention in brackets, whose fused in_proj_weight (3D, D)

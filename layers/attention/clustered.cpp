@@ -187,17 +187,11 @@ class ClusteredAttentionNode : public Node {
  public:
   const char* name() const override { return "clustered_attention"; }
   std::vector<Tensor> backward(const Tensor& g) override {
-    Tensor stacked;
     ClusteredAttentionGrads into;
-    if (stacked_) {
-      stacked = Tensor::empty({3, K_.size(0), K_.size(1), K_.size(2), K_.size(3)}, DType::f32,
-                              K_.device());
-      const Stacked s = unstack(name(), stacked);
-      into = {s.q, s.k, s.v};
-    }
+    const Tensor stacked = stacked_ ? stacked_grads(name(), K_, into) : Tensor();
     ClusteredAttentionGrads d = clustered_attention_backward(g, K_, V_, lengths_, assignment_,
                                                              saved_, temperature_, into);
-    if (stacked_) return {std::move(stacked)};
+    if (stacked_) return {stacked};
     return {std::move(d.dQ), std::move(d.dK), std::move(d.dV)};
   }
   void release() override {
@@ -331,9 +325,7 @@ Variable clustered_attention_op(const std::vector<Variable>& inputs, const Tenso
                                 const ClusteredDropout& dropout) {
   ClusteredAttentionOutput r = clustered_attention_forward(
       Q, K, V, lengths, assignment, clusters, temperature, dropout, current_precision());
-  bool needed = false;
-  for (const Variable& x : inputs) needed = needed || record_needed({&x});
-  if (!needed) return Variable(std::move(r.out));
+  if (!any_record_needed(inputs)) return Variable(std::move(r.out));
   auto node = std::make_shared<ClusteredAttentionNode>();
   node->stacked_ = inputs.size() == 1;
   node->K_ = K;

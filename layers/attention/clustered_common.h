@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "autograd/node.h"
 #include "core/cpu/gemm.h"
 #include "core/cpu/gemm_bf16.h"
 #include "core/cpu/row_clones.h"
@@ -275,11 +276,6 @@ inline void softmax_backward_rows(const Dims& d, int64_t L, const float* w, floa
 
 using detail::check_f32;
 
-// Checks dtypes, devices, shapes, lengths (values in [0, S]), the assignment (values in
-// [-1, C)), C and the temperature against Q's shape (B, H, N, E); returns the sizes. Tensors on
-// the CUDA device are refused unless `cuda_ok` (the op has device kernels); their values are
-// checked on a host copy. Without `assignment_values` the assignment's values are not looked at
-// (a backward on the device that reuses its forward's grouping of the same, checked, assignment).
 // Names the first value of assignment (B, H, N) outside [-1, C) (a host copy of a device one).
 inline void check_assignment_values(const char* op, const Tensor& assignment, const Dims& d) {
   std::vector<int32_t> copy;
@@ -290,6 +286,12 @@ inline void check_assignment_values(const char* op, const Tensor& assignment, co
                  d.C, ") (-1 marks a padded query)");
 }
 
+// Checks dtypes, devices, shapes, lengths (values in [0, S]), the assignment (values in
+// [-1, C)), C and the temperature against Q's shape (B, H, N, E); returns the sizes. Tensors on
+// the CUDA device are refused unless `cuda_ok` (the op has device kernels); a device
+// assignment's values are checked by device_params' grouping (below). Without
+// `assignment_values` the assignment's values are not looked at (a backward on the device that
+// reuses its forward's grouping of the same, checked, assignment).
 inline Dims check_inputs(const char* op, const Shape& q_shape, const Tensor& K, const Tensor& V,
                   const Tensor& lengths, const Tensor& assignment, int64_t clusters,
                   float temperature, bool cuda_ok = false, bool assignment_values = true) {
@@ -371,6 +373,24 @@ inline Stacked unstack(const char* op, const Tensor& qkv) {
                qkv.defined() ? describe(qkv) : "undefined");
   const Shape s{qkv.size(1), qkv.size(2), qkv.size(3), qkv.size(4)};
   return {qkv.rows(0, 1).reshape(s), qkv.rows(1, 2).reshape(s), qkv.rows(2, 3).reshape(s)};
+}
+
+// A gradient for QKV stacked (3, B, H, N, E), Q of shape (B, H, N, E) like `q`: the tensor, and
+// its slices as the `into` of a backward (ClusteredAttentionGrads or its improved twin).
+template <class Grads>
+Tensor stacked_grads(const char* op, const Tensor& q, Grads& into) {
+  Tensor g = Tensor::empty({3, q.size(0), q.size(1), q.size(2), q.size(3)}, DType::f32,
+                           q.device());
+  const Stacked s = unstack(op, g);
+  into = {s.q, s.k, s.v};
+  return g;
+}
+
+// Whether a node is needed for any of `inputs` (record_needed over a vector).
+inline bool any_record_needed(const std::vector<Variable>& inputs) {
+  for (const Variable& x : inputs)
+    if (record_needed({&x})) return true;
+  return false;
 }
 
 // A backward's gradient for `like`: `into` when defined (of like's shape, on its device: the

@@ -36,17 +36,11 @@ class ImprovedClusteredAttentionNode : public Node {
  public:
   const char* name() const override { return "improved_clustered_attention"; }
   std::vector<Tensor> backward(const Tensor& g) override {
-    Tensor stacked;
     ImprovedClusteredAttentionGrads into;
-    if (stacked_) {
-      stacked = Tensor::empty({3, Q_.size(0), Q_.size(1), Q_.size(2), Q_.size(3)}, DType::f32,
-                              Q_.device());
-      const Stacked s = unstack(name(), stacked);
-      into = {s.q, s.k, s.v};
-    }
+    const Tensor stacked = stacked_ ? stacked_grads(name(), Q_, into) : Tensor();
     ImprovedClusteredAttentionGrads d = improved_clustered_attention_backward(
         g, Q_, K_, V_, lengths_, assignment_, saved_, temperature_, into);
-    if (stacked_) return {std::move(stacked)};
+    if (stacked_) return {stacked};
     return {std::move(d.dQ), std::move(d.dK), std::move(d.dV)};
   }
   void release() override {
@@ -182,9 +176,7 @@ Variable improved_clustered_attention_op(const std::vector<Variable>& inputs, co
                                          float temperature, const ClusteredDropout& dropout) {
   ImprovedClusteredAttentionOutput r = improved_clustered_attention_forward(
       Q, K, V, lengths, assignment, clusters, topk, temperature, dropout, current_precision());
-  bool needed = false;
-  for (const Variable& x : inputs) needed = needed || record_needed({&x});
-  if (!needed) return Variable(std::move(r.out));
+  if (!any_record_needed(inputs)) return Variable(std::move(r.out));
   auto node = std::make_shared<ImprovedClusteredAttentionNode>();
   node->stacked_ = inputs.size() == 1;
   node->Q_ = Q;

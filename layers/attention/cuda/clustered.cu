@@ -133,40 +133,37 @@ struct CountMembersKernel {
   }
 };
 
-// start[p (C + 1) + j] = the members of pair p's clusters before j: a thread per pair.
-struct MemberStartKernel {
-  static constexpr bool kUsesBarrier = false;
-  const int32_t* count;
-  int32_t* start;
-  int64_t C, pairs;
-  CLUSTR_DEVICE void operator()(const Thread& t) const {
-    for (int64_t p = global_x(t); p < pairs; p += grid_stride_x(t)) {
-      int32_t acc = 0;
-      for (int64_t j = 0; j < C; ++j) {
-        start[p * (C + 1) + j] = acc;
-        acc += count[p * C + j];
-      }
-      start[p * (C + 1) + C] = acc;
-    }
-  }
+struct AddInt {
+  CLUSTR_HD int operator()(int a, int b) const { return a + b; }
 };
 
-// order: one CUDA block per (pair p, cluster j) = block p C + j. Each thread owns a contiguous
-// span of the pair's queries and writes the members of j among them at start + the members in
-// the spans before its own, so the members come in query order. Shared: block_dim ints.
+// order and start: one CUDA block per (pair p, cluster j) = block p C + j. The block adds the
+// counts of the pair's clusters before j (start[p (C + 1) + j], which it writes, and the last
+// cluster's block the pair's total too); each thread owns a contiguous span of the pair's
+// queries and writes the members of j among them at start + the members in the spans before
+// its own, so the members come in query order. Shared: block_dim ints.
 struct MemberOrderKernel {
   static constexpr bool kUsesBarrier = true;
   const int32_t* a;
-  const int32_t* start;
+  const int32_t* count;
+  int32_t* start;
   int32_t* order;
   int64_t N, C;
   CLUSTR_DEVICE void operator()(const Thread& t) const {
     const int64_t p = t.block_idx().x / C, j = t.block_idx().x % C;
+    int* scratch = t.shared<int>();
+    int before = 0;
+    for (int64_t c = t.thread_idx().x; c < j; c += t.block_dim().x) before += count[p * C + c];
+    const int base = block_reduce(t, before, scratch, AddInt{});  // integers: exact
+    if (t.thread_idx().x == 0) {
+      start[p * (C + 1) + j] = base;
+      if (j == C - 1) start[p * (C + 1) + C] = base + count[p * C + j];
+    }
     const int32_t* ap = a + p * N;
     const auto [i0, i1] = block_span(t, N);
     int n = 0;
     for (int64_t i = i0; i < i1; ++i) n += ap[i] == j;
-    int64_t at = start[p * (C + 1) + j] + block_exclusive_sum(t, n, t.shared<int>());
+    int64_t at = base + block_exclusive_sum(t, n, scratch);
     for (int64_t i = i0; i < i1; ++i)
       if (ap[i] == j) order[p * N + at++] = static_cast<int32_t>(i);
   }
@@ -184,11 +181,9 @@ void group_members(const ClusteredDims& d, const int32_t* assignment, int32_t* c
   if (BH == 0) return;
   launch("cuda::group_members (counts)", {elementwise_blocks(total)}, {kElementwiseThreads}, 0,
          CountMembersKernel{assignment, count, outside, order, d.N, d.C, total});
-  launch("cuda::group_members (starts)", {elementwise_blocks(BH)}, {kElementwiseThreads}, 0,
-         MemberStartKernel{count, start, d.C, BH});
   const unsigned threads = row_threads(d.N);
   launch("cuda::group_members (order)", {grid_of(BH * d.C)}, {threads}, threads * sizeof(int),
-         MemberOrderKernel{assignment, start, order, d.N, d.C});
+         MemberOrderKernel{assignment, count, start, order, d.N, d.C});
 }
 
 }  // namespace clustr::cuda
