@@ -32,6 +32,8 @@
 //    element of dK and dV to one thread: no float atomics, results independent of timing.
 #include "layers/attention/cuda/improved_clustered.h"
 
+#include <algorithm>
+
 #include "layers/attention/cuda/clustered_kernels.h"
 
 namespace clustr::cuda {
@@ -538,23 +540,22 @@ void improved_clustered_attention_forward(const ClusteredDims& d, const Clustere
   // eq. 4-5: Qc; eq. 3: Ac = softmax(t Qc K^T + mask) (no dropout: T_j and m_j see Ac itself)
   centroid_logits("cuda::improved_clustered_attention_forward (centroids)", d, p, Q, K,
                   centroids, weights);
+  // Then per cluster row, in one launch: its softmax; eq. 9-10: T_j, m_j; and for eq. 11's
+  // second term, acr = Ac with T_j zeroed (and the cluster's mask).
   const unsigned threads = row_threads(S);
-  if (S > 0)
-    launch("cuda::improved_clustered_attention_forward (weights)", {grid_of(BH * C)},
-           {threads}, threads * sizeof(double),
-           WeightsRowsKernel{weights, nullptr, p.count, p.lengths, H, C, S, Dropout{}});
-  else
+  if (S > 0) {
+    const size_t shared = std::max(threads * sizeof(double),
+                                   (threads + 256) * sizeof(int) + 2 * sizeof(int64_t));
+    launch("cuda::improved_clustered_attention_forward (weights, top-k, remainder)",
+           {grid_of(BH * C)}, {threads}, shared,
+           InTurn<WeightsRowsKernel, InTurn<TopkKernel, RemainderKernel>>{
+               {weights, nullptr, p.count, p.lengths, H, C, S, Dropout{}},
+               {{weights, p.count, p.lengths, tk, mass, H, C, S, topk, kw},
+                {weights, tk, p.lengths, acr, nullptr, H, C, S, kw, drop}}});
+  } else {
     fill_f32(mass, 0.0f, BH * C);
-  // eq. 9-10: T_j, m_j
-  if (S > 0)
-    launch("cuda::improved_clustered_attention_forward (top-k)", {grid_of(BH * C)}, {threads},
-           (threads + 256) * sizeof(int) + 2 * sizeof(int64_t),
-           TopkKernel{weights, p.count, p.lengths, tk, mass, H, C, S, topk, kw});
-  // eq. 11, second term once per cluster: rc = (Ac with T_j zeroed, cluster mask) V
-  if (S > 0)
-    launch("cuda::improved_clustered_attention_forward (remainder)", {grid_of(BH * C)},
-           {threads}, 0,
-           RemainderKernel{weights, tk, p.lengths, acr, nullptr, H, C, S, kw, drop});
+  }
+  // rc = acr V
   for_each_sequence(d, p, [&](int64_t b0, int64_t nb, int64_t L) {
     product(p.bf16, false, false, C, M, L, 1.0f, acr + b0 * H * C * S, S, C * S,
             V + b0 * H * S * M, M, S * M, rc + b0 * H * C * M, M, C * M, nb * H);
@@ -618,13 +619,12 @@ void improved_clustered_attention_backward(const ClusteredDims& d, const Cluster
          32 * kKeyWarps * sizeof(int32_t),
          KeyGradKernel{dkt, dvt, tk, p.count, p.lengths, dK, dV, key_rows, H, S, E, M, C, kw});
   // dm_j onto the T_j columns of dAc, then the softmax backward of eq. 3
-  if (S > 0) {
-    launch("cuda::improved_clustered_attention_backward (mass)", {grid_of(BH * C)}, {threads},
-           sizeof(float), MassGradKernel{rowdot, tk, p.start, p.order, ds, N, C, S, kw});
-    launch("cuda::improved_clustered_attention_backward (rows)", {grid_of(BH * C)}, {threads},
-           threads * sizeof(double),
-           BackwardRowsKernel{weights, ds, nullptr, p.lengths, H, C, S, Dropout{}});
-  }
+  if (S > 0)
+    launch("cuda::improved_clustered_attention_backward (mass, rows)", {grid_of(BH * C)},
+           {threads}, threads * sizeof(double),
+           InTurn<MassGradKernel, BackwardRowsKernel>{
+               {rowdot, tk, p.start, p.order, ds, N, C, S, kw},
+               {weights, ds, nullptr, p.lengths, H, C, S, Dropout{}}});
   // Through the centroids (eq. 4-5): dK += t dzc^T Qc, dQc = t dzc K, dQ_i += dQc_j / |j|
   for_each_sequence(d, p, [&](int64_t b0, int64_t nb, int64_t L) {
     const int64_t bc = b0 * H * C, batch = nb * H;
