@@ -26,6 +26,7 @@
 //                          t.sync(), so no warp shuffles are needed)
 //   block_exclusive_sum(t, v, scratch) the sum of v over the threads before this one
 //   block_span(t, n)       this thread's contiguous share [begin, end) of n items
+//   InTurn<A, B>{a, b}     a kernel running a then b, a barrier between (two launches in one)
 //   t.shfl_xor(v, m)       __shfl_xor_sync over the full warp: the value v (a float or an
 //                          integer of 4 or 8 bytes) of lane (lane ^ m)
 //                          of this thread's warp (lanes: 32 consecutive threads of the block);
@@ -256,6 +257,23 @@ CLUSTR_DEVICE T block_reduce(const Thread& t, T v, T* scratch, Op op) {
   t.sync();  // every thread has read the result before the scratch is reused
   return r;
 }
+
+// Two kernels in one launch, in turn: for kernels that give each block its own share of the
+// work (the same grid and block for both; e.g. block b the row b), where block b's share in
+// the second reads only what block b wrote in the first, so that a barrier between them is all
+// the ordering they need. Its shared memory is the larger of the two's (each starts at offset
+// 0). Nest them for three.
+template <class First, class Second>
+struct InTurn {
+  static constexpr bool kUsesBarrier = true;
+  First first;
+  Second second;
+  CLUSTR_DEVICE void operator()(const Thread& t) const {
+    first(t);
+    t.sync();  // the first's writes (global and shared) seen, its shared memory free
+    second(t);
+  }
+};
 
 // The sum of v over the threads before this one in a 1-D block (an exclusive prefix sum in
 // thread order), returned to every thread. scratch holds block_dim().x ints. Thread 0 adds the

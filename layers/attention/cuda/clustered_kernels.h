@@ -57,22 +57,6 @@ struct MemberSumKernel {
   }
 };
 
-// Two row kernels in one launch: each gives CUDA block b row b (they need the same grid and
-// block), and b's row in the second reads only what the first wrote for that row, so a barrier
-// between them is all the ordering they need. Its shared memory is the larger of the two's
-// (each starts at offset 0). Nest them for three.
-template <class First, class Second>
-struct InTurn {
-  static constexpr bool kUsesBarrier = true;
-  First first;
-  Second second;
-  CLUSTR_DEVICE void operator()(const Thread& t) const {
-    first(t);
-    t.sync();  // the first's writes (global and shared) seen, its shared memory free
-    second(t);
-  }
-};
-
 // eq. 3 row by row, one CUDA block per row (pair bh, cluster j) = block bh C + j: the first L columns of ac (B, H, C,
 // S) hold t Qc K^T and become softmax over them, the rest 0; rows of empty clusters, and all
 // rows when L = 0, are 0. With dropout, ad = Ac D / (1 - p) on the first L columns.

@@ -488,12 +488,18 @@ void cluster_hash(const ClusteringDims& d, const float* Q, const float* planes,
   const int64_t chunks = (d.N + kHashChunk - 1) / kHashChunk;
   Scratch<float> lo(BH * chunks * d.bits), hi(BH * chunks * d.bits);
   const unsigned blocks = static_cast<unsigned>(BH * chunks);
-  launch("cuda::cluster_hash (ranges)", {blocks}, {kHashChunk},
-         size_t(d.bits) * kHashChunk * sizeof(float),
-         RangeKernel{Q, planes, lengths, lo.get(), hi.get(), d.H, d.N, d.E, chunks, d.bits});
+  const RangeKernel ranges{Q, planes, lengths, lo.get(), hi.get(), d.H, d.N, d.E, chunks, d.bits};
+  const CodeKernel code{Q, planes, lengths, lo.get(), hi.get(), codes, d.H, d.N, d.E,
+                        chunks, d.bits, seed, threshold_base};
+  const size_t range_shared = size_t(d.bits) * kHashChunk * sizeof(float);
+  if (chunks == 1) {  // each pair's ranges from its own block: both in one launch
+    launch("cuda::cluster_hash (ranges, codes)", {blocks}, {kHashChunk}, range_shared,
+           InTurn<RangeKernel, CodeKernel>{ranges, code});
+    return;
+  }
+  launch("cuda::cluster_hash (ranges)", {blocks}, {kHashChunk}, range_shared, ranges);
   launch("cuda::cluster_hash (codes)", {blocks}, {kHashChunk}, size_t(d.bits) * sizeof(float),
-         CodeKernel{Q, planes, lengths, lo.get(), hi.get(), codes, d.H, d.N, d.E, chunks, d.bits,
-                    seed, threshold_base});
+         code);
 }
 
 void cluster_seed(const ClusteringDims& d, const uint64_t* codes, const int32_t* lengths,
