@@ -347,8 +347,8 @@ TEST_CASE("cuda clustering: past one block's chunk of queries, Lloyd's rounds ru
 }
 
 TEST_CASE("cuda clustering: the launches do not grow with B, H or N") {
-  // Hashing 1 (a pair's queries in one chunk of 128) or 2 (past it), seeding 1, Lloyd 1 (a
-  // pair's queries in one block) or 2 a round (past it).
+  // Hashing 1 (a pair's queries in one chunk of 128) or 2 (past it); seeding and Lloyd 1 (a
+  // pair's queries in one block of 1024), or seeding 1 and Lloyd 2 a round (past it).
   auto launches = [](int64_t B, int64_t H, int64_t N, int iterations) {
     const Tensor Q = random_tensor({B, H, N, 4}, 31).to(Device::cuda);
     clustr::Generator g(5);
@@ -358,10 +358,10 @@ TEST_CASE("cuda clustering: the launches do not grow with B, H or N") {
     CHECK(after.blas == before.blas);
     return after.kernels - before.kernels;
   };
-  CHECK(launches(1, 1, 50, 10) == 3);
-  CHECK(launches(3, 2, 128, 10) == 3);
-  CHECK(launches(1, 1, 129, 10) == 4);
-  CHECK(launches(3, 2, 700, 10) == 4);
+  CHECK(launches(1, 1, 50, 10) == 2);
+  CHECK(launches(3, 2, 128, 10) == 2);
+  CHECK(launches(1, 1, 129, 10) == 3);
+  CHECK(launches(3, 2, 1024, 10) == 3);
   CHECK(launches(1, 1, 1100, 10) == launches(2, 2, 2100, 10));
   CHECK(launches(1, 1, 1100, 10) <= 3 + 2 * 11);
 }

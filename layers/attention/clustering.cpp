@@ -447,12 +447,11 @@ Clustering cluster_queries_cuda(const Tensor& Q, const Tensor& lengths, const Si
   Tensor seeds_holder = Tensor::empty({2 * BH * s.C + 2}, DType::i32, dev);
   uint64_t* seeds_dev = static_cast<uint64_t*>(seeds_holder.raw());
   const Tensor active = Tensor::empty({BH}, DType::i32, dev);
-  cuda::cluster_seed(d, codes_dev, len_dev, r.seed, r.seed_base, seeds_dev, active.i32());
   Clustering out;
   out.assignment = Tensor::empty({s.B, s.H, s.N}, DType::i32, dev);
   out.counts = Tensor::empty({s.B, s.H, s.C}, DType::i32, dev);
-  cuda::cluster_lloyd(d, codes_dev, len_dev, active.i32(), seeds_dev, out.assignment.i32(),
-                      out.counts.i32());
+  cuda::cluster_seed_lloyd(d, codes_dev, len_dev, r.seed, r.seed_base, seeds_dev, active.i32(),
+                           out.assignment.i32(), out.counts.i32());
   return out;
 }
 

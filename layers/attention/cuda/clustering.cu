@@ -36,6 +36,7 @@
 // is the CPU's.
 #include "layers/attention/cuda/clustering.h"
 
+#include <algorithm>
 #include <cstdint>
 
 #include "core/cuda/cuda.h"
@@ -502,6 +503,10 @@ void cluster_hash(const ClusteringDims& d, const float* Q, const float* planes,
          code);
 }
 
+namespace {
+constexpr size_t kSeedShared = 32 * sizeof(uint64_t) + sizeof(SeedKernel::Pick);
+}  // namespace
+
 void cluster_seed(const ClusteringDims& d, const uint64_t* codes, const int32_t* lengths,
                   uint64_t seed, PhiloxOffset seed_base, uint64_t* centroids, int32_t* active) {
   const int64_t BH = d.B * d.H;
@@ -511,10 +516,46 @@ void cluster_seed(const ClusteringDims& d, const uint64_t* codes, const int32_t*
   // A thread per two queries or more, from one warp to 32.
   unsigned threads = 32;
   while (threads < 1024 && threads * 4 <= d.N) threads *= 2;
-  launch("cuda::cluster_seed", {static_cast<unsigned>(BH)}, {threads},
-         32 * sizeof(uint64_t) + sizeof(SeedKernel::Pick),
+  launch("cuda::cluster_seed", {static_cast<unsigned>(BH)}, {threads}, kSeedShared,
          SeedKernel{codes, lengths, dist.get(), centroids, active, d.H, d.N, d.C, seed,
                     seed_base});
+}
+
+namespace {
+
+// The shared memory of a Lloyd block and the centroids' tile that fits beside it.
+struct LloydShared {
+  int tile;
+  size_t bytes;
+};
+LloydShared lloyd_shared(const ClusteringDims& d) {
+  const size_t reserved = kLloydThreads * sizeof(int64_t) + size_t(d.C) * sizeof(uint64_t);
+  const int tile = tally_tile(d.C, d.bits, reserved);
+  return {tile, reserved + size_t(tile) * (d.bits + 1) * sizeof(int32_t)};
+}
+
+}  // namespace
+
+void cluster_seed_lloyd(const ClusteringDims& d, const uint64_t* codes, const int32_t* lengths,
+                        uint64_t seed, PhiloxOffset seed_base, uint64_t* centroids,
+                        int32_t* active, int32_t* assignment, int32_t* counts) {
+  const int64_t BH = d.B * d.H;
+  if (BH == 0) return;
+  if (d.N > kLloydChunk) {
+    cluster_seed(d, codes, lengths, seed, seed_base, centroids, active);
+    return cluster_lloyd(d, codes, lengths, active, centroids, assignment, counts);
+  }
+  // Each pair's queries in one block for both: the seeding (its draws integer sums, the same at
+  // any block size) on the Lloyd block's threads, then every round, in one launch.
+  require("cuda::cluster_seed_lloyd");
+  Scratch<int32_t> dist(BH * d.N > 0 ? BH * d.N : 1);
+  const LloydShared sh = lloyd_shared(d);
+  launch("cuda::cluster_seed_lloyd", {static_cast<unsigned>(BH)}, {kLloydThreads},
+         std::max(kSeedShared, sh.bytes),
+         InTurn<SeedKernel, LloydKernel>{
+             {codes, lengths, dist.get(), centroids, active, d.H, d.N, d.C, seed, seed_base},
+             {codes, lengths, active, centroids, assignment, counts, d.H, d.N, d.C, d.bits,
+              d.iterations, sh.tile}});
 }
 
 void cluster_lloyd(const ClusteringDims& d, const uint64_t* codes, const int32_t* lengths,
@@ -523,9 +564,9 @@ void cluster_lloyd(const ClusteringDims& d, const uint64_t* codes, const int32_t
   const int64_t BH = d.B * d.H;
   if (BH == 0) return;
   require("cuda::cluster_lloyd");
-  const size_t reserved = kLloydThreads * sizeof(int64_t) + size_t(d.C) * sizeof(uint64_t);
-  const int tile = tally_tile(d.C, d.bits, reserved);
-  const size_t shared = reserved + size_t(tile) * (d.bits + 1) * sizeof(int32_t);
+  const LloydShared lsh = lloyd_shared(d);
+  const int tile = lsh.tile;
+  const size_t shared = lsh.bytes;
   if (d.N <= kLloydChunk) {  // each pair's queries in one block: every round in one launch
     launch("cuda::cluster_lloyd", {static_cast<unsigned>(BH)}, {kLloydThreads}, shared,
            LloydKernel{codes, lengths, active, centroids, assignment, counts, d.H, d.N, d.C,

@@ -41,5 +41,10 @@ void cluster_seed(const ClusteringDims& d, const uint64_t* codes, const int32_t*
 void cluster_lloyd(const ClusteringDims& d, const uint64_t* codes, const int32_t* lengths,
                    const int32_t* active, uint64_t* centroids, int32_t* assignment,
                    int32_t* counts);
+// cluster_seed then cluster_lloyd, the same results; in one launch where a pair's queries fit
+// one Lloyd block (N <= 1024).
+void cluster_seed_lloyd(const ClusteringDims& d, const uint64_t* codes, const int32_t* lengths,
+                        uint64_t seed, PhiloxOffset seed_base, uint64_t* centroids,
+                        int32_t* active, int32_t* assignment, int32_t* counts);
 
 }  // namespace clustr::cuda

@@ -69,6 +69,10 @@ void cuda::cluster_lloyd(const ClusteringDims&, const uint64_t*, const int32_t*,
                          uint64_t*, int32_t*, int32_t*) {
   no_backend("cuda::cluster_lloyd");
 }
+void cuda::cluster_seed_lloyd(const ClusteringDims&, const uint64_t*, const int32_t*, uint64_t,
+                              PhiloxOffset, uint64_t*, int32_t*, int32_t*, int32_t*) {
+  no_backend("cuda::cluster_seed_lloyd");
+}
 
 // cuda/clustered.h
 int64_t cuda::clustered_attention_forward_workspace(const ClusteredDims&, const ClusteredParams&) {
