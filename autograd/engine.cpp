@@ -37,16 +37,19 @@ void accumulate_leaf(VariableImpl& leaf, Tensor g, bool exclusive = false) {
 
 // Which of a node's gradients are disjoint row blocks of one storage that nothing else uses
 // (concat's along axis 0: the parts of one gradient, handed to the stacked parameters it was
-// made of). Each may be taken over by its leaf: writes to one never reach another.
+// made of). Each may be taken over by its leaf: writes to one never reach another. Empty when
+// none is (most nodes: nothing is allocated for them).
 std::vector<bool> exclusive_parts(const std::vector<Tensor>& grads) {
-  std::vector<bool> exclusive(grads.size(), false);
-  std::vector<bool> grouped(grads.size(), false);
+  std::vector<bool> exclusive;
   for (size_t i = 0; i < grads.size(); ++i) {
-    if (grouped[i] || !grads[i].defined()) continue;
+    if (!grads[i].defined()) continue;
+    bool seen = false;  // a group is looked at from its first member
+    for (size_t j = 0; j < i && !seen; ++j)
+      seen = grads[j].defined() && grads[j].shares_storage(grads[i]);
+    if (seen) continue;
     std::vector<size_t> group{i};
     for (size_t j = i + 1; j < grads.size(); ++j)
       if (grads[j].defined() && grads[j].shares_storage(grads[i])) group.push_back(j);
-    for (size_t j : group) grouped[j] = true;
     if (group.size() < 2) continue;
     std::vector<const Tensor*> parts;
     for (size_t j : group) parts.push_back(&grads[j]);
@@ -54,6 +57,7 @@ std::vector<bool> exclusive_parts(const std::vector<Tensor>& grads) {
     std::vector<Tensor> blocks;
     for (size_t j : group) blocks.push_back(grads[j]);
     if (!Tensor::adjacent_rows(blocks).defined()) continue;
+    exclusive.resize(grads.size(), false);
     for (size_t j : group) exclusive[j] = true;
   }
   return exclusive;
@@ -115,7 +119,7 @@ void run_backward(const Variable& root, const Tensor& grad) {
       Tensor& gi = grads[i];
       if (e.leaf && gi.defined()) {
         check_grad_shape(gi, e.leaf->data.shape(), n->name(), i);
-        accumulate_leaf(*e.leaf, std::move(gi), exclusive[i]);
+        accumulate_leaf(*e.leaf, std::move(gi), i < exclusive.size() && exclusive[i]);
       }
       if (!e.node) continue;
       if (gi.defined()) {

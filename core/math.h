@@ -174,7 +174,7 @@ CLUSTR_HD float erfc(float x) {
   const float tail = t * scaled(r, rounding, ma);
   // Near 0 the fit's terms cancel to e^P with P near 0, a few ulp off erfc ~ 1: there
   // 1 - erf(z), erf from its Taylor series to z^13 (below an ulp for z <= 0.5).
-  const float s = z * z;
+  const float s = -hi;  // z^2
   float q = -1.0f / 9360.0f;
   q = ma(q, s, 1.0f / 1320.0f);
   q = ma(q, s, -1.0f / 216.0f);

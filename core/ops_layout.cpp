@@ -159,14 +159,14 @@ Tensor scatter_sum_rows(int64_t V, const Tensor& index, const Tensor& src) {
                "(..., D), got V = ", V, " and src ",
                src.defined() ? describe(src) : std::string("undefined"));
   const int64_t D = src.shape().back();
-  if (!on_cuda(src)) {
-    Tensor table = Tensor::zeros({V, D});
-    scatter_add_rows_(table, index, src);
-    return table;
-  }
-  Tensor table = Tensor::empty({V, D}, DType::f32, src.device());
+  // The device writes every row (0 where no index points); the cpu adds into zeros.
+  Tensor table = on_cuda(src) ? Tensor::empty({V, D}, DType::f32, src.device())
+                              : Tensor::zeros({V, D});
   check_scatter(op, table, index, src);
-  cuda::scatter_sum_rows(table.f32(), V, D, index.i32(), index.numel(), src.f32());
+  if (on_cuda(src))
+    cuda::scatter_sum_rows(table.f32(), V, D, index.i32(), index.numel(), src.f32());
+  else if (src.numel() > 0)
+    cpu::scatter_add_rows(table.f32(), V, D, index.i32(), index.numel(), src.f32());
   return table;
 }
 

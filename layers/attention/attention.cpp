@@ -119,19 +119,16 @@ Variable attention_stacked(const AttentionConfig& config, const Variable& QKV,
                            const Tensor& lengths, Generator& gen, bool training,
                            float temperature) {
   config.validate();
-  const Tensor& qkv = QKV.data();
-  CLUSTR_CHECK(qkv.rank() == 5 && qkv.size(0) == 3, "attention_stacked: expected queries, keys ",
-               "and values stacked as (3, B, H, N, E), got ", describe(qkv));
-  const Shape s{qkv.size(1), qkv.size(2), qkv.size(3), qkv.size(4)};
+  const clustered_detail::Stacked parts =
+      clustered_detail::unstack("attention_stacked", QKV.data());
   if (config.type != AttentionType::clustered &&
       config.type != AttentionType::improved_clustered) {  // the three slices as separate inputs
-    auto part = [&](int64_t i) { return reshape(slice(QKV, 0, i, 1), s); };
+    auto part = [&](int64_t i) { return reshape(slice(QKV, 0, i, 1), parts.q.shape()); };
     const Variable Q = part(0);
     return attention(config, Q, shares_query_key(config.type) ? Q : part(1), part(2), lengths,
                      gen, training, temperature);
   }
-  const Tensor q = qkv.rows(0, 1).reshape(s), k = qkv.rows(1, 2).reshape(s);
-  return clustered_types(config, q, k, lengths, gen, training,
+  return clustered_types(config, parts.q, parts.k, lengths, gen, training,
                          [&](const Tensor& assignment, const ClusteredDropout& dropout) {
                            if (config.type == AttentionType::improved_clustered)
                              return improved_clustered_attention(QKV, lengths, assignment,

@@ -427,12 +427,11 @@ inline void device_params(const char* op, const Dims& d, const Tensor& lengths,
     r.count = counts.rows(0, BH * d.C).reshape({d.B, d.H, d.C});
     r.start = Tensor::empty({BH * (d.C + 1)}, DType::i32, Device::cuda);
     r.order = Tensor::empty({BH * d.N}, DType::i32, Device::cuda);
-    int32_t* outside = counts.i32() + BH * d.C;
-    cuda::group_members({d.B, d.H, d.N, d.S, d.E, d.M, d.C}, assignment.i32(), r.count.i32(),
-                        outside, r.start.i32(), r.order.i32());
+    cuda::group_members({d.B, d.H, d.N, d.S, d.E, d.M, d.C}, assignment.i32(), counts.i32(),
+                        r.start.i32(), r.order.i32());
     if (!cuda::deferring_checks()) {
       int32_t bad = 0;
-      cuda::copy_d2h(&bad, outside, sizeof bad);
+      cuda::copy_d2h(&bad, counts.i32() + BH * d.C, sizeof bad);
       if (bad > 0) check_assignment_values(op, assignment, d);
     }
   }

@@ -172,11 +172,10 @@ struct MemberOrderKernel {
 }  // namespace
 
 void group_members(const ClusteredDims& d, const int32_t* assignment, int32_t* count,
-                   int32_t* outside, int32_t* start, int32_t* order) {
+                   int32_t* start, int32_t* order) {
   const int64_t BH = d.B * d.H, total = BH * d.N;
   require("cuda::group_members");
-  CLUSTR_CHECK(outside == count + BH * d.C, "cuda::group_members: the outside count must follow "
-               "the B H C counts");
+  int32_t* const outside = count + BH * d.C;
   fill_i32(count, 0, BH * d.C + 1);
   if (BH == 0) return;
   launch("cuda::group_members (counts)", {elementwise_blocks(total)}, {kElementwiseThreads}, 0,

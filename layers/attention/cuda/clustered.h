@@ -54,10 +54,10 @@ void clustered_attention_backward(const ClusteredDims& d, const ClusteredParams&
 
 // The members of each cluster from a device assignment (B, H, N), values in [-1, C): count (B, H,
 // C), start (B, H, C + 1) and order (B, H, N) as above (=; order's entries past the valid
-// queries are 0), the same arrays as clustered_common.h's group() makes on the CPU. Values
-// outside [-1, C) are in no cluster, and their number is written to *outside (= ; one int32
-// right after count's B H C, so that one fill zeroes both).
+// queries are 0), the same arrays as clustered_common.h's group() makes on the CPU. count
+// holds B H C + 1 ints: the last (=) is the number of values outside [-1, C), which are in no
+// cluster (one fill zeroes both).
 void group_members(const ClusteredDims& d, const int32_t* assignment, int32_t* count,
-                   int32_t* outside, int32_t* start, int32_t* order);
+                   int32_t* start, int32_t* order);
 
 }  // namespace clustr::cuda

@@ -564,13 +564,11 @@ void cluster_lloyd(const ClusteringDims& d, const uint64_t* codes, const int32_t
   const int64_t BH = d.B * d.H;
   if (BH == 0) return;
   require("cuda::cluster_lloyd");
-  const LloydShared lsh = lloyd_shared(d);
-  const int tile = lsh.tile;
-  const size_t shared = lsh.bytes;
+  const LloydShared sh = lloyd_shared(d);
   if (d.N <= kLloydChunk) {  // each pair's queries in one block: every round in one launch
-    launch("cuda::cluster_lloyd", {static_cast<unsigned>(BH)}, {kLloydThreads}, shared,
+    launch("cuda::cluster_lloyd", {static_cast<unsigned>(BH)}, {kLloydThreads}, sh.bytes,
            LloydKernel{codes, lengths, active, centroids, assignment, counts, d.H, d.N, d.C,
-                       d.bits, d.iterations, tile});
+                       d.bits, d.iterations, sh.tile});
     return;
   }
   const int64_t chunks = (d.N + kLloydChunk - 1) / kLloydChunk;
@@ -578,9 +576,9 @@ void cluster_lloyd(const ClusteringDims& d, const uint64_t* codes, const int32_t
   Scratch<int32_t> tallies(BH * chunks * d.C * (d.bits + 1)), state(BH);
   for (int round = 0; round <= d.iterations; ++round) {
     launch("cuda::cluster_lloyd (assign)", {static_cast<unsigned>(BH * chunks)}, {kLloydThreads},
-           shared,
+           sh.bytes,
            AssignKernel{codes, lengths, active, centroids, assignment, state.get(), changed.get(),
-                        tallies.get(), d.H, d.N, chunks, d.C, d.bits, tile, round});
+                        tallies.get(), d.H, d.N, chunks, d.C, d.bits, sh.tile, round});
     launch("cuda::cluster_lloyd (vote)", {static_cast<unsigned>(BH)}, {kLloydThreads},
            kLloydThreads * sizeof(int64_t),
            VoteKernel{lengths, active, centroids, counts, state.get(), changed.get(),

@@ -91,8 +91,7 @@ void cuda::clustered_attention_backward(const ClusteredDims&, const ClusteredPar
   no_backend("cuda::clustered_attention_backward");
 }
 
-void cuda::group_members(const ClusteredDims&, const int32_t*, int32_t*, int32_t*, int32_t*,
-                         int32_t*) {
+void cuda::group_members(const ClusteredDims&, const int32_t*, int32_t*, int32_t*, int32_t*) {
   no_backend("cuda::group_members");
 }
 
