@@ -2,7 +2,9 @@
 // edges lead into it; then it runs nodes in an order where each runs only after every node
 // that feeds it a gradient (a topological order, found with explicit stacks: no recursion, so
 // graph depth is unlimited). Gradients meeting at a node are summed (in place when nothing
-// else uses the partial sum); gradients reaching a leaf are accumulated into leaf.grad (+=).
+// else uses the partial sum; where the node making a later one can add it into the sum as it
+// computes it, it is offered the sum: Node::backward_adding); gradients reaching a leaf are
+// accumulated into leaf.grad (+=).
 // Each node drops its saved tensors and its edges as soon as it has run, so memory falls back
 // while backward proceeds.
 #include <unordered_map>
@@ -63,6 +65,29 @@ std::vector<bool> exclusive_parts(const std::vector<Tensor>& grads) {
   return exclusive;
 }
 
+// The sums node n is offered (Node::backward_adding) with its gradient g: for each input made
+// by a node, the sum of the gradients that have reached it so far, taken out of `pending` when
+// nothing else uses its storage (or only g, where n allows it: Node::SumOffer). An input reached
+// through two edges of n is offered once. Undefined where there is none to offer; empty when
+// there is none at all.
+std::vector<Tensor> offered_sums(const Node& n, const Tensor& g,
+                                 std::unordered_map<Node*, Tensor>& pending) {
+  const bool after_reading = n.takes_sums() == Node::SumOffer::after_reading;
+  std::vector<Tensor> sums;
+  for (size_t i = 0; i < n.next.size(); ++i) {
+    if (!n.next[i].node || !n.needs_grad(i)) continue;
+    auto it = pending.find(n.next[i].node.get());
+    if (it == pending.end() || !it->second.defined() || it->second.dtype() != DType::f32)
+      continue;
+    const Tensor& sum = it->second;
+    if (!sum.sole_owner() && !(after_reading && Tensor::sole_owners({&sum, &g}))) continue;
+    sums.resize(n.next.size());
+    sums[i] = std::move(it->second);
+    pending.erase(it);
+  }
+  return sums;
+}
+
 void run_backward(const Variable& root, const Tensor& grad) {
   CLUSTR_CHECK(root.defined(), "backward: use of an undefined Variable");
   CLUSTR_CHECK(root.requires_grad(), "backward: this Variable does not require grad (no input ",
@@ -99,10 +124,11 @@ void run_backward(const Variable& root, const Tensor& grad) {
     Tensor g = std::move(pending[n.get()]);
     pending.erase(n.get());
 
-    std::vector<Tensor> grads;
+    std::vector<Tensor> grads, sums;
     if (g.defined()) {  // no gradient arrived at all: nothing to propagate
       check_grad_shape(g, n->output_shape, n->name(), 0);
-      grads = n->backward(g);
+      if (n->takes_sums() != Node::SumOffer::none) sums = offered_sums(*n, g, pending);
+      grads = sums.empty() ? n->backward(g) : n->backward_adding(g, sums);
       CLUSTR_CHECK(grads.size() == n->next.size(), "backward: ", n->name(), " returned ",
                    grads.size(), " gradients for ", n->next.size(), " inputs");
     }
@@ -122,6 +148,15 @@ void run_backward(const Variable& root, const Tensor& grad) {
         accumulate_leaf(*e.leaf, std::move(gi), i < exclusive.size() && exclusive[i]);
       }
       if (!e.node) continue;
+      if (i < sums.size() && sums[i].defined()) {  // the sum taken out for the offer goes back
+        Tensor& slot = pending[e.node.get()];
+        if (gi.defined() && gi.shares_storage(sums[i]) && gi.raw() == sums[i].raw()) {
+          slot = std::move(gi);  // the node added its gradient into the sum
+          gi = Tensor();
+        } else {
+          slot = std::move(sums[i]);
+        }
+      }
       if (gi.defined()) {
         check_grad_shape(gi, e.node->output_shape, n->name(), i);
         // Gradients meeting at a node are summed, in place when no one else sees the sum so

@@ -33,6 +33,25 @@ class Node {
   // shape). An input whose edge is inactive may get an undefined tensor; skip the work with
   // needs_grad(i).
   virtual std::vector<Tensor> backward(const Tensor& grad_output) = 0;
+  // The same, with an offer from the engine: where other gradients have already reached input
+  // i and their sum waits there (f32, the input's shape, used by nothing else), sums[i] is that
+  // sum, and the node may add its own gradient for input i into it in place and return sums[i]
+  // itself as that gradient: the addition then costs nothing (a product with beta = 1, e.g. a
+  // layer's input gradient meeting the residual branch's). sums[i] is undefined elsewhere; a
+  // gradient returned as another tensor is added by the engine as usual. Offered only to nodes
+  // that say, by takes_sums(), that they may take the offer:
+  //   separate       a sum is offered where nothing else uses it;
+  //   after_reading  also where grad_output is the sum itself (the other user of its storage:
+  //                  an add passes one tensor to both of its inputs, as the residual's layer norm
+  //                  does): the node reads grad_output for the last time before it writes into
+  //                  the sum.
+  enum class SumOffer { none, separate, after_reading };
+  virtual SumOffer takes_sums() const { return SumOffer::none; }
+  virtual std::vector<Tensor> backward_adding(const Tensor& grad_output,
+                                              const std::vector<Tensor>& sums) {
+    (void)sums;
+    return backward(grad_output);
+  }
   // Drops saved tensors (override when the node saves any).
   virtual void release() {}
 

@@ -36,13 +36,21 @@ class FeedForwardReluNode : public Node {
   FeedForwardReluNode(Shape x_shape, int64_t rows, Precision precision)
       : x_shape_(std::move(x_shape)), rows_(rows), precision_(precision) {}
   const char* name() const override { return "feed_forward_relu"; }
-  std::vector<Tensor> backward(const Tensor& g) override {
+  std::vector<Tensor> backward(const Tensor& g) override { return backward_adding(g, {}); }
+  // dx's product (the last) adds into the sum waiting at x, the residual branch's gradient,
+  // which the layer norm after the block also hands to the block as g: every read of g (dW2,
+  // db2, dP) comes before it.
+  SumOffer takes_sums() const override { return SumOffer::after_reading; }
+  std::vector<Tensor> backward_adding(const Tensor& g, const std::vector<Tensor>& sums) override {
     const Tensor dy = g.reshape({rows_, W2_.size(0)});
     FeedForwardNeeds need;
     need.dx = needs_grad(0), need.dW1 = needs_grad(1), need.db1 = needs_grad(2);
     need.dW2 = needs_grad(3), need.db2 = needs_grad(4);
-    FeedForwardGrads d = feed_forward_relu_backward(dy, X_, W1_, W2_, H_, need, precision_);
-    if (need.dx) d.dx = d.dx.reshape(x_shape_);
+    const Tensor dx_sum = sums.empty() ? Tensor() : sums[0];
+    FeedForwardGrads d =
+        feed_forward_relu_backward(dy, X_, W1_, W2_, H_, need, precision_, dx_sum);
+    if (dx_sum.defined()) d.dx = dx_sum;
+    else if (need.dx) d.dx = d.dx.reshape(x_shape_);
     return {std::move(d.dx), std::move(d.dW1), std::move(d.db1), std::move(d.dW2),
             std::move(d.db2)};
   }

@@ -64,12 +64,18 @@ class LinearNode : public Node {
         has_bias_(has_bias),
         precision_(precision) {}
   const char* name() const override { return "linear"; }
-  std::vector<Tensor> backward(const Tensor& g) override {
+  std::vector<Tensor> backward(const Tensor& g) override { return backward_adding(g, {}); }
+  // dx's product adds into the sum waiting at x (the residual branch's gradient, in a layer);
+  // not into g itself, which dW's product may still be reading.
+  SumOffer takes_sums() const override { return SumOffer::separate; }
+  std::vector<Tensor> backward_adding(const Tensor& g, const std::vector<Tensor>& sums) override {
     std::vector<Tensor> out(has_bias_ ? 3 : 2);
     const Tensor dy = g.reshape({rows_, out_});  // (R, out)
+    const Tensor dx_sum = sums.empty() ? Tensor() : sums[0];
     LinearGrads d = linear_backward(dy, X_, W_, needs_grad(0), needs_grad(1),
-                                    has_bias_ && needs_grad(2), precision_);
-    if (needs_grad(0)) out[0] = d.dx.reshape(x_shape_);
+                                    has_bias_ && needs_grad(2), precision_, dx_sum);
+    if (dx_sum.defined()) out[0] = dx_sum;
+    else if (needs_grad(0)) out[0] = d.dx.reshape(x_shape_);
     out[1] = std::move(d.dW);
     if (has_bias_) out[2] = std::move(d.db);
     return out;

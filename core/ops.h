@@ -181,18 +181,22 @@ Tensor linear_forward(const Tensor& x, const Tensor& W, const Tensor& b, bool re
 // asked for (x is needed for dW, W for dx). db comes out of dW's GEMM, which reads dy anyway;
 // dx and dW run in one parallel region (cpu::gemm_many). dy and x may be bf16 (as the
 // feed-forward block's dP and H are in the bf16 precision). On another device than the cpu:
-// the plain matmul and sum.
+// the plain matmul and sum. With dx_sum (f32, R x in elements, e.g. the sum of the gradients
+// that already reached x), dx is added into it by its product (beta = 1: the sum rounded once,
+// as a separate addition would) and returned as dx.
 struct LinearGrads {
   Tensor dx, dW, db;
 };
 LinearGrads linear_backward(const Tensor& dy, const Tensor& x, const Tensor& W, bool need_dx,
-                            bool need_dW, bool need_db, Precision precision = Precision::fp32);
+                            bool need_dW, bool need_db, Precision precision = Precision::fp32,
+                            const Tensor& dx_sum = Tensor());
 // The backward of the ReLU feed-forward block y = relu(x W1^T + b1) W2^T + b2 (autograd
 // feed_forward_relu), given dy (R, D_out), x (R, D), W1 (F, D), W2 (D_out, F) and the hidden
 // activation H = relu(x W1^T + b1) (R, F), f32 or bf16: dW2 = dy^T H, db2, dP = (dy W2) *
 // [H > 0], then dx = dP W1, dW1 = dP^T x, db1; each only when asked for. Two parallel regions:
 // dW2 with dP, then dx with dW1. In the bf16 precision dP is stored in bf16 (only the two
-// products read it), so db1, summed from it, adds up rounded values.
+// products read it), so db1, summed from it, adds up rounded values. dx_sum: as for
+// linear_backward.
 struct FeedForwardNeeds {
   bool dx = true, dW1 = true, db1 = true, dW2 = true, db2 = true;
 };
@@ -202,7 +206,8 @@ struct FeedForwardGrads {
 FeedForwardGrads feed_forward_relu_backward(const Tensor& dy, const Tensor& x, const Tensor& W1,
                                             const Tensor& W2, const Tensor& H,
                                             const FeedForwardNeeds& need,
-                                            Precision precision = Precision::fp32);
+                                            Precision precision = Precision::fp32,
+                                            const Tensor& dx_sum = Tensor());
 // Layer norm of the sum a + b over the last axis (a, b (..., D)), the sum never stored: the
 // post-norm transformer's x = norm(x + sublayer(x)). Backward returns dx, the gradient of both
 // a and b, and recomputes the sum from them.

@@ -61,6 +61,7 @@ struct Product {
   int64_t ldc;
   cpu::GemmEpilogue epilogue;  // bias, ReLU and row sums; the mask comes from `mask`
   const Tensor* mask;
+  float beta = 0.0f;  // 1: the product is added to C
 };
 
 bool is_bf16(const Tensor& t) { return t.dtype() == DType::bf16; }
@@ -82,7 +83,7 @@ void run_products(const Product* ps, int count, Precision precision) {
     for (int i = 0; i < count; ++i) {
       const Product& p = ps[i];
       calls[i] = {p.trans_a, p.trans_b, p.M, p.N, p.K, 1.0f, p.A.f32(), p.lda, p.B.f32(), p.ldb,
-                  0.0f, p.C.f32(), p.ldc, p.epilogue};
+                  p.beta, p.C.f32(), p.ldc, p.epilogue};
       if (p.mask) calls[i].epilogue.mask = p.mask->f32();
     }
     return cpu::gemm_many(calls, count);
@@ -95,7 +96,7 @@ void run_products(const Product* ps, int count, Precision precision) {
     const Product& p = ps[i];
     calls[i] = {p.trans_a, p.trans_b, p.M,   p.N,        p.K,          1.0f,
                 p.A.raw(), operand(p.A), p.lda, p.B.raw(), operand(p.B), p.ldb,
-                0.0f,      nullptr,      p.ldc, p.epilogue, nullptr,      nullptr};
+                p.beta,    nullptr,      p.ldc, p.epilogue, nullptr,      nullptr};
     if (is_bf16(p.C))
       calls[i].C_bf16 = p.C.bf16();
     else
@@ -235,7 +236,8 @@ Tensor linear_forward(const Tensor& x, const Tensor& W, const Tensor& b, bool re
 // dy (R, out), x (R, in) or undefined, W (out, in) or undefined -> dx (R, in), dW (out, in),
 // db (out).
 LinearGrads linear_backward(const Tensor& dy, const Tensor& x, const Tensor& W, bool need_dx,
-                            bool need_dW, bool need_db, Precision precision) {
+                            bool need_dW, bool need_db, Precision precision,
+                            const Tensor& dx_sum) {
   const char* op = "linear_backward";
   check_operand(op, "dy", dy, dy);
   CLUSTR_CHECK(dy.rank() == 2, op, ": expected dy (R, out), got ", describe(dy));
@@ -245,6 +247,14 @@ LinearGrads linear_backward(const Tensor& dy, const Tensor& x, const Tensor& W, 
     CLUSTR_CHECK(W.rank() == 2 && W.size(0) == out, op, ": expected W (", out, ", in) for dy ",
                  describe(dy), ", got ", describe(W));
   }
+  // dx's product adds into dx_sum, viewed as (R, in).
+  const bool adding = need_dx && dx_sum.defined();
+  if (adding) {
+    check_input(op, "dx_sum", dx_sum, dy);
+    check_f32(op, "dx_sum", dx_sum);
+    CLUSTR_CHECK(dx_sum.numel() == R * W.size(1), op, ": expected dx_sum of ", R, " x ",
+                 W.size(1), " elements, got ", describe(dx_sum));
+  }
   if (need_dW) {
     check_operand(op, "x", x, dy);
     CLUSTR_CHECK(x.rank() == 2 && x.size(0) == R, op, ": expected x (", R, ", in) for dy ",
@@ -252,7 +262,13 @@ LinearGrads linear_backward(const Tensor& dy, const Tensor& x, const Tensor& W, 
   }
   if (on_cuda(dy)) {  // db from dW's product where both are needed
     LinearGrads g;
-    if (need_dx) g.dx = matmul(dy, W, false, false, precision);
+    if (adding) {
+      Tensor sum2 = dx_sum.reshape({R, W.size(1)});
+      gemm(false, false, 1.0f, dy, W, 1.0f, sum2, precision);
+      g.dx = dx_sum;
+    } else if (need_dx) {
+      g.dx = matmul(dy, W, false, false, precision);
+    }
     if (need_dW && need_db)
       device_weight_grads(dy, x, precision, g.dW, g.db);
     else if (need_dW)
@@ -263,24 +279,27 @@ LinearGrads linear_backward(const Tensor& dy, const Tensor& x, const Tensor& W, 
   }
   LinearGrads g;
   const int64_t in = need_dx ? W.size(1) : need_dW ? x.size(1) : 0;
-  if (need_dx) g.dx = Tensor::empty({R, in});
+  if (need_dx) g.dx = adding ? dx_sum.reshape({R, in}) : Tensor::empty({R, in});
   if (need_dW) g.dW = Tensor::empty({out, in});
   cpu::GemmEpilogue sums{};
   if (need_db) {
     g.db = Tensor::empty({out});
     if (need_dW) sums.a_row_sums = g.db.f32();  // the row sums of dy^T, from dW's GEMM
   }
-  const Product dx{false, false, R, in, out, dy, out, W, in, g.dx, in, {}, nullptr};  // dy W
+  const Product dx{false, false, R, in, out, dy, out, W, in, g.dx, in, {}, nullptr,
+                   adding ? 1.0f : 0.0f};                                            // dy W
   const Product dW{true, false, out, in, R, dy, out, x, in, g.dW, in, sums, nullptr};  // dy^T x
   run_chosen(dx, need_dx, dW, need_dW, precision);
   if (need_db && !need_dW) g.db = column_sums(dy);
+  if (adding) g.dx = dx_sum;
   return g;
 }
 
 // dy (R, D_out), x (R, D), W1 (F, D), W2 (D_out, F), H (R, F) -> the five gradients.
 FeedForwardGrads feed_forward_relu_backward(const Tensor& dy, const Tensor& x, const Tensor& W1,
                                             const Tensor& W2, const Tensor& H,
-                                            const FeedForwardNeeds& need, Precision precision) {
+                                            const FeedForwardNeeds& need, Precision precision,
+                                            const Tensor& dx_sum) {
   const char* op = "feed_forward_relu_backward";
   check_input(op, "dy", dy, dy);
   check_input(op, "x", x, dy);
@@ -332,7 +351,7 @@ FeedForwardGrads feed_forward_relu_backward(const Tensor& dy, const Tensor& x, c
     if (need.db2 && !need.dW2) g.db2 = sum(dy, 0);
   }
   if (need_dp) {
-    LinearGrads d1 = linear_backward(dp, x, W1, need.dx, need.dW1, need.db1, precision);
+    LinearGrads d1 = linear_backward(dp, x, W1, need.dx, need.dW1, need.db1, precision, dx_sum);
     g.dx = std::move(d1.dx);
     g.dW1 = std::move(d1.dW);
     g.db1 = std::move(d1.db);

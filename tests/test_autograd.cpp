@@ -88,6 +88,35 @@ Variable identity(const Variable& x) {
   return attach(x.data(), std::make_shared<IdentityNode>(), {&x});
 }
 
+// y = s * x, taking the engine's offer of the sum waiting at x (Node::backward_adding) in the
+// given mode, and counting the offers.
+struct ScaleAddingNode : Node {
+  float s = 1.0f;
+  SumOffer mode = SumOffer::separate;
+  int* offers = nullptr;
+  const char* name() const override { return "scale_adding"; }
+  SumOffer takes_sums() const override { return mode; }
+  std::vector<Tensor> backward(const Tensor& g) override { return {mul(g, s)}; }
+  std::vector<Tensor> backward_adding(const Tensor& g, const std::vector<Tensor>& sums) override {
+    if (!sums[0].defined()) return backward(g);
+    ++*offers;
+    const Tensor mine = mul(g, s);  // g read before the sum is written
+    Tensor sum = sums[0];
+    add_(sum, mine);
+    return {sums[0]};
+  }
+};
+
+Variable scale_adding(const Variable& x, float s, Node::SumOffer mode, int* offers) {
+  Tensor y = mul(x.data(), s);
+  if (!record_needed({&x})) return Variable(y);
+  auto node = std::make_shared<ScaleAddingNode>();
+  node->s = s;
+  node->mode = mode;
+  node->offers = offers;
+  return attach(y, node, {&x});
+}
+
 // A node that returns a gradient of the wrong shape.
 struct BrokenNode : Node {
   const char* name() const override { return "broken"; }
@@ -135,6 +164,40 @@ TEST_CASE("gradients summed or kept in place never change a tensor seen elsewher
   plus(plus(a, b), a).backward(dout);
   CHECK(x.grad().to_vector() == std::vector<float>{7, -14, 21});
   CHECK(dout.to_vector() == d);
+}
+
+TEST_CASE("a node offered the sum waiting at its input adds its gradient into it") {
+  // x = identity... of a leaf, so that x's gradients meet at a node: the first to arrive waits
+  // as a sum, and the node making the next may add its own into it in place.
+  using Offer = Node::SumOffer;
+  const std::vector<float> d = {1, -2, 3};
+  const Tensor dout = Tensor::from_vector(d, {3});
+  for (Offer mode : {Offer::separate, Offer::after_reading}) {
+    CAPTURE(static_cast<int>(mode));
+    Variable x0(Tensor::from_vector({1, 2, 3}, {3}), true);
+    // plus hands one gradient to x and to the node: the sum is the node's own g, offered only
+    // to a node that reads g before it writes.
+    int offers = 0;
+    Variable x = scale(x0, 1.0f);
+    total(plus(x, scale_adding(x, 3.0f, mode, &offers))).backward();
+    CHECK(offers == (mode == Offer::after_reading ? 1 : 0));
+    CHECK(x0.grad().to_vector() == std::vector<float>{4, 4, 4});
+    // A node between: the sum is held by nothing else, offered in both modes.
+    offers = 0;
+    x0.zero_grad();
+    x = scale(x0, 1.0f);
+    total(plus(x, scale(scale_adding(x, 3.0f, mode, &offers), 2.0f))).backward();
+    CHECK(offers == 1);
+    CHECK(x0.grad().to_vector() == std::vector<float>{7, 7, 7});
+    // The sum is the caller's gradient, which must stay as it is: no offer.
+    offers = 0;
+    x0.zero_grad();
+    x = identity(x0);
+    plus(x, scale(scale_adding(x, 3.0f, mode, &offers), 2.0f)).backward(dout);
+    CHECK(offers == 0);
+    CHECK(x0.grad().to_vector() == std::vector<float>{7, -14, 21});
+    CHECK(dout.to_vector() == d);
+  }
 }
 
 TEST_CASE("leaves stacked in one storage take their parts of concat's gradient as views") {

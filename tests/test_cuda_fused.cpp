@@ -371,8 +371,10 @@ TEST_CASE("cuda fused: the autograd ops give the cpu's gradients on device varia
         [&](const Inputs& in) {
           std::vector<Variable> v;  // the values (copies of in, so that each run starts afresh)
           for (size_t i = 0; i + 1 < in.size(); ++i) v.emplace_back(in[i].clone(), true);
-          const Variable a = clustr::linear(v[0], v[5], linear_bias ? v[6] : Variable());
-          const Variable f = clustr::feed_forward_relu(v[0], v[1], v[2], v[3], v[4]);
+          // x's gradients meet at a node (h), so that the products add into their sum.
+          const Variable h = v[0] * 2.0f;
+          const Variable a = clustr::linear(h, v[5], linear_bias ? v[6] : Variable());
+          const Variable f = clustr::feed_forward_relu(h, v[1], v[2], v[3], v[4]);
           const Variable y = clustr::add_layer_norm(a, f, v[7], v[8], 1e-5f);
           CHECK(y.device() == in.back().device());
           y.backward(in.back());

@@ -232,13 +232,16 @@ TEST_CASE("feed_forward_relu and add_layer_norm equal the chains of single ops")
   const Tensor w1 = random_tensor({16, 8}, 62, -0.5f, 0.5f), b1 = random_tensor({16}, 63);
   const Tensor w2 = random_tensor({8, 16}, 64, -0.5f, 0.5f), b2 = random_tensor({8}, 65);
   const Tensor gamma = random_tensor({8}, 66, 0.5f, 1.5f), beta = random_tensor({8}, 67);
-  // out = add_layer_norm(x, ff(x)), fused or composed; every input gets a gradient.
+  // out = add_layer_norm(h, ff(h)), fused or composed, h = 2 x; every input gets a gradient.
+  // h's two gradients meet at a node: the fused block adds its own into the layer norm's (which
+  // is also its g), the composed chain's first linear into the sum of the add's.
   auto run = [&](bool fused) {
     std::vector<Variable> v;
     for (const Tensor& t : {x, w1, b1, w2, b2, gamma, beta}) v.emplace_back(t.clone(), true);
-    Variable y = fused ? add_layer_norm(v[0], feed_forward_relu(v[0], v[1], v[2], v[3], v[4]),
+    const Variable h = v[0] * 2.0f;
+    Variable y = fused ? add_layer_norm(h, feed_forward_relu(h, v[1], v[2], v[3], v[4]),
                                         v[5], v[6])
-                       : layer_norm(v[0] + linear(relu(linear(v[0], v[1], v[2])), v[3], v[4]),
+                       : layer_norm(h + linear(relu(linear(h, v[1], v[2])), v[3], v[4]),
                                     v[5], v[6]);
     y.backward(dout);
     std::vector<std::vector<float>> r{y.data().to_vector()};
