@@ -43,6 +43,7 @@
 #include "layers/attention/attention.h"
 #include "layers/attention/clustered.h"
 #include "layers/attention/clustering.h"
+#include "layers/attention/cuda/clustered.h"
 #include "layers/attention/full.h"
 #include "layers/attention/improved_clustered.h"
 
@@ -376,6 +377,56 @@ TEST_CASE("cuda clustered attention: forward and backward match the cpu") {
   check_attention(t, 15);
 }
 
+TEST_CASE("cuda grouping: the cpu's count, start and order on both paths, and the values "
+          "outside [-1, C) counted per pair") {
+  // (B, H, N, C): one launch up to kGroupInBlock queries and clusters, three past it.
+  struct Case {
+    int64_t B, H, N, C;
+  };
+  const int64_t big = clustr::cuda::kGroupInBlock + 3;
+  uint32_t seed = 600;
+  for (const Case& c : {Case{1, 1, 1, 1}, Case{2, 3, 17, 4}, Case{1, 2, 300, 301},
+                        Case{2, 1, clustr::cuda::kGroupInBlock, 9}, Case{1, 2, big, 7},
+                        Case{1, 1, 40, big}}) {
+    CAPTURE(c.N);
+    CAPTURE(c.C);
+    const int64_t BH = c.B * c.H, n = BH * c.N;
+    std::vector<float> u = clustr::test::random_values(n, seed++, 0.0f, 1.0f);
+    std::vector<int32_t> a(static_cast<size_t>(n));
+    std::vector<int32_t> outside(static_cast<size_t>(BH), 0);
+    for (int64_t i = 0; i < n; ++i) {  // mostly in [0, C), some -1, a few just out of range
+      const float x = u[static_cast<size_t>(i)];
+      a[i] = x < 0.1f ? -1 : x > 0.98f ? static_cast<int32_t>(c.C) : x > 0.97f ? -2
+           : static_cast<int32_t>(x * static_cast<float>(c.C)) % static_cast<int32_t>(c.C);
+      if (a[i] < -1 || a[i] >= c.C) ++outside[static_cast<size_t>(i / c.N)];
+    }
+    // The cpu's arrays (clustered_common.h's group()), out-of-range values in no cluster.
+    std::vector<int32_t> count(static_cast<size_t>(BH * c.C), 0),
+        start(static_cast<size_t>(BH * (c.C + 1)), 0), order(static_cast<size_t>(n), 0);
+    for (int64_t p = 0; p < BH; ++p) {
+      auto in_range = [&](int64_t i) { return a[p * c.N + i] >= 0 && a[p * c.N + i] < c.C; };
+      for (int64_t i = 0; i < c.N; ++i)
+        if (in_range(i)) ++count[p * c.C + a[p * c.N + i]];
+      for (int64_t j = 0; j < c.C; ++j)
+        start[p * (c.C + 1) + j + 1] = start[p * (c.C + 1) + j] + count[p * c.C + j];
+      std::vector<int32_t> at(start.begin() + p * (c.C + 1), start.begin() + p * (c.C + 1) + c.C);
+      for (int64_t i = 0; i < c.N; ++i)
+        if (in_range(i)) order[p * c.N + at[a[p * c.N + i]]++] = static_cast<int32_t>(i);
+    }
+    const Tensor assignment = Tensor::from_int_vector(a, {n}).to(Device::cuda);
+    const Tensor d_count = Tensor::empty({BH * (c.C + 1)}, clustr::DType::i32, Device::cuda);
+    const Tensor d_start = Tensor::empty({BH * (c.C + 1)}, clustr::DType::i32, Device::cuda);
+    const Tensor d_order = Tensor::empty({n}, clustr::DType::i32, Device::cuda);
+    clustr::cuda::group_members({c.B, c.H, c.N, c.N, 1, 1, c.C}, assignment.i32(),
+                                d_count.i32(), d_start.i32(), d_order.i32());
+    const std::vector<int32_t> got_count = d_count.to_int_vector();
+    CHECK(std::vector<int32_t>(got_count.begin(), got_count.begin() + BH * c.C) == count);
+    CHECK(std::vector<int32_t>(got_count.begin() + BH * c.C, got_count.end()) == outside);
+    CHECK(d_start.to_int_vector() == start);
+    CHECK(d_order.to_int_vector() == order);
+  }
+}
+
 TEST_CASE("cuda clustered types: a bad device assignment is named, checked on the device") {
   // The check runs on the device (one integer comes back); a bad value is then found on a copy.
   const Tensor q = clustr::test::random_tensor({1, 2, 5, 3}, 91).to(Device::cuda);
@@ -542,9 +593,9 @@ TEST_CASE("cuda clustered types: backward reuses the forward's grouping of the q
     CHECK(g.dQ.to_vector() == h.dQ.to_vector());
     CHECK(g.dK.to_vector() == h.dK.to_vector());
     CHECK(g.dV.to_vector() == h.dV.to_vector());
-    // Grouping: a fill and two kernels (counts; starts and order), the first of which also
-    // counts the assignment's values outside [-1, C) for its check.
-    CHECK(l2 - l1 == (l1 - l0) + 3);
+    // Grouping: one kernel at this size, which also counts the assignment's values outside
+    // [-1, C) for its check.
+    CHECK(l2 - l1 == (l1 - l0) + 1);
   }
   {
     const clustr::ImprovedClusteredAttentionOutput f =
@@ -562,6 +613,6 @@ TEST_CASE("cuda clustered types: backward reuses the forward's grouping of the q
     CHECK(g.dQ.to_vector() == h.dQ.to_vector());
     CHECK(g.dK.to_vector() == h.dK.to_vector());
     CHECK(g.dV.to_vector() == h.dV.to_vector());
-    CHECK(l2 - l1 == (l1 - l0) + 3);
+    CHECK(l2 - l1 == (l1 - l0) + 1);
   }
 }

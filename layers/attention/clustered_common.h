@@ -423,16 +423,18 @@ inline void device_params(const char* op, const Dims& d, const Tensor& lengths,
   if (start.defined()) {
     r.count = count, r.start = start, r.order = order;
   } else {
-    const Tensor counts = Tensor::empty({BH * d.C + 1}, DType::i32, Device::cuda);  // + outside
+    // + each pair's count of values outside [-1, C)
+    const Tensor counts = Tensor::empty({BH * (d.C + 1)}, DType::i32, Device::cuda);
     r.count = counts.rows(0, BH * d.C).reshape({d.B, d.H, d.C});
     r.start = Tensor::empty({BH * (d.C + 1)}, DType::i32, Device::cuda);
     r.order = Tensor::empty({BH * d.N}, DType::i32, Device::cuda);
     cuda::group_members({d.B, d.H, d.N, d.S, d.E, d.M, d.C}, assignment.i32(), counts.i32(),
                         r.start.i32(), r.order.i32());
-    if (!cuda::deferring_checks()) {
-      int32_t bad = 0;
-      cuda::copy_d2h(&bad, counts.i32() + BH * d.C, sizeof bad);
-      if (bad > 0) check_assignment_values(op, assignment, d);
+    if (!cuda::deferring_checks() && BH > 0) {
+      std::vector<int32_t> bad(static_cast<size_t>(BH));
+      cuda::copy_d2h(bad.data(), counts.i32() + BH * d.C, bad.size() * sizeof(int32_t));
+      for (int32_t b : bad)
+        if (b > 0) check_assignment_values(op, assignment, d);
     }
   }
   if (lengths.defined()) {

@@ -111,14 +111,82 @@ void clustered_attention_backward(const ClusteredDims& d, const ClusteredParams&
 
 namespace {
 
-// count[p C + j] += 1 for each query of pair p in cluster j: a thread per query, integer atomics
-// (exact in any order). Also counts the values outside [-1, C) into *outside, and zeroes
-// order[q] (the slots of padded queries, which no member fills, are then 0 as on the CPU).
+struct AddInt {
+  CLUSTR_HD int operator()(int a, int b) const { return a + b; }
+};
+
+// The whole grouping of a small pair (N, C <= kGroupInBlock) in one block, block p for pair p:
+// its assignment copied to shared memory, its clusters counted there (integer atomics: exact in
+// any order), the counts scanned into starts (each thread a contiguous span of clusters), and
+// each member placed at its cluster's start + the members of that cluster before it in query
+// order (a count over the earlier queries: N^2 / threads comparisons, little at this size); the
+// slots past the members 0, as on the CPU. Also each pair's count of values outside [-1, C).
+// Shared: N + C + block_dim ints.
+struct GroupInBlockKernel {
+  static constexpr bool kUsesBarrier = true;
+  const int32_t* a;
+  int32_t* count;    // (B H C)
+  int32_t* outside;  // (B H)
+  int32_t* start;    // (B H (C + 1))
+  int32_t* order;    // (B H N)
+  int64_t N, C;
+  CLUSTR_DEVICE void operator()(const Thread& t) const {
+    const int64_t p = t.block_idx().x;
+    const unsigned tid = t.thread_idx().x, nt = t.block_dim().x;
+    int* sa = t.shared<int>();  // the pair's assignment (N), then the clusters' starts (C)
+    int* first = sa + N;
+    int* scratch = first + C;
+    for (int64_t i = tid; i < N; i += nt) sa[i] = a[p * N + i];
+    for (int64_t j = tid; j < C; j += nt) first[j] = 0;
+    t.sync();
+    int bad = 0;
+    for (int64_t i = tid; i < N; i += nt) {
+      const int j = sa[i];
+      if (j < -1 || j >= C)
+        ++bad;
+      else if (j >= 0)
+        atomic_add(first + j, 1);
+    }
+    bad = block_reduce(t, bad, scratch, AddInt{});  // its barriers also end the counting
+    if (tid == 0) outside[p] = bad;
+    const auto [c0, c1] = block_span(t, C);
+    int mine = 0;
+    for (int64_t c = c0; c < c1; ++c) {
+      count[p * C + c] = first[c];
+      mine += first[c];
+    }
+    int at = block_exclusive_sum(t, mine, scratch);
+    for (int64_t c = c0; c < c1; ++c) {
+      const int n = first[c];
+      start[p * (C + 1) + c] = first[c] = at;
+      at += n;
+    }
+    if (tid == nt - 1) {  // after the last span: every member
+      start[p * (C + 1) + C] = at;
+      scratch[0] = at;
+    }
+    t.sync();
+    const int members = scratch[0];
+    for (int64_t i = tid; i < N; i += nt) {
+      const int j = sa[i];
+      if (j < 0 || j >= C) continue;
+      int rank = 0;
+      for (int64_t k = 0; k < i; ++k) rank += sa[k] == j;
+      order[p * N + first[j] + rank] = static_cast<int32_t>(i);
+    }
+    for (int64_t i = members + tid; i < N; i += nt) order[p * N + i] = 0;
+  }
+};
+
+// Larger pairs, in three launches. count[p C + j] += 1 for each query of pair p in cluster j: a
+// thread per query, integer atomics (exact in any order). Also counts the values outside
+// [-1, C) into outside[p], and zeroes order[q] (the slots of padded queries, which no member
+// fills, are then 0 as on the CPU).
 struct CountMembersKernel {
   static constexpr bool kUsesBarrier = false;
   const int32_t* a;
   int32_t* count;    // (B H C), zeroed before
-  int32_t* outside;  // (1), zeroed before
+  int32_t* outside;  // (B H), zeroed before
   int32_t* order;    // (B H N)
   int64_t N, C, total;
   CLUSTR_DEVICE void operator()(const Thread& t) const {
@@ -126,15 +194,11 @@ struct CountMembersKernel {
       order[q] = 0;
       const int32_t j = a[q];
       if (j < -1 || j >= C)
-        atomic_add(outside, 1);
+        atomic_add(outside + q / N, 1);
       else if (j >= 0)
         atomic_add(count + (q / N) * C + j, 1);
     }
   }
-};
-
-struct AddInt {
-  CLUSTR_HD int operator()(int a, int b) const { return a + b; }
 };
 
 // order and start: one CUDA block per (pair p, cluster j) = block p C + j. The block adds the
@@ -175,9 +239,16 @@ void group_members(const ClusteredDims& d, const int32_t* assignment, int32_t* c
                    int32_t* start, int32_t* order) {
   const int64_t BH = d.B * d.H, total = BH * d.N;
   require("cuda::group_members");
-  int32_t* const outside = count + BH * d.C;
-  fill_i32(count, 0, BH * d.C + 1);
   if (BH == 0) return;
+  int32_t* const outside = count + BH * d.C;
+  if (d.N <= kGroupInBlock && d.C <= kGroupInBlock) {
+    const unsigned threads = row_threads(d.N);
+    launch("cuda::group_members", {grid_of(BH)}, {threads},
+           static_cast<size_t>(d.N + d.C + threads) * sizeof(int),
+           GroupInBlockKernel{assignment, count, outside, start, order, d.N, d.C});
+    return;
+  }
+  fill_i32(count, 0, BH * (d.C + 1));
   launch("cuda::group_members (counts)", {elementwise_blocks(total)}, {kElementwiseThreads}, 0,
          CountMembersKernel{assignment, count, outside, order, d.N, d.C, total});
   const unsigned threads = row_threads(d.N);

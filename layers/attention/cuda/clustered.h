@@ -55,8 +55,10 @@ void clustered_attention_backward(const ClusteredDims& d, const ClusteredParams&
 // The members of each cluster from a device assignment (B, H, N), values in [-1, C): count (B, H,
 // C), start (B, H, C + 1) and order (B, H, N) as above (=; order's entries past the valid
 // queries are 0), the same arrays as clustered_common.h's group() makes on the CPU. count
-// holds B H C + 1 ints: the last (=) is the number of values outside [-1, C), which are in no
-// cluster (one fill zeroes both).
+// holds B H C + B H ints: the last B H (=) are each (batch, head) pair's number of values
+// outside [-1, C), which are in no cluster. One launch where N and C are at most
+// kGroupInBlock (a block per pair does it all), else three (a fill, the counts, the order).
+constexpr int64_t kGroupInBlock = 1024;
 void group_members(const ClusteredDims& d, const int32_t* assignment, int32_t* count,
                    int32_t* start, int32_t* order);
 
