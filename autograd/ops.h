@@ -38,8 +38,10 @@ Variable matmul(const Variable& A, const Variable& B, bool trans_a = false, bool
 // x (..., in), weight (out, in), bias (out) or undefined -> (..., out) = x W^T + b.
 Variable linear(const Variable& x, const Variable& weight, const Variable& bias);
 // table (V, D), index i32 of any shape -> (index.shape..., D). The gradient of table is a
-// scatter-add of the output gradient rows.
-Variable embedding(const Variable& table, const Tensor& index);
+// scatter-add of the output gradient rows. With `added` (P, D), P index's last size, a constant
+// (no gradient) whose rows are added as the rows are looked up, broadcast over index's leading
+// axes (a fixed positional encoding: core gather_rows).
+Variable embedding(const Variable& table, const Tensor& index, const Tensor& added = Tensor());
 
 // ---- shapes and reductions (autograd/ops_shape.cpp) -------------------------------------------
 Variable reshape(const Variable& x, const Shape& shape);

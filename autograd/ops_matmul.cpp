@@ -154,8 +154,8 @@ Variable linear(const Variable& x, const Variable& weight, const Variable& bias)
 }
 
 // table (V, D), index i32 (...) -> (..., D).
-Variable embedding(const Variable& table, const Tensor& index) {
-  Tensor y = gather_rows(table.data(), index);  // validates shapes, dtypes and indices
+Variable embedding(const Variable& table, const Tensor& index, const Tensor& added) {
+  Tensor y = gather_rows(table.data(), index, added);  // validates shapes, dtypes and indices
   if (!record_needed({&table})) return Variable(std::move(y));
   return attach(std::move(y), std::make_shared<EmbeddingNode>(index, table.shape()), {&table});
 }

@@ -64,8 +64,11 @@ Tensor log_softmax(const Tensor& x);
 Tensor permute(const Tensor& x, const std::vector<int>& perm);  // out.shape[i] = x.shape[perm[i]]
 Tensor transpose(const Tensor& x, int axis0, int axis1);
 
-// Embedding lookup. table (V, D), index i32 of any shape -> (index.shape..., D).
-Tensor gather_rows(const Tensor& table, const Tensor& index);
+// Embedding lookup. table (V, D), index i32 of any shape -> (index.shape..., D). With `added`
+// (P, D), P the last size of index: added's rows are added to the rows looked up, broadcast over
+// index's leading axes (a positional encoding added as the lookup writes: y[..., p, :] =
+// table[index[..., p]] + added[p], the bits of gather_rows then add).
+Tensor gather_rows(const Tensor& table, const Tensor& index, const Tensor& added = Tensor());
 // table[index[i], :] += src[i, :]; src (index.shape..., D). Throws on an index outside [0, V).
 void scatter_add_rows_(Tensor& table, const Tensor& index, const Tensor& src);
 // A new table (V, D) of those sums from zero: row v the sum of src's rows whose index is v (0

@@ -112,19 +112,33 @@ Tensor transpose(const Tensor& x, int axis0, int axis1) {
   return permute_as("transpose", x, perm);
 }
 
-// table (V, D), index (...) -> (..., D).
-Tensor gather_rows(const Tensor& table, const Tensor& index) {
-  check_rows_op("gather_rows", table, index);
-  check_indices("gather_rows", table, index);
+// table (V, D), index (..., P), added (P, D) or undefined -> (..., P, D).
+Tensor gather_rows(const Tensor& table, const Tensor& index, const Tensor& added) {
+  const char* op = "gather_rows";
+  check_rows_op(op, table, index);
   const int64_t D = table.shape()[1];
+  int64_t P = 0;  // added's rows
+  if (added.defined()) {
+    detail::check_dtype(op, "added", added, DType::f32);
+    detail::check_same_device(op, table, added);
+    CLUSTR_CHECK(index.rank() >= 1 && added.shape() == (Shape{index.shape().back(), D}), op,
+                 ": expected added of shape (P, D) = (",
+                 index.rank() >= 1 ? index.shape().back() : 0, ", ", D,
+                 ") for index ", describe(index), " and table ", describe(table), ", got ",
+                 describe(added));
+    P = added.size(0);
+  }
+  check_indices(op, table, index);
   Shape out_shape = index.shape();
   out_shape.push_back(D);
   Tensor out = Tensor::empty(out_shape, DType::f32, table.device());
   if (out.numel() == 0) return out;
+  const float* add = added.defined() ? added.f32() : nullptr;
   if (on_cuda(table))
-    cuda::gather_rows(table.f32(), table.shape()[0], D, index.i32(), index.numel(), out.f32());
+    cuda::gather_rows(table.f32(), table.shape()[0], D, index.i32(), index.numel(), add, P,
+                      out.f32());
   else
-    cpu::gather_rows(table.f32(), D, index.i32(), index.numel(), out.f32());
+    cpu::gather_rows(table.f32(), D, index.i32(), index.numel(), add, P, out.f32());
   return out;
 }
 

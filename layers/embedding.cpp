@@ -22,11 +22,11 @@ Embedding::Embedding(int64_t num_embeddings, int64_t dim, Generator& gen)
   weight_ = register_parameter("weight", std::move(w));
 }
 
-Variable Embedding::forward(const Tensor& index) const {
+Variable Embedding::forward(const Tensor& index, const Tensor& added) const {
   CLUSTR_CHECK(index.defined() && index.dtype() == DType::i32, "Embedding(V=", num_, ", D=", dim_,
                "): expected an i32 index tensor, got ",
                index.defined() ? describe(index) : std::string("an undefined tensor"));
-  return embedding(weight_, index);  // checks the index values against V
+  return embedding(weight_, index, added);  // checks the index values against V, added's shape
 }
 
 // ---- positional encoding ---------------------------------------------------------------------
@@ -65,10 +65,13 @@ Variable PositionalEncoding::forward(const Variable& x) const {
   CLUSTR_CHECK(x.defined(), "PositionalEncoding(", dim_, "): x is undefined");
   CLUSTR_CHECK(x.rank() == 3 && x.size(2) == dim_, "PositionalEncoding(", dim_,
                "): expected x (B, N, ", dim_, "), got ", describe(x.data()));
-  const int64_t N = x.size(1);
-  reserve(N, x.device());
-  const Variable pe(table_.size(0) == N ? table_ : table_.rows(0, N));
-  return add(x, pe);  // (B, N, D) + (N, D)
+  return add(x, Variable(table(x.size(1), x.device())));  // (B, N, D) + (N, D)
+}
+
+Tensor PositionalEncoding::table(int64_t n, Device device) const {
+  CLUSTR_CHECK(n >= 0, "PositionalEncoding(", dim_, "): expected n >= 0 positions, got ", n);
+  reserve(n, device);
+  return table_.size(0) == n ? table_ : table_.rows(0, n);
 }
 
 }  // namespace clustr

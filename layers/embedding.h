@@ -19,8 +19,10 @@ class Embedding : public Module {
  public:
   Embedding(int64_t num_embeddings, int64_t dim, Generator& gen);
 
-  // index i32 of any shape, values in [0, V) -> (index.shape..., D).
-  Variable forward(const Tensor& index) const;
+  // index i32 of any shape, values in [0, V) -> (index.shape..., D). With `added` (N, D), N
+  // index's last size: those rows added to the looked-up ones in the same pass, broadcast over
+  // the leading axes (PositionalEncoding::table: the lookup and the encoding in one launch).
+  Variable forward(const Tensor& index, const Tensor& added = Tensor()) const;
 
   int64_t num_embeddings() const { return num_; }
   int64_t dim() const { return dim_; }
@@ -46,6 +48,9 @@ class PositionalEncoding : public Module {
 
   // x (B, N, D) -> (B, N, D).
   Variable forward(const Variable& x) const;
+  // The table's first n rows (n, D) on `device` (a view; reserve(n, device) first), for
+  // Embedding::forward's `added`.
+  Tensor table(int64_t n, Device device) const;
 
   int64_t dim() const { return dim_; }
   // Makes the table hold at least n positions on `device` now, so that no forward of up to n

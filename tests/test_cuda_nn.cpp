@@ -299,6 +299,12 @@ TEST_CASE("cuda layout: gather_rows, scatter_add_rows_ and scatter_sum_rows matc
     Tensor table = on_cpu(random_values(c.V * c.D, seed++), {c.V, c.D});
     compare_devices([](const Inputs& v) { return clustr::gather_rows(v[0], v[1]); },
                     {table, index}, 0);
+    if (!c.index.empty()) {  // with rows added (a positional encoding), the same bits
+      Tensor added = on_cpu(random_values(c.index.back() * c.D, seed++), {c.index.back(), c.D});
+      compare_devices(
+          [](const Inputs& v) { return clustr::gather_rows(v[0], v[1], v[2]); },
+          {table, index, added}, 0);
+    }
 
     Shape src_shape = c.index;
     src_shape.push_back(c.D);

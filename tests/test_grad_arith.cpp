@@ -184,4 +184,13 @@ TEST_CASE("embedding: gradients with repeated indices") {
   std::vector<float> want;
   for (float c : counts) want.insert(want.end(), D, c);
   CHECK(vt.grad().to_vector() == want);
+  // Rows added as they are looked up (a constant): the same gradient.
+  const Tensor added = random_tensor({3, D}, 81);
+  check_grad("embedding + added", [&](auto& v) { return embedding(v[0], index, added); },
+             {table});
+  Variable va(table, true);
+  const Variable ya = embedding(va, index, added);
+  CHECK(ya.data().to_vector() == add(gather_rows(table, index), added).to_vector());
+  sum_all(ya).backward();
+  CHECK(va.grad().to_vector() == want);
 }

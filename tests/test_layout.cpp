@@ -133,6 +133,25 @@ TEST_CASE("gather_rows looks up rows, repeated indices included") {
   CHECK(gather_rows(table, Tensor::zeros({0}, DType::i32)).shape() == Shape{0, D});
 }
 
+TEST_CASE("gather_rows adds a table of rows broadcast over the index's leading axes") {
+  // index (2, 3), added (3, D): y[b, p] = table[index[b, p]] + added[p], the bits of the lookup
+  // then add.
+  const int64_t V = 5, D = 3;
+  const Tensor table = Tensor::from_vector(random_values(V * D, 21), {V, D});
+  const Tensor added = Tensor::from_vector(random_values(3 * D, 22), {3, D});
+  const Tensor index = Tensor::from_int_vector(std::vector<int32_t>{4, 0, 4, 2, 2, 1}, {2, 3});
+  const Tensor out = gather_rows(table, index, added);
+  CHECK(out.shape() == Shape{2, 3, D});
+  CHECK(out.to_vector() == add(gather_rows(table, index), added).to_vector());
+  CHECK_ERROR(gather_rows(table, index, Tensor::zeros({2, D})), "gather_rows",
+              "added of shape (P, D) = (3, 3)", "(2, 3)");
+  CHECK_ERROR(gather_rows(table, index, Tensor::zeros({3, D}, DType::i32)), "gather_rows",
+              "added", "f32");
+  CHECK_ERROR(gather_rows(table, Tensor::from_int_vector(std::vector<int32_t>{3}, {}),
+                          Tensor::zeros({1, D})),
+              "gather_rows", "added of shape");
+}
+
 TEST_CASE("gather_rows reports the first index out of range, where it is and what it is") {
   const Tensor table = Tensor::zeros({5, 3});
   const Tensor bad = Tensor::from_int_vector(std::vector<int32_t>{0, 1, 2, 3, 4, 5}, {2, 3});

@@ -24,8 +24,9 @@ Variable CopyModel::forward(const Tensor& input, const Tensor& lengths, Generato
                "CopyModel: expected input i32 (B, N), got ",
                input.defined() ? describe(input) : std::string("an undefined tensor"));
   const PrecisionScope scope(precision_);
-  Variable x = embedding_->forward(input);       // (B, N, D)
-  x = dropout_->forward(position_->forward(x), gen);
+  // (B, N, D): the token's row plus its position's, in one pass
+  Variable x = embedding_->forward(input, position_->table(input.size(1), input.device()));
+  x = dropout_->forward(x, gen);
   x = encoder_->forward(x, lengths, gen);        // (B, N, D)
   return output_->forward(x);                    // (B, N, V)
 }

@@ -39,7 +39,8 @@ void log_softmax_backward(const float* y, const float* dy, float* dx, int64_t ro
 void permute(const uint32_t* x, uint32_t* y, int rank, const int64_t* in_shape, const int* perm);
 
 // out (n, D) = table[index[i], :]; table (V, D). Indices are checked by the caller.
-void gather_rows(const float* table, int64_t D, const int32_t* index, int64_t n, float* out);
+void gather_rows(const float* table, int64_t D, const int32_t* index, int64_t n,
+                 const float* added, int64_t P, float* out);
 // table[index[i], :] += src[i, :] (accumulated); table (V, D), src (n, D).
 void scatter_add_rows(float* table, int64_t V, int64_t D, const int32_t* index, int64_t n,
                       const float* src);

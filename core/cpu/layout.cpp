@@ -117,12 +117,21 @@ void permute(const uint32_t* x, uint32_t* y, int rank, const int64_t* in_shape, 
   copy_tiles(x, y, out_shape, src, dst, k, total);
 }
 
-// table (V, D), index (n) -> out (n, D). Indices were checked by the front door.
-void gather_rows(const float* table, int64_t D, const int32_t* index, int64_t n, float* out) {
+// table (V, D), index (n) -> out (n, D), plus added[i mod P] (P, D) when added is not null.
+// Indices were checked by the front door.
+void gather_rows(const float* table, int64_t D, const int32_t* index, int64_t n,
+                 const float* added, int64_t P, float* out) {
 #pragma omp parallel for schedule(static) if (n * D >= kParallelMin)
-  for (int64_t i = 0; i < n; ++i)
-    std::memcpy(out + i * D, table + static_cast<int64_t>(index[i]) * D,
-                static_cast<size_t>(D) * sizeof(float));
+  for (int64_t i = 0; i < n; ++i) {
+    const float* row = table + static_cast<int64_t>(index[i]) * D;
+    float* y = out + i * D;
+    if (added == nullptr) {
+      std::memcpy(y, row, static_cast<size_t>(D) * sizeof(float));
+      continue;
+    }
+    const float* a = added + (i % P) * D;
+    for (int64_t c = 0; c < D; ++c) y[c] = row[c] + a[c];
+  }
 }
 
 // table (V, D) += rows of src (n, D) at index (n). Repeated indices are the point (a token that

@@ -444,10 +444,11 @@ void cross_entropy_backward(const float* dloss, const float* loss_scale, const f
 // y.shape[i] = in_shape[perm[i]], 4-byte words (f32 and i32 alike); in_shape and perm are host
 // arrays.
 void permute(const uint32_t* x, uint32_t* y, int rank, const int64_t* in_shape, const int* perm);
-// out (n, D) = table[index[i], :] (=); table (V, D). Indices are checked by the caller (maybe
-// on the device: a row whose index is outside [0, V) is then NaN).
+// out (n, D) = table[index[i], :] (=), + added[i mod P, :] when added (P, D) is not null; table
+// (V, D). Indices are checked by the caller (maybe on the device: a row whose index is outside
+// [0, V) is then NaN).
 void gather_rows(const float* table, int64_t V, int64_t D, const int32_t* index, int64_t n,
-                 float* out);
+                 const float* added, int64_t P, float* out);
 // table[index[i], :] += src[i, :] (accumulated, each element's sources in index order, as on
 // the cpu); table (V, D), src (n, D). Groups the indices on the device (nothing read back);
 // an index outside [0, V) (a check deferred to the device) is left out.

@@ -86,12 +86,15 @@ struct GatherRowsKernel {
   int64_t V, D;
   const int32_t* index;
   int64_t n;
+  const float* added;  // (P, D) or null
+  int64_t P;
   float* out;
   CLUSTR_DEVICE void operator()(const Thread& t) const {
     for (int64_t e = global_x(t); e < n * D; e += grid_stride_x(t)) {
       const int64_t i = e / D, c = e - i * D;
       const int64_t v = index[i];
-      out[e] = v >= 0 && v < V ? table[v * D + c] : NAN;
+      const float x = v >= 0 && v < V ? table[v * D + c] : NAN;
+      out[e] = added ? x + added[(i % P) * D + c] : x;
     }
   }
 };
@@ -268,11 +271,11 @@ void permute(const uint32_t* x, uint32_t* y, int rank, const int64_t* in_shape, 
 // table (V, D), index (n) -> out (n, D) (=). Indices were checked by the front door (on the
 // device, when deferred: a bad one gives a NaN row).
 void gather_rows(const float* table, int64_t V, int64_t D, const int32_t* index, int64_t n,
-                 float* out) {
+                 const float* added, int64_t P, float* out) {
   if (n * D == 0) return;
   require("cuda::gather_rows");
   launch("cuda::gather_rows", {elementwise_blocks(n * D)}, {kElementwiseThreads}, 0,
-         GatherRowsKernel{table, V, D, index, n, out});
+         GatherRowsKernel{table, V, D, index, n, added, P, out});
 }
 
 // A small table's sums in one pass: a block per row v (threads over the columns) walks every

@@ -179,7 +179,8 @@ void cuda::cross_entropy_backward(const float*, const float*, const float*, cons
 void cuda::permute(const uint32_t*, uint32_t*, int, const int64_t*, const int*) {
   no_backend("cuda::permute");
 }
-void cuda::gather_rows(const float*, int64_t, int64_t, const int32_t*, int64_t, float*) {
+void cuda::gather_rows(const float*, int64_t, int64_t, const int32_t*, int64_t, const float*,
+                       int64_t, float*) {
   no_backend("cuda::gather_rows");
 }
 void cuda::scatter_add_rows(float*, int64_t, int64_t, const int32_t*, int64_t, const float*) {
