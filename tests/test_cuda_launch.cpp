@@ -57,6 +57,26 @@ struct BlockSumKernel {
   }
 };
 
+// Each block writes a part (its index + 1) and arrives; the last block to arrive adds every
+// part in order into *total and counts itself in *lasts.
+struct LastArrivalKernel {
+  static constexpr bool kUsesBarrier = true;
+  float* parts;
+  float* total;
+  int32_t* lasts;
+  unsigned* counter;
+  CLUSTR_DEVICE void operator()(const Thread& t) const {
+    const unsigned b = t.block_idx().x, blocks = t.grid_dim().x;
+    if (t.thread_idx().x == 0) parts[b] = static_cast<float>(b + 1);
+    if (!cuda::last_to_arrive(t, counter, blocks, t.shared<int>())) return;
+    if (t.thread_idx().x != 0) return;
+    float s = 0.0f;
+    for (unsigned k = 0; k < blocks; ++k) s += parts[k];
+    *total = s;
+    cuda::atomic_add(lasts, 1);
+  }
+};
+
 // Every thread of every block adds 1 to one counter; exact for counts below 2^24.
 struct CountKernel {
   static constexpr bool kUsesBarrier = false;
@@ -136,6 +156,45 @@ TEST_CASE("cuda launch: block_reduce sums over any block size") {
       expected.push_back(static_cast<float>((b + 1) * threads * (threads - 1) / 2));
     CHECK(out.to_vector() == expected);
   }
+}
+
+TEST_CASE("cuda launch: last_to_arrive picks one block, which sees every part, and leaves the "
+          "counter at zero for the next launch, a graph's replays included") {
+  Tensor parts = Tensor::zeros({300}, DType::f32, Device::cuda);
+  Tensor total = Tensor::zeros({1}, DType::f32, Device::cuda);
+  Tensor lasts = Tensor::zeros({1}, DType::i32, Device::cuda);
+  auto run = [&](unsigned blocks, unsigned threads) {
+    cuda::launch("last arrival", {blocks}, {threads}, sizeof(int),
+                 LastArrivalKernel{parts.f32(), total.f32(), lasts.i32(),
+                                   cuda::arrival_counters(1, "last arrival")});
+  };
+  int32_t launches = 0;
+  for (unsigned blocks : {1u, 2u, 7u, 300u})
+    for (unsigned threads : {1u, 33u, 64u})
+      for (int again = 0; again < 2; ++again) {
+        CAPTURE(blocks);
+        CAPTURE(threads);
+        run(blocks, threads);
+        ++launches;
+        CHECK(total.item() == static_cast<float>(blocks * (blocks + 1) / 2));
+        CHECK(lasts.to_int_vector() == std::vector<int32_t>{launches});
+      }
+  // In a graph: its pool's own counters, back at zero after each replay.
+  cuda::Stream side;
+  cuda::StreamGuard on_side(side);
+  cuda::Graph graph;
+  graph.capture([&] { run(129, 32); });
+  for (int replay = 0; replay < 3; ++replay) {
+    total.fill(0.0f);
+    graph.replay();
+    ++launches;
+    CHECK(total.item() == static_cast<float>(129 * 130 / 2));
+    CHECK(lasts.to_int_vector() == std::vector<int32_t>{launches});
+  }
+  run(5, 32);  // the stream's own counters
+  CHECK(total.item() == 15.0f);
+  CHECK_THROWS_WITH_AS(cuda::arrival_counters(cuda::kArrivalCounters + 1, "many"),
+                       doctest::Contains("many: needs 257 arrival counters"), clustr::Error);
 }
 
 TEST_CASE("cuda launch: warp shuffles exchange lane values and warp_reduce sums a warp") {

@@ -212,6 +212,17 @@ class Graph {
 // Whether this host thread is capturing a graph now (inside Graph::capture's body).
 bool capturing();
 
+// ---- arrival counters (core/cuda/runtime.cu) ---------------------------------------------------
+//
+// Counters, zero between kernels, for kernels in which the last block to finish a piece of
+// work goes on to a step that needs all of it (kernel.h's last_to_arrive: a sum over the other
+// blocks' partial sums, in one launch instead of two). Each such kernel takes n of them for
+// the current stream and leaves them at zero. Work on one stream runs in order, so the kernels
+// of a stream share one set; a graph's kernels use their pool's own set, as its replays may run
+// on another stream beside that one. n at most kArrivalCounters.
+constexpr int64_t kArrivalCounters = 256;
+unsigned* arrival_counters(int64_t n, const char* kernel);
+
 // ---- checks made on the device (core/cuda/device_checks.cu) ------------------------------------
 //
 // The ops check values that live in device memory (indices, lengths, class targets) on a host

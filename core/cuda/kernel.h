@@ -22,6 +22,10 @@
 //   (and, for sm_80 and later, the tensor-core instructions of core/cuda/mma.h)
 //   atomic_add(p, v)       atomicAdd on a float or an int32 in global or shared memory
 //   atomic_cas(p, e, d)    atomicCAS on an int32: *p = d if *p == e; returns the old *p
+//   arrive(counter)        atomicAdd(counter, 1) with device-wide release and acquire fences
+//                          around it (returns the old count); reset(counter) sets it to 0
+//   last_to_arrive(t, counter, arrivals, flag)   (below) whether this block is the last of
+//                          `arrivals` to arrive at a counter of cuda::arrival_counters
 //   block_reduce(t, v, scratch, op)   a reduction over the block (built on shared memory and
 //                          t.sync(), so no warp shuffles are needed)
 //   block_exclusive_sum(t, v, scratch) the sum of v over the threads before this one
@@ -92,6 +96,15 @@ CLUSTR_DEVICE int32_t atomic_add(int32_t* p, int32_t v) { return atomicAdd(p, v)
 CLUSTR_DEVICE int32_t atomic_cas(int32_t* p, int32_t expected, int32_t desired) {
   return atomicCAS(p, expected, desired);
 }
+// What this thread wrote before is seen device-wide before the new count, and what it reads
+// after comes after every earlier arrival's writes.
+CLUSTR_DEVICE unsigned arrive(unsigned* counter) {
+  __threadfence();
+  const unsigned before = atomicAdd(counter, 1u);
+  __threadfence();
+  return before;
+}
+CLUSTR_DEVICE void reset(unsigned* counter) { atomicExch(counter, 0u); }
 
 template <class K>
 __global__ void kernel_entry(K k) {
@@ -174,6 +187,10 @@ inline int32_t atomic_cas(int32_t* p, int32_t expected, int32_t desired) {
   __atomic_compare_exchange_n(p, &expected, desired, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
   return expected;  // the old value, whether or not it was replaced
 }
+inline unsigned arrive(unsigned* counter) {
+  return __atomic_fetch_add(counter, 1u, __ATOMIC_ACQ_REL);
+}
+inline void reset(unsigned* counter) { __atomic_store_n(counter, 0u, __ATOMIC_RELAXED); }
 
 template <class K>
 void launch(const char* name, Dim3 grid, Dim3 block, size_t shared_bytes, const K& k) {
@@ -256,6 +273,28 @@ CLUSTR_DEVICE T block_reduce(const Thread& t, T v, T* scratch, Op op) {
   const T r = scratch[0];
   t.sync();  // every thread has read the result before the scratch is reused
   return r;
+}
+
+// Whether this block is the last of `arrivals` to arrive at `counter` (one of
+// cuda::arrival_counters, zero before the first arrival), returned to every thread of the
+// block: the last block sees everything the others wrote before they arrived, and can finish
+// what needs all of it (e.g. add their partial sums in a fixed order) in the same launch. Every
+// thread of the block calls it after its own writes (its barriers gather them; thread 0
+// arrives for the block). The last block sets the counter back to zero, for the next kernel.
+// flag: one int of shared memory.
+CLUSTR_DEVICE bool last_to_arrive(const Thread& t, unsigned* counter, unsigned arrivals,
+                                  int* flag) {
+  t.sync();
+  const Dim3 i = t.thread_idx();
+  if (i.x == 0 && i.y == 0 && i.z == 0) {
+    const bool last = arrive(counter) + 1 == arrivals;
+    if (last) reset(counter);
+    *flag = last;
+  }
+  t.sync();
+  const bool last = *flag != 0;
+  t.sync();  // every thread has read the flag before the shared memory is used again
+  return last;
 }
 
 // Two kernels in one launch, in turn: for kernels that give each block its own share of the

@@ -6,10 +6,11 @@
 // Forward and the dx part of backward give each row to one block: its threads stride over the
 // row and block_reduce combines their double partial sums, so the two backends differ only in
 // the order of double additions (which almost never changes a rounded float). dgamma and dbeta
-// are sums over rows, done without atomics in two deterministic passes: each row group of
-// math::layer_norm_group_rows (the CPU's split) sums its rows in order, one thread per column,
-// and a second kernel adds the G group sums in order; the CPU adds the same terms in the same
-// order.
+// are sums over rows, done without float atomics and in a fixed order, in the same launch: the
+// block that finishes the last row of a row group of math::layer_norm_group_rows (the CPU's
+// split; kernel.h's last_to_arrive) sums that group's rows in order, a thread per column, and
+// the block that finishes the last group adds the G group sums in order; the CPU adds the same
+// terms in the same order.
 //
 // Each kernel reads its row x, or the residual sum a + b of two rows (add_layer_norm: the float
 // sum, formed where it is read, the element the CPU's add_layer_norm forms; no tensor of it is
@@ -81,9 +82,13 @@ struct LayerNormKernel {
   }
 };
 
-// Backward, pass 1: dy, x, dx (R, D); mean, rstd, shift (R); gamma (D). One block per row: the
-// three row sums, the row's constants, dx (=) and the row's shift (=, for pass 2).
-struct LayerNormBackwardRowsKernel {
+// Backward: dy, x, dx (R, D); mean, rstd, shift (R); gamma, dgamma, dbeta (D); pg, pb (G, D).
+// One block per row: the three row sums, the row's constants, dx (=) and the row's shift (=).
+// Then, in the block that finishes a group's last row (arrivals[g], one per row group g), the
+// group sums pg, pb (=) = the sums over the group's rows of dy * xhat and of dy, one thread per
+// column j, rows in order; and in the block that finishes the last group (arrivals[G]),
+// dgamma, dbeta (=) = the G group sums of each column, in group order.
+struct LayerNormBackwardKernel {
   static constexpr bool kUsesBarrier = true;
   const float* dy;
   Rows x;
@@ -92,77 +97,64 @@ struct LayerNormBackwardRowsKernel {
   const float* gamma;
   float* dx;
   double* shift;
-  int64_t R, D;
-  CLUSTR_DEVICE void operator()(const Thread& t) const {
-    const unsigned tid = t.thread_idx().x, nt = t.block_dim().x;
-    for (int64_t r = t.block_idx().x; r < R; r += t.grid_dim().x) {
-      const int64_t row = r * D;
-      const float* dyr = dy + row;
-      const double m = mean[r];
-      Sums3 acc{0.0, 0.0, 0.0};
-      for (int64_t j = tid; j < D; j += nt) {
-        const double g = double(dyr[j]) * gamma[j], d = double(x(row + j)) - m;
-        acc.g += g;
-        acc.d += d;
-        acc.gd += g * d;
-      }
-      const Sums3 s = block_reduce(t, acc, t.shared<Sums3>(), AddSums3{});
-      const float rs = rstd[r];
-      const math::LayerNormRowGrad k = math::layer_norm_row_grad(s.g, s.d, s.gd, mean[r], rs, D);
-      if (tid == 0) shift[r] = k.shift;
-      float* dxr = dx + r * D;
-      for (int64_t j = tid; j < D; j += nt) {
-        const float xhat = math::layer_norm_xhat(x(row + j), k.shift, rs);
-        const float g = math::layer_norm_g(dyr[j], gamma[j]);
-        dxr[j] = math::layer_norm_dx(g, xhat, k.mean_g, k.mean_gx, rs);
-      }
-    }
-  }
-};
-
-// Backward, pass 2: the group sums pg, pb (G, D) = sums over the rows of group b (blockIdx.y)
-// of dy * xhat and of dy, one thread per column j, rows in order.
-struct LayerNormGroupSumsKernel {
-  static constexpr bool kUsesBarrier = false;
-  const float* dy;
-  Rows x;
-  const float* rstd;
-  const double* shift;
   double* pg;
   double* pb;
-  int64_t R, D, group_rows;
-  CLUSTR_DEVICE void operator()(const Thread& t) const {
-    const int64_t j = global_x(t), b = t.block_idx().y;
-    if (j >= D) return;
-    const int64_t r1 = (b + 1) * group_rows < R ? (b + 1) * group_rows : R;
-    double g = 0.0, s = 0.0;
-    for (int64_t r = b * group_rows; r < r1; ++r) {
-      const float d = dy[r * D + j];
-      g += double(d) * math::layer_norm_xhat(x(r * D + j), shift[r], rstd[r]);
-      s += d;
-    }
-    pg[b * D + j] = g;
-    pb[b * D + j] = s;
-  }
-};
-
-// Backward, pass 3: dgamma, dbeta (D) = the G group sums of each column, in group order.
-struct LayerNormColumnsKernel {
-  static constexpr bool kUsesBarrier = false;
-  const double* pg;
-  const double* pb;
   float* dgamma;
   float* dbeta;
-  int64_t G, D;
+  unsigned* arrivals;  // G + 1 counters
+  int64_t R, D, group_rows, G;
   CLUSTR_DEVICE void operator()(const Thread& t) const {
-    for (int64_t j = global_x(t); j < D; j += grid_stride_x(t)) {
-      double g = 0.0, s = 0.0;
-      for (int64_t b = 0; b < G; ++b) {
-        g += pg[b * D + j];
-        s += pb[b * D + j];
+    const unsigned tid = t.thread_idx().x, nt = t.block_dim().x;
+    int* flag = t.shared<int>();
+    for (int64_t r = t.block_idx().x; r < R; r += t.grid_dim().x) {
+      row(t, r);
+      const int64_t b = r / group_rows, r0 = b * group_rows;
+      const int64_t r1 = r0 + group_rows < R ? r0 + group_rows : R;
+      if (!last_to_arrive(t, arrivals + b, static_cast<unsigned>(r1 - r0), flag)) continue;
+      for (int64_t j = tid; j < D; j += nt) {
+        double g = 0.0, s = 0.0;
+        for (int64_t q = r0; q < r1; ++q) {
+          const float d = dy[q * D + j];
+          g += double(d) * math::layer_norm_xhat(x(q * D + j), shift[q], rstd[q]);
+          s += d;
+        }
+        pg[b * D + j] = g;
+        pb[b * D + j] = s;
       }
-      dgamma[j] = static_cast<float>(g);
-      dbeta[j] = static_cast<float>(s);
+      if (!last_to_arrive(t, arrivals + G, static_cast<unsigned>(G), flag)) continue;
+      for (int64_t j = tid; j < D; j += nt) {
+        double g = 0.0, s = 0.0;
+        for (int64_t c = 0; c < G; ++c) {
+          g += pg[c * D + j];
+          s += pb[c * D + j];
+        }
+        dgamma[j] = static_cast<float>(g);
+        dbeta[j] = static_cast<float>(s);
+      }
+    }
+  }
+  // Row r: its sums, constants, dx and shift.
+  CLUSTR_DEVICE void row(const Thread& t, int64_t r) const {
+    const unsigned tid = t.thread_idx().x, nt = t.block_dim().x;
+    const int64_t at = r * D;
+    const float* dyr = dy + at;
+    const double m = mean[r];
+    Sums3 acc{0.0, 0.0, 0.0};
+    for (int64_t j = tid; j < D; j += nt) {
+      const double g = double(dyr[j]) * gamma[j], d = double(x(at + j)) - m;
+      acc.g += g;
+      acc.d += d;
+      acc.gd += g * d;
+    }
+    const Sums3 s = block_reduce(t, acc, t.shared<Sums3>(), AddSums3{});
+    const float rs = rstd[r];
+    const math::LayerNormRowGrad k = math::layer_norm_row_grad(s.g, s.d, s.gd, mean[r], rs, D);
+    if (tid == 0) shift[r] = k.shift;
+    float* dxr = dx + at;
+    for (int64_t j = tid; j < D; j += nt) {
+      const float xhat = math::layer_norm_xhat(x(at + j), k.shift, rs);
+      const float g = math::layer_norm_g(dyr[j], gamma[j]);
+      dxr[j] = math::layer_norm_dx(g, xhat, k.mean_g, k.mean_gx, rs);
     }
   }
 };
@@ -181,19 +173,19 @@ void launch_layer_norm_backward(const float* dy, Rows x, const float* mean, cons
                                 int64_t R, int64_t D) {
   if (D == 0) return;
   require("cuda::layer_norm_backward");
+  if (R == 0) {  // no rows: dgamma = dbeta = 0
+    fill_f32(dgamma, 0.0f, D);
+    fill_f32(dbeta, 0.0f, D);
+    return;
+  }
   const int64_t group_rows = math::layer_norm_group_rows(R);
-  const int64_t G = (R + group_rows - 1) / group_rows;  // 0 when R = 0: dgamma = dbeta = 0
+  const int64_t G = (R + group_rows - 1) / group_rows;
   Scratch<double> shift(R), pg(G * D), pb(G * D);
+  unsigned* arrivals = arrival_counters(G + 1, "cuda::layer_norm_backward");
   const unsigned threads = row_threads(D);
-  launch("cuda::layer_norm_backward (rows)", {row_blocks(R)}, {threads}, threads * sizeof(Sums3),
-         LayerNormBackwardRowsKernel{dy, x, mean, rstd, gamma, dx, shift.get(), R, D});
-  const unsigned column_blocks =
-      static_cast<unsigned>((D + kElementwiseThreads - 1) / kElementwiseThreads);
-  launch("cuda::layer_norm_backward (row groups)", {column_blocks, static_cast<unsigned>(G)},
-         {kElementwiseThreads}, 0,
-         LayerNormGroupSumsKernel{dy, x, rstd, shift.get(), pg.get(), pb.get(), R, D, group_rows});
-  launch("cuda::layer_norm_backward (columns)", {elementwise_blocks(D)}, {kElementwiseThreads}, 0,
-         LayerNormColumnsKernel{pg.get(), pb.get(), dgamma, dbeta, G, D});
+  launch("cuda::layer_norm_backward", {row_blocks(R)}, {threads}, threads * sizeof(Sums3),
+         LayerNormBackwardKernel{dy, x, mean, rstd, gamma, dx, shift.get(), pg.get(), pb.get(),
+                                 dgamma, dbeta, arrivals, R, D, group_rows, G});
 }
 
 }  // namespace

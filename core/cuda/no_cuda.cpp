@@ -62,6 +62,10 @@ void cuda::Graph::capture(const std::function<void()>&, const Graph*) {
 void cuda::Graph::replay() { no_backend("cuda::Graph::replay"); }
 size_t cuda::Graph::pool_bytes() const { return 0; }
 bool cuda::capturing() { return false; }
+unsigned* cuda::arrival_counters(int64_t, const char* kernel) {
+  no_backend(kernel);
+  return nullptr;
+}
 cuda::DeferredChecks::DeferredChecks() : previous_(false) { no_backend("cuda::DeferredChecks"); }
 cuda::DeferredChecks::~DeferredChecks() {}
 bool cuda::deferring_checks() { return false; }

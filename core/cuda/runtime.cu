@@ -176,6 +176,7 @@ struct Pool {
   FreeList free;
   size_t bytes = 0;
   int users = 1;
+  unsigned* counters = nullptr;  // the arrival counters of its graphs' kernels
 };
 
 struct Allocator {
@@ -190,6 +191,7 @@ struct Allocator {
   std::unordered_map<uint64_t, Pool> pools;            // the live graphs' pools
   std::unordered_map<StreamHandle, uint64_t> capture;  // stream -> the pool it captures into
   uint64_t next_pool = 1;
+  std::unordered_map<StreamHandle, unsigned*> counters;  // each stream's arrival counters
 };
 
 // Never destroyed: tensors held in static objects are freed during static destruction, perhaps
@@ -201,6 +203,23 @@ Allocator& allocator() {
     return made;
   }();
   return *a;
+}
+
+// kArrivalCounters zeroed counters (device memory of their own, outside the caching allocator,
+// kept while their stream or graph pool lives), zeroed through stream s and waited for: no
+// kernel can see them before.
+unsigned* new_arrival_counters(StreamHandle s) {
+  void* p = nullptr;
+  constexpr size_t bytes = kArrivalCounters * sizeof(unsigned);
+  CLUSTR_CUDA_CHECK(cudaMalloc(&p, bytes));
+  static const unsigned zeros[kArrivalCounters] = {};
+  cudaError_t e = cudaMemcpyAsync(p, zeros, bytes, cudaMemcpyHostToDevice, s);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(s);
+  if (e != cudaSuccess) {
+    cudaFree(p);
+    checks::throw_cuda_error(e, "zeroing the arrival counters", __FILE__, __LINE__);
+  }
+  return static_cast<unsigned*>(p);
 }
 
 // Gives every cached block of every stream back to the driver. Caller holds the lock. A cached
@@ -257,6 +276,11 @@ void destroy_stream(StreamHandle h) noexcept {
     }
     for (auto& entry : a.live)
       if (entry.second.stream == h) entry.second.stream = kDefaultStream;
+    auto c = a.counters.find(h);  // the stream's work is done (synchronized above)
+    if (c != a.counters.end()) {
+      cudaFree(c->second);
+      a.counters.erase(c);
+    }
   } catch (...) {
     // Out of host memory while moving the lists: the stream's cached blocks are leaked.
   }
@@ -623,12 +647,28 @@ void Graph::release() noexcept {
           entry.second.pool = 0;
           entry.second.stream = kDefaultStream;
         }
+      if (it->second.counters != nullptr) cudaFree(it->second.counters);
       a.pools.erase(it);
     }
   } catch (...) {
     // Out of host memory while moving the lists: the pool's free blocks are leaked.
   }
   pool_ = 0;
+}
+
+unsigned* arrival_counters(int64_t n, const char* kernel) {
+  CLUSTR_CHECK(n >= 0 && n <= kArrivalCounters, kernel, ": needs ", n, " arrival counters, at "
+               "most ", kArrivalCounters, " are kept");
+  const StreamHandle s = current;
+  Allocator& a = allocator();
+  std::lock_guard<std::mutex> lock(a.mu);
+  if (t_capturing) {
+    auto c = a.capture.find(s);
+    if (c != a.capture.end()) return a.pools.at(c->second).counters;
+  }
+  unsigned*& counters = a.counters[s];
+  if (counters == nullptr) counters = new_arrival_counters(s);
+  return counters;
 }
 
 size_t Graph::pool_bytes() const {
@@ -657,8 +697,11 @@ void Graph::capture(const std::function<void()>& body, const Graph* share_pool_o
       pool_ = share_pool_of->pool_;
       a.pools.at(pool_).users += 1;
     } else {
+      // The pool's own arrival counters: its graphs replay one after another, on any stream,
+      // so they must not share a stream's with work that may run beside them.
+      unsigned* counters = new_arrival_counters(s);
       pool_ = a.next_pool++;
-      a.pools[pool_];
+      a.pools[pool_].counters = counters;
     }
     a.capture[s] = pool_;
   }
