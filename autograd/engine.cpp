@@ -7,12 +7,14 @@
 // accumulated into leaf.grad (+=).
 // Each node drops its saved tensors and its edges as soon as it has run, so memory falls back
 // while backward proceeds.
+#include <mutex>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
 
 #include "autograd/node.h"
 #include "autograd/variable.h"
+#include "core/cuda/cuda.h"
 #include "core/error.h"
 #include "core/ops.h"
 
@@ -174,13 +176,26 @@ void run_backward(const Variable& root, const Tensor& grad) {
   }
 }
 
+// The gradient backward() starts from: a 1 of the variable's shape. On the CUDA device one
+// kept tensor serves every backward (a fill launch a step saved), except while a graph is being
+// captured (a tensor made then would belong to the graph's pool). Held here too, it is never
+// the sole owner of its storage, so the engine never writes into it (sums and leaves copy).
+Tensor seed_gradient(const Shape& shape, Device device) {
+  if (device != Device::cuda || cuda::capturing()) return Tensor::full(shape, 1.0f, device);
+  static std::mutex mu;
+  static Tensor one;
+  std::lock_guard<std::mutex> lock(mu);
+  if (!one.defined()) one = Tensor::full({}, 1.0f, Device::cuda);
+  return one.reshape(shape);
+}
+
 }  // namespace
 
 void Variable::backward() const {
   CLUSTR_CHECK(defined(), "backward: use of an undefined Variable");
   CLUSTR_CHECK(numel() == 1, "backward: without an explicit gradient the variable must have one ",
                "element, got ", describe(data()), " (pass the upstream gradient)");
-  run_backward(*this, Tensor::full(shape(), 1.0f, device()));
+  run_backward(*this, seed_gradient(shape(), device()));
 }
 
 void Variable::backward(const Tensor& grad) const { run_backward(*this, grad); }

@@ -75,9 +75,12 @@ Variable layer_norm(const Variable& x, const Variable& gamma, const Variable& be
 // Not training (or p == 0): x itself.
 Variable dropout(const Variable& x, float p, Generator& gen, bool training = true);
 // logits (..., V), target i32 (...) -> shape (). weight: per-position f32 (...) or undefined;
-// positions whose target is ignore_index do not count. See core cross_entropy.
+// positions whose target is ignore_index do not count. See core cross_entropy. predictions:
+// where not null, set to each position's argmax over V, i32 (...), found in the same pass (the
+// tensor argmax(logits, -1) gives).
 Variable cross_entropy(const Variable& logits, const Tensor& target, const Tensor& weight = {},
-                       int ignore_index = -100, Reduction reduction = Reduction::mean);
+                       int ignore_index = -100, Reduction reduction = Reduction::mean,
+                       Tensor* predictions = nullptr);
 
 // ---- fused ops of the transformer layers (autograd/ops_fused.cpp) -----------------------------
 // The same results as the compositions named, in fewer passes over memory and with less saved.

@@ -158,7 +158,7 @@ Variable dropout(const Variable& x, float p, Generator& gen, bool training) {
 
 // logits (..., V), target i32 (...), weight (...) or undefined -> loss ().
 Variable cross_entropy(const Variable& logits, const Tensor& target, const Tensor& weight,
-                       int ignore_index, Reduction reduction) {
+                       int ignore_index, Reduction reduction, Tensor* predictions) {
   const Tensor& z = logits.data();
   CLUSTR_CHECK(z.rank() >= 1, "cross_entropy: expected logits (..., V) with at least one axis, ",
                "got ", describe(z));
@@ -172,7 +172,9 @@ Variable cross_entropy(const Variable& logits, const Tensor& target, const Tenso
   const int64_t R = numel(rows), V = z.shape().back();
   const Tensor z2 = z.reshape({R, V}), t1 = target.reshape({R});
   const Tensor w1 = weight.defined() ? weight.reshape({R}) : Tensor();
-  CrossEntropyOutput out = cross_entropy(z2, t1, w1, ignore_index, reduction);
+  CrossEntropyOutput out =
+      cross_entropy(z2, t1, w1, ignore_index, reduction, predictions != nullptr);
+  if (predictions) *predictions = out.predictions.reshape(rows);
   if (!record_needed({&logits})) return Variable(std::move(out.loss));
   auto node = std::make_shared<CrossEntropyNode>();
   node->logits_ = z2;

@@ -130,9 +130,11 @@ struct CrossEntropyOutput {
   Tensor weight_sum;  // shape (): sum of w_r over the counted rows (the tokens, unweighted)
   Tensor loss_scale;  // shape (): d loss / d (sum of the row losses): 1 / weight_sum for mean
                       // (0 when weight_sum is 0), 1 for sum; saved for backward
+  Tensor predictions;  // (R) i32 with `predict`: each row's argmax (the first largest logit, as
+                       // argmax gives it), found as the row is read for the loss
 };
 CrossEntropyOutput cross_entropy(const Tensor& logits, const Tensor& target, const Tensor& weight,
-                                 int ignore_index, Reduction reduction);
+                                 int ignore_index, Reduction reduction, bool predict = false);
 // The sums over the rows of a cross-entropy, in double, as the kernels (cpu::cross_entropy,
 // cuda::cross_entropy) return them to the front door.
 struct CrossEntropySums {

@@ -178,7 +178,7 @@ LayerNormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, const Tens
 
 // logits (R, V), target i32 (R), weight (R) or undefined -> loss (), logsumexp (R).
 CrossEntropyOutput cross_entropy(const Tensor& logits, const Tensor& target, const Tensor& weight,
-                                 int ignore_index, Reduction reduction) {
+                                 int ignore_index, Reduction reduction, bool predict) {
   const char* op = "cross_entropy";
   check_reduction(op, reduction);
   check_cross_entropy(op, logits, target, weight, ignore_index, true);
@@ -187,16 +187,19 @@ CrossEntropyOutput cross_entropy(const Tensor& logits, const Tensor& target, con
   const float* w = weight.defined() ? weight.f32() : nullptr;
   CrossEntropyOutput out;
   out.logsumexp = Tensor::empty({R}, DType::f32, logits.device());
+  if (predict) out.predictions = Tensor::empty({R}, DType::i32, logits.device());
+  int32_t* predictions = predict ? out.predictions.i32() : nullptr;
   if (on_cuda(logits)) {  // the sums stay on the device
     out.loss = Tensor::empty({}, DType::f32, logits.device());
     out.weight_sum = Tensor::empty({}, DType::f32, logits.device());
     out.loss_scale = Tensor::empty({}, DType::f32, logits.device());
     cuda::cross_entropy(logits.f32(), target.i32(), w, ignore_index, out.logsumexp.f32(), R, V,
-                        mean, out.loss.f32(), out.weight_sum.f32(), out.loss_scale.f32());
+                        mean, out.loss.f32(), out.weight_sum.f32(), out.loss_scale.f32(),
+                        predictions);
     return out;
   }
-  const CrossEntropySums sums =
-      cpu::cross_entropy(logits.f32(), target.i32(), w, ignore_index, out.logsumexp.f32(), R, V);
+  const CrossEntropySums sums = cpu::cross_entropy(logits.f32(), target.i32(), w, ignore_index,
+                                                   out.logsumexp.f32(), R, V, predictions);
   const math::CrossEntropyTotals t = math::cross_entropy_totals(sums.loss, sums.weight, mean);
   out.loss = Tensor::scalar(t.loss, logits.device());
   out.weight_sum = Tensor::scalar(t.weight_sum, logits.device());

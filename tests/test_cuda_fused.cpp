@@ -386,6 +386,20 @@ TEST_CASE("cuda fused: the autograd ops give the cpu's gradients on device varia
   }
 }
 
+TEST_CASE("cuda autograd: backward() starts from a kept 1, which no gradient shares") {
+  // The leaf takes a copy of the seed each time (1 + 1); writing into its gradient afterwards
+  // must not reach the seed of the next backward.
+  Variable x(Tensor::full({}, 3.0f, Device::cuda), true);
+  x.backward();
+  x.backward();
+  CHECK(x.grad().item() == 2.0f);
+  Tensor g = x.grad();
+  g.fill(7.0f);
+  Variable y(Tensor::full({1, 1}, 2.0f, Device::cuda), true);
+  clustr::mul(y, 3.0f).backward();
+  CHECK(y.grad().to_vector() == std::vector<float>{3.0f});
+}
+
 TEST_CASE("cuda fused: inputs on two devices are refused with the op's name") {
   const Tensor x = Tensor::zeros({2, 3}, DType::f32, Device::cuda);
   const Tensor W = Tensor::zeros({4, 3});

@@ -232,6 +232,30 @@ TEST_CASE("cuda nn: cross-entropy forward and backward match the cpu") {
           {Tensor::scalar(0.75f), logits, target, weight, e.logsumexp, e.loss_scale}, formula());
     }
   }
+  // The predictions found in the loss's pass: argmax's index on both devices, ties (logits
+  // rounded to integers) and NaN included, and the same loss as without them.
+  for (const Case& c : cases) {
+    CAPTURE(c.R);
+    CAPTURE(c.V);
+    std::vector<float> lv = random_values(c.R * c.V, seed++, -3.0f, 3.0f);
+    for (float& x : lv) x = std::round(x);
+    if (c.R > 1) lv[static_cast<size_t>(c.V + c.V / 2)] = kNaN;  // row 1, ignored below
+    const Tensor logits = on_cpu(lv, {c.R, c.V});
+    std::vector<int32_t> tv = random_ints(c.R, seed++, 0, static_cast<int32_t>(c.V));
+    for (int64_t r = 1; r < c.R; r += 4) tv[r] = c.ignore_index;
+    const Tensor target = Tensor::from_int_vector(tv, {c.R});
+    const std::vector<int32_t> want = clustr::argmax(logits, -1).to_int_vector();
+    for (Device d : {Device::cpu, Device::cuda}) {
+      CAPTURE(static_cast<int>(d));
+      const clustr::CrossEntropyOutput with = clustr::cross_entropy(
+          logits.to(d), target.to(d), Tensor(), c.ignore_index, clustr::Reduction::mean, true);
+      const clustr::CrossEntropyOutput without = clustr::cross_entropy(
+          logits.to(d), target.to(d), Tensor(), c.ignore_index, clustr::Reduction::mean);
+      CHECK(with.predictions.to_int_vector() == want);
+      CHECK_FALSE(without.predictions.defined());
+      CHECK(with.loss.to_vector() == without.loss.to_vector());
+    }
+  }
   // Every row ignored: mean is 0, and so is the gradient.
   Tensor logits = on_device(on_cpu(random_values(12, 150), {3, 4}));
   Tensor target = Tensor::from_int_vector({-100, -100, -100}, {3}, Device::cuda);

@@ -3,6 +3,7 @@
 // softmax and log-softmax at logits of 1e4, cross-entropy with all but one position ignored
 // (and with all ignored), and dropout's gradient being exactly its mask / (1 - p).
 #include <cmath>
+#include <limits>
 #include <functional>
 #include <vector>
 
@@ -156,6 +157,25 @@ TEST_CASE("cross_entropy of one logit vector (V) and a scalar target") {
         cross_entropy(Variable(logits.reshape({1, 5})), target.reshape({1})).item());
   CHECK_GRAD(Fn([&](const std::vector<Variable>& v) { return cross_entropy(v[0], target); }),
              std::vector<Tensor>{logits});
+}
+
+TEST_CASE("cross_entropy finds each position's argmax in the loss's pass") {
+  // Logits (2, 3, 5) of a few integer values (ties), one row with a NaN (an ignored one, so
+  // that the loss stays finite), one all equal.
+  std::vector<float> lv = random_values(30, 95, -2.0f, 2.0f);
+  for (float& x : lv) x = std::round(x);
+  lv[12] = std::numeric_limits<float>::quiet_NaN();
+  for (int j = 20; j < 25; ++j) lv[j] = 1.0f;
+  const Tensor logits = Tensor::from_vector(lv, {2, 3, 5});
+  const Tensor target = Tensor::from_int_vector({0, 4, -100, 2, 1, 3}, {2, 3});
+  Tensor predictions;
+  const Variable loss = cross_entropy(Variable(logits, true), target, Tensor(), -100,
+                                      Reduction::mean, &predictions);
+  CHECK(predictions.shape() == (Shape{2, 3}));
+  CHECK(predictions.to_int_vector() == argmax(logits, -1).to_int_vector());
+  CHECK(predictions.to_int_vector()[2] == 2);  // the NaN
+  CHECK(predictions.to_int_vector()[4] == 0);  // the first of equals
+  CHECK(loss.data().item() == cross_entropy(Variable(logits), target).data().item());
 }
 
 TEST_CASE("cross_entropy names the shapes when target does not match the logits") {

@@ -102,8 +102,10 @@ void Trainer::step_body(bool queue) {
   const Tensor target = step_inputs_.rows(B * N, 2 * B * N).reshape({B, N});
   const Tensor lengths = step_inputs_.rows(2 * B * N, 2 * B * N + B);
   const Variable logits = model_->forward(input, lengths, gen_);  // (B, N, V)
-  const Variable loss = cross_entropy(logits, target, Tensor(), kCopyTaskIgnoreIndex);
-  const Tensor correct = count_equal(argmax(logits.data(), -1), target, kCopyTaskIgnoreIndex);
+  Tensor predictions;  // argmax over V, found by the loss's pass over the logits
+  const Variable loss =
+      cross_entropy(logits, target, Tensor(), kCopyTaskIgnoreIndex, Reduction::mean, &predictions);
+  const Tensor correct = count_equal(predictions, target, kCopyTaskIgnoreIndex);
   const Tensor tokens = count_equal(target, target, kCopyTaskIgnoreIndex);
   loss.backward();
   if (queue) device_steps_->queue_step(loss.data(), {correct, tokens});
@@ -256,8 +258,10 @@ float Trainer::train_step(double* accuracy, int64_t* tokens) {
       to_device(make_copy_task_batch(options_.task, options_.train.batch, gen_), device_);
   model_->train();
   const Variable logits = model_->forward(batch.input, batch.lengths, gen_);  // (B, N, V)
-  const Variable loss = cross_entropy(logits, batch.target, Tensor(), kCopyTaskIgnoreIndex);
-  if (accuracy) *accuracy = masked_accuracy(argmax(logits.data(), -1), batch.target);
+  Tensor predictions;  // argmax over V, found by the loss's pass over the logits
+  const Variable loss = cross_entropy(logits, batch.target, Tensor(), kCopyTaskIgnoreIndex,
+                                      Reduction::mean, accuracy ? &predictions : nullptr);
+  if (accuracy) *accuracy = masked_accuracy(predictions, batch.target);
   if (tokens) {
     *tokens = 0;
     for (int32_t t : batch.target.to_int_vector()) *tokens += t != kCopyTaskIgnoreIndex;
@@ -292,10 +296,11 @@ Evaluation Trainer::evaluate(const std::vector<CopyTaskBatch>& batches) const {
     const int64_t V = logits.size(2);
     const CrossEntropyOutput ce =
         cross_entropy(logits.reshape({-1, V}), b.target.reshape({-1}), Tensor(),
-                      kCopyTaskIgnoreIndex, Reduction::sum);
+                      kCopyTaskIgnoreIndex, Reduction::sum, /*predict=*/true);
     const auto counted = static_cast<int64_t>(std::llround(ce.weight_sum.item()));
     loss_sum += double(ce.loss.item());
-    correct += masked_accuracy(argmax(logits, -1), b.target) * double(counted);
+    correct += masked_accuracy(ce.predictions.reshape(b.target.shape()), b.target) *
+               double(counted);
     tokens += counted;
   }
   model_->train();

@@ -194,7 +194,8 @@ void unary_backward(UnaryOp op, const float* x, const float* y, const float* dy,
 }
 
 CrossEntropySums cross_entropy(const float* logits, const int32_t* target, const float* weight,
-                               int32_t ignore_index, float* lse, int64_t R, int64_t V) {
+                               int32_t ignore_index, float* lse, int64_t R, int64_t V,
+                               int32_t* predictions) {
   // Per-row terms, summed below in row order so the total does not depend on the threads.
   std::vector<double> row_loss(static_cast<size_t>(R)), row_weight(static_cast<size_t>(R));
 #pragma omp parallel for schedule(static) if (R * V >= kParallelMin)
@@ -206,6 +207,12 @@ CrossEntropySums cross_entropy(const float* logits, const int32_t* target, const
     if (!math::fully_masked(m))
       log_s = std::log(row_sum(V, [&](int64_t j) { return double(math::exp(xr[j] - m)); }));
     lse[r] = math::cross_entropy_lse(m, log_s);
+    if (predictions) {  // the first largest logit (math::argmax_beats), as argmax finds it
+      int64_t at = 0;
+      for (int64_t j = 1; j < V; ++j)
+        if (math::argmax_beats(xr[j], xr[at])) at = j;
+      predictions[r] = static_cast<int32_t>(at);
+    }
     const int32_t t = target[r];
     const double w = math::cross_entropy_weight(t, ignore_index, weight, r);
     row_weight[static_cast<size_t>(r)] = w;

@@ -25,9 +25,11 @@ void unary_backward(UnaryOp op, const float* x, const float* y, const float* dy,
 // logits (R, V); target (R), each in [0, V) or ignore_index (checked by the caller); weight (R)
 // or null (every w_r = 1); lse (R) = logsumexp of each row. Returns the sums over the rows
 // (CrossEntropySums, core/ops.h). Rows whose target is ignore_index
-// are not counted; rows with w_r = 0 add 0 (even when the row's loss is inf).
+// are not counted; rows with w_r = 0 add 0 (even when the row's loss is inf). predictions (R),
+// or null for none: each row's argmax (the first largest logit).
 CrossEntropySums cross_entropy(const float* logits, const int32_t* target, const float* weight,
-                               int32_t ignore_index, float* lse, int64_t R, int64_t V);
+                               int32_t ignore_index, float* lse, int64_t R, int64_t V,
+                               int32_t* predictions = nullptr);
 // dlogits (R, V) = scale * w_r * (softmax(logits_r) - onehot(target_r)), 0 on ignored rows;
 // logits (R, V), target, weight (or null), lse (R) as above; scale = dloss / norm.
 void cross_entropy_backward(float scale, const float* logits, const int32_t* target,

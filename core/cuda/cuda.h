@@ -441,12 +441,13 @@ void bias_activation(float* y, const float* bias, bool relu, int64_t R, int64_t 
 // Cross-entropy (core/cuda/cross_entropy.cu). logits (R, V); target (R), each in [0, V) or
 // ignore_index (checked by the caller, maybe on the device: a bad one makes the loss NaN);
 // weight (R) or null; lse (R) = logsumexp of each row (=); loss, weight_sum, loss_scale () (=),
-// as math::cross_entropy_totals gives them (mean or sum). Backward: dlogits (R, V) (=) =
+// as math::cross_entropy_totals gives them (mean or sum); predictions (R) (=) each row's argmax
+// (the first largest logit), or null for none. Backward: dlogits (R, V) (=) =
 // dloss * loss_scale * w_r * (softmax(logits_r) - onehot(target_r)), 0 on rows with w_r = 0
 // and everywhere when the scale is 0; dloss and loss_scale are read on the device.
 void cross_entropy(const float* logits, const int32_t* target, const float* weight,
                    int32_t ignore_index, float* lse, int64_t R, int64_t V, bool mean, float* loss,
-                   float* weight_sum, float* loss_scale);
+                   float* weight_sum, float* loss_scale, int32_t* predictions = nullptr);
 void cross_entropy_backward(const float* dloss, const float* loss_scale, const float* logits,
                             const int32_t* target, const float* weight, const float* lse,
                             int32_t ignore_index, float* dlogits, int64_t R, int64_t V);

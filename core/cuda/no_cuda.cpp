@@ -173,7 +173,7 @@ void cuda::bias_activation(float*, const float*, bool, int64_t, int64_t) {
   no_backend("cuda::bias_activation");
 }
 void cuda::cross_entropy(const float*, const int32_t*, const float*, int32_t, float*, int64_t,
-                         int64_t, bool, float*, float*, float*) {
+                         int64_t, bool, float*, float*, float*, int32_t*) {
   no_backend("cuda::cross_entropy");
 }
 void cuda::cross_entropy_backward(const float*, const float*, const float*, const int32_t*,

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "core/cuda/argmax.h"
 #include "core/cuda/cuda.h"
 #include "core/cuda/kernel.h"
 #include "core/error.h"
@@ -142,42 +143,16 @@ void launch_reduce(ReduceOp op, const float* x, float* y, int64_t outer, int64_t
   }
 }
 
-// Argmax: a value and the index it came from. An empty partial (a thread with no element of
-// the row) is -inf at index INT32_MAX: it beats nothing, and any element wins over it.
-struct ArgmaxPartial {
-  float v;
-  int32_t i;
-};
-CLUSTR_DEVICE ArgmaxPartial argmax_empty() { return {-INFINITY, INT32_MAX}; }
-// The first maximum of two disjoint index sets, as the CPU's scan in index order finds it
-// (math::argmax_beats): the partial with the higher index must beat the lower one to win.
-struct ArgmaxCombine {
-  CLUSTR_DEVICE ArgmaxPartial operator()(const ArgmaxPartial& a, const ArgmaxPartial& b) const {
-    const bool a_first = a.i < b.i;
-    const ArgmaxPartial& lo = a_first ? a : b;
-    const ArgmaxPartial& hi = a_first ? b : a;
-    return math::argmax_beats(hi.v, lo.v) ? hi : lo;
-  }
-};
-
-// inner == 1: y[o] = argmax over l of x[o, l]; one block per row, each thread scans its strided
-// share in index order and block_reduce combines the partials.
+// inner == 1: y[o] = argmax over l of x[o, l]; one block per row (core/cuda/argmax.h).
 struct RowArgmaxKernel {
   static constexpr bool kUsesBarrier = true;
   const float* x;
   int32_t* y;
   int64_t rows, len;
   CLUSTR_DEVICE void operator()(const Thread& t) const {
-    const unsigned tid = t.thread_idx().x, nt = t.block_dim().x;
     for (int64_t r = t.block_idx().x; r < rows; r += t.grid_dim().x) {
-      const float* xr = x + r * len;
-      ArgmaxPartial acc = argmax_empty();
-      for (int64_t l = tid; l < len; l += nt)
-        if (acc.i == INT32_MAX || math::argmax_beats(xr[l], acc.v))
-          acc = {xr[l], static_cast<int32_t>(l)};
-      const ArgmaxPartial best =
-          block_reduce(t, acc, t.shared<ArgmaxPartial>(), ArgmaxCombine{});
-      if (tid == 0) y[r] = best.i;
+      const int32_t best = block_argmax(t, x + r * len, len, t.shared<ArgmaxPartial>());
+      if (t.thread_idx().x == 0) y[r] = best;
     }
   }
 };
