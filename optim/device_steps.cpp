@@ -116,7 +116,6 @@ void DeviceSteps::queue_step(const Tensor& loss, const std::vector<Tensor>& extr
   std::vector<const float*> xs;
   std::vector<int64_t> ns;
   std::vector<Optimizer::ParamUpdate> updates;
-  std::vector<cuda::TensorSlots> grads;
   for (size_t i = 0; i < opt_.params_.size(); ++i) {
     const auto& [name, p] = opt_.params_[i];
     const Tensor& g = p.grad();
@@ -128,18 +127,16 @@ void DeviceSteps::queue_step(const Tensor& loss, const std::vector<Tensor>& extr
                  ", got ", describe(g));
     xs.push_back(g.f32());
     ns.push_back(g.numel());
-    grads.push_back({g.f32(), nullptr, nullptr, nullptr, g.numel()});
     Optimizer::ParamUpdate u{p.data().f32(), g.f32(), {}, p.numel()};
     for (const Tensor& s : opt_.state_[i].slots) u.slots.push_back(s.f32());
     updates.push_back(std::move(u));
   }
   auto* state = as<math::DeviceStepState>(state_);
-  if (first_.back() > 0) cuda::sum_squares_partials(xs, ns, as<double>(partial_));
-  cuda::decide_step(as<double>(partial_), as<int64_t>(first_device_),
-                    static_cast<int64_t>(xs.size()), loss.f32(), extra, clip_,
-                    as<math::StepScalars>(table_), window_, state,
+  // The norm's sums and the step's decision (the last sum's last block), then the update,
+  // which applies the clip scale as it reads each gradient: two launches for a whole model.
+  cuda::decide_step(xs, ns, as<double>(partial_), as<int64_t>(first_device_), loss.f32(), extra,
+                    clip_, as<math::StepScalars>(table_), window_, state,
                     as<math::StepRecord>(records_));
-  if (clip_ > 0.0) cuda::scale_many(grads, state);
   opt_.update_on_device(updates, state);
 }
 

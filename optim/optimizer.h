@@ -67,7 +67,7 @@ class Optimizer {
   // One parameter to update: p, g and slots[i] (slot_names()[i]) hold n floats.
   struct ParamUpdate {
     float* p;
-    const float* g;
+    float* g;  // the step decided on the device leaves it clipped
     std::vector<float*> slots;
     int64_t n;
   };

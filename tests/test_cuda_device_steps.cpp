@@ -103,6 +103,7 @@ TEST_CASE("device steps: queued one by one and replayed from a graph, they match
       Setup eager(clustr::Generator(3), kind);
       std::vector<float> losses, corrects;
       std::vector<double> norms;
+      std::vector<std::vector<std::vector<float>>> grads;  // each step's, clipped
       for (int k = 0; k < kSteps; ++k) {
         eager.opt->set_lr(lr_at(eager.opt->step_count()));
         eager.fill(k);
@@ -117,6 +118,9 @@ TEST_CASE("device steps: queued one by one and replayed from a graph, they match
           if (std::isfinite(norm)) eager.opt->step();
         }
         norms.push_back(norm);
+        grads.emplace_back();
+        for (const auto& np : eager.opt->parameters())
+          grads.back().push_back(np.second.grad().to_vector());
       }
       REQUIRE(eager.opt->step_count() == kSteps - 1);
 
@@ -142,8 +146,16 @@ TEST_CASE("device steps: queued one by one and replayed from a graph, they match
             graph.replay();
           } else {
             dev.forward_backward();
+            const cuda::LaunchCounts before = cuda::launch_counts();
             steps.queue_step(dev.loss, {dev.correct});
+            // The norm's sums with the decision in their last block, then the update (which
+            // applies the clip scale): two launches.
+            CHECK(cuda::launch_counts().kernels - before.kernels == 2u);
           }
+          if (k == kBadStep) continue;  // a skipped step leaves its gradients as they came
+          // The step's gradients, left clipped as clip_grad_norm leaves them.
+          for (size_t i = 0; i < grads[k].size(); ++i)
+            CHECK(dev.opt->parameters()[i].second.grad().to_vector() == grads[k][i]);
         }
         const std::vector<optim::math::StepRecord> records = steps.collect();
         REQUIRE(records.size() == size_t(kSteps));

@@ -27,13 +27,11 @@ void cuda::sum_squares_partials(const std::vector<const float*>&, const std::vec
                                 double*) {
   clustr::cuda::no_backend("optim::cuda::sum_squares_partials");
 }
-void cuda::decide_step(const double*, const int64_t*, int64_t, const float*,
-                       const std::vector<const float*>&, double, const math::StepScalars*,
-                       int32_t, math::DeviceStepState*, math::StepRecord*) {
+void cuda::decide_step(const std::vector<const float*>&, const std::vector<int64_t>&, double*,
+                       const int64_t*, const float*, const std::vector<const float*>&, double,
+                       const math::StepScalars*, int32_t, math::DeviceStepState*,
+                       math::StepRecord*) {
   clustr::cuda::no_backend("optim::cuda::decide_step");
-}
-void cuda::scale_many(const std::vector<TensorSlots>&, const math::DeviceStepState*) {
-  clustr::cuda::no_backend("optim::cuda::scale_many");
 }
 void cuda::sgd_update_many(const std::vector<TensorSlots>&, const math::DeviceStepState*) {
   clustr::cuda::no_backend("optim::cuda::sgd_update_many");

@@ -5,6 +5,7 @@
 #include "optim/cuda/update.h"
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "core/cuda/cuda.h"
@@ -52,24 +53,43 @@ struct ManyKernel {
   }
 };
 
+// Element j's gradient, times the step's clip scale c: written back where c is not 1, so that
+// the gradients are left clipped, as clip_grad_norm leaves them (the same bits as a scaling
+// pass before the update).
+CLUSTR_DEVICE float clipped(const TensorSlots& x, int64_t j, float c) {
+  float g = x.g[j];
+  if (c != 1.0f) {
+    g *= c;
+    x.g[j] = g;
+  }
+  return g;
+}
+
 struct SgdOp {
   math::SgdScalars s;
-  CLUSTR_DEVICE static SgdOp from(const math::DeviceStepState& d) { return {d.scalars.sgd}; }
+  float clip = 1.0f;
+  CLUSTR_DEVICE static SgdOp from(const math::DeviceStepState& d) {
+    return {d.scalars.sgd, d.clip_scale};
+  }
   CLUSTR_DEVICE void operator()(const TensorSlots& x, int64_t j) const {
     float unused = 0.0f;
-    math::sgd_update(x.p[j], x.g[j], x.a ? x.a[j] : unused, s);
+    math::sgd_update(x.p[j], clipped(x, j, clip), x.a ? x.a[j] : unused, s);
   }
 };
 
 template <bool kRAdam>
 struct AdamOp {
   math::AdamScalars s;
-  CLUSTR_DEVICE static AdamOp from(const math::DeviceStepState& d) { return {d.scalars.adam}; }
+  float clip = 1.0f;
+  CLUSTR_DEVICE static AdamOp from(const math::DeviceStepState& d) {
+    return {d.scalars.adam, d.clip_scale};
+  }
   CLUSTR_DEVICE void operator()(const TensorSlots& x, int64_t j) const {
+    const float g = clipped(x, j, clip);
     if (kRAdam)
-      math::radam_update(x.p[j], x.g[j], x.a[j], x.b[j], s);
+      math::radam_update(x.p[j], g, x.a[j], x.b[j], s);
     else
-      math::adam_update(x.p[j], x.g[j], x.a[j], x.b[j], s);
+      math::adam_update(x.p[j], g, x.a[j], x.b[j], s);
   }
 };
 
@@ -84,13 +104,72 @@ struct SquaresList {
 
 constexpr unsigned kSumThreads = 256;
 
+// A step decided on the device (one thread): the step's norm from the partial sums (array i's
+// [first[i], first[i + 1]) added in order, then the arrays in order: clip_grad_norm's
+// additions), its decision, its clip scale, its scalars (table[taken]) and its record.
+struct StepDecision {
+  const double* partial;
+  const int64_t* first;
+  int64_t arrays;
+  const float* loss;
+  const float* extra[math::kStepExtras];  // or null
+  double max_norm;  // 0: measure only
+  const math::StepScalars* table;
+  int32_t window;
+  math::DeviceStepState* state;
+  math::StepRecord* records;
+  CLUSTR_DEVICE void operator()() const {
+    double sum_sq = 0.0;
+    for (int64_t i = 0; i < arrays; ++i) {
+      double s = 0.0;
+      for (int64_t b = first[i]; b < first[i + 1]; ++b) s += partial[b];
+      sum_sq += s;
+    }
+    const double norm = ::sqrt(sum_sq);
+    const float l = *loss;
+    const bool finite = math::finite(l) && math::finite(norm);
+    math::DeviceStepState& st = *state;
+    st.sum_sq = sum_sq;
+    const int32_t q = st.queued;
+    if (q >= window || st.taken >= window) {  // more steps than prepared: no update
+      st.overflow = 1;
+      st.skip = 1;
+      return;
+    }
+    math::StepRecord& r = records[q];
+    r.norm = norm;
+    r.loss = l;
+    r.skipped = finite ? 0 : 1;
+    for (int e = 0; e < math::kStepExtras; ++e) r.extra[e] = extra[e] ? *extra[e] : 0.0f;
+    st.queued = q + 1;
+    st.skip = finite ? 0 : 1;
+    if (!finite) return;
+    const double coef = max_norm > 0.0 ? math::clip_coefficient(max_norm, norm) : 1.0;
+    st.clip_scale = coef < 1.0 ? static_cast<float>(coef) : 1.0f;
+    st.scalars = table[st.taken];
+    st.taken += 1;
+  }
+};
+
+// A step's decision with nothing to sum (no gradient element), in a launch of its own.
+struct DecideStepKernel {
+  static constexpr bool kUsesBarrier = false;
+  StepDecision decide;
+  CLUSTR_DEVICE void operator()(const Thread& t) const {
+    if (t.thread_idx().x == 0 && t.block_idx().x == 0) decide();
+  }
+};
+
 // Block b of the launch -> partial[b]: the sum of double(x)^2 over its array's elements
 // j = (b - first[k]) * kSumThreads + thread, striding by the array's blocks * kSumThreads,
-// combined over the block by block_reduce's fixed tree.
+// combined over the block by block_reduce's fixed tree. With `arrivals` (the last launch of a
+// step decided on the device), the last block to finish then makes the step's decision.
 struct SumSquaresKernel {
   static constexpr bool kUsesBarrier = true;
   SquaresList list;
   double* partial;
+  StepDecision decide;
+  unsigned* arrivals;  // 1 counter, or null: no decision
   CLUSTR_DEVICE void operator()(const Thread& t) const {
     const int64_t b = t.block_idx().x;
     int k = 0;
@@ -104,6 +183,9 @@ struct SumSquaresKernel {
     }
     const double total = core_cuda::block_reduce(t, acc, t.shared<double>(), core_cuda::AddDouble{});
     if (t.thread_idx().x == 0) partial[b] = total;
+    if (arrivals && core_cuda::last_to_arrive(t, arrivals, t.grid_dim().x, t.shared<int>()) &&
+        t.thread_idx().x == 0)
+      decide();
   }
 };
 
@@ -121,6 +203,7 @@ int64_t sum_blocks(int64_t n) {
 // x *= c for every element of every tensor of a list (the slots' p).
 struct ScaleOp {
   float c;
+  // (A step decided on the device scales in its update instead; ManyKernel needs from().)
   CLUSTR_DEVICE static ScaleOp from(const math::DeviceStepState& d) { return {d.clip_scale}; }
   CLUSTR_DEVICE void operator()(const TensorSlots& x, int64_t j) const { x.p[j] *= c; }
 };
@@ -195,32 +278,51 @@ int64_t sum_square_blocks(const std::vector<int64_t>& ns, std::vector<int64_t>* 
   return first->back();
 }
 
-void sum_squares_partials(const std::vector<const float*>& xs, const std::vector<int64_t>& ns,
-                          double* partial) {
+namespace {
+
+// sum_squares_partials's launches; with `decide`, the last one's last block then decides the
+// step, or, with nothing to sum, a launch of its own does.
+void sum_squares_then(const std::vector<const float*>& xs, const std::vector<int64_t>& ns,
+                      double* partial, const StepDecision* decide) {
   CLUSTR_CHECK(xs.size() == ns.size(), "optim::cuda::sum_squares: ", xs.size(),
                " arrays but ", ns.size(), " lengths");
   core_cuda::require("optim::cuda::sum_squares");
   // One launch per kTensorsPerLaunch non-empty arrays; each block writes the partial sum of
   // its array's slot range.
+  std::vector<SquaresList> lists;
   SquaresList list{};
-  int64_t base = 0;  // the first partial sum of the list's first array
-  auto flush = [&] {
-    if (list.count == 0) return;
-    const int64_t blocks = list.first[list.count];
-    core_cuda::launch("optim::cuda::sum_squares", {static_cast<unsigned>(blocks)},
-                      {kSumThreads}, kSumThreads * sizeof(double),
-                      SumSquaresKernel{list, partial + base});
-    base += blocks;
-    list = SquaresList{};
-  };
   for (size_t i = 0; i < xs.size(); ++i) {
     if (ns[i] == 0) continue;
     list.x[list.count] = xs[i];
     list.n[list.count] = ns[i];
     list.first[list.count + 1] = list.first[list.count] + sum_blocks(ns[i]);
-    if (++list.count == kTensorsPerLaunch) flush();
+    if (++list.count == kTensorsPerLaunch) lists.push_back(std::exchange(list, SquaresList{}));
   }
-  flush();
+  if (list.count > 0) lists.push_back(list);
+  if (lists.empty() && decide) {
+    core_cuda::launch("optim::cuda::decide_step", {1}, {32}, 0, DecideStepKernel{*decide});
+    return;
+  }
+  int64_t base = 0;  // the first partial sum of the list's first array
+  for (size_t l = 0; l < lists.size(); ++l) {
+    const int64_t blocks = lists[l].first[lists[l].count];
+    const bool last = l + 1 == lists.size();
+    SumSquaresKernel k{lists[l], partial + base, {}, nullptr};
+    if (decide && last) {
+      k.decide = *decide;
+      k.arrivals = core_cuda::arrival_counters(1, "optim::cuda::sum_squares");
+    }
+    core_cuda::launch("optim::cuda::sum_squares", {static_cast<unsigned>(blocks)}, {kSumThreads},
+                      kSumThreads * sizeof(double), k);
+    base += blocks;
+  }
+}
+
+}  // namespace
+
+void sum_squares_partials(const std::vector<const float*>& xs, const std::vector<int64_t>& ns,
+                          double* partial) {
+  sum_squares_then(xs, ns, partial, nullptr);
 }
 
 std::vector<double> sum_squares(const std::vector<const float*>& xs,
@@ -245,75 +347,18 @@ void scale_many(const std::vector<TensorSlots>& tensors, float c) {
   launch_many("optim::cuda::scale_many", tensors, ScaleOp{c});
 }
 
-namespace {
-
-// One thread: the step's norm from the partial sums (array i's [first[i], first[i + 1]) added in
-// order, then the arrays in order: clip_grad_norm's additions), its decision, its clip scale,
-// its scalars (table[taken]) and its record.
-struct DecideStepKernel {
-  static constexpr bool kUsesBarrier = false;
-  const double* partial;
-  const int64_t* first;
-  int64_t arrays;
-  const float* loss;
-  const float* extra[math::kStepExtras];  // or null
-  double max_norm;  // 0: measure only
-  const math::StepScalars* table;
-  int32_t window;
-  math::DeviceStepState* state;
-  math::StepRecord* records;
-  CLUSTR_DEVICE void operator()(const Thread& t) const {
-    if (t.thread_idx().x != 0 || t.block_idx().x != 0) return;
-    double sum_sq = 0.0;
-    for (int64_t i = 0; i < arrays; ++i) {
-      double s = 0.0;
-      for (int64_t b = first[i]; b < first[i + 1]; ++b) s += partial[b];
-      sum_sq += s;
-    }
-    const double norm = ::sqrt(sum_sq);
-    const float l = *loss;
-    const bool finite = math::finite(l) && math::finite(norm);
-    math::DeviceStepState& st = *state;
-    st.sum_sq = sum_sq;
-    const int32_t q = st.queued;
-    if (q >= window || st.taken >= window) {  // more steps than prepared: no update
-      st.overflow = 1;
-      st.skip = 1;
-      return;
-    }
-    math::StepRecord& r = records[q];
-    r.norm = norm;
-    r.loss = l;
-    r.skipped = finite ? 0 : 1;
-    for (int e = 0; e < math::kStepExtras; ++e) r.extra[e] = extra[e] ? *extra[e] : 0.0f;
-    st.queued = q + 1;
-    st.skip = finite ? 0 : 1;
-    if (!finite) return;
-    const double coef = max_norm > 0.0 ? math::clip_coefficient(max_norm, norm) : 1.0;
-    st.clip_scale = coef < 1.0 ? static_cast<float>(coef) : 1.0f;
-    st.scalars = table[st.taken];
-    st.taken += 1;
-  }
-};
-
-}  // namespace
-
-void decide_step(const double* partial, const int64_t* first, int64_t arrays, const float* loss,
+void decide_step(const std::vector<const float*>& xs, const std::vector<int64_t>& ns,
+                 double* partial, const int64_t* first, const float* loss,
                  const std::vector<const float*>& extras, double max_norm,
                  const math::StepScalars* table, int32_t window, math::DeviceStepState* state,
                  math::StepRecord* records) {
   core_cuda::require("optim::cuda::decide_step");
   CLUSTR_CHECK(extras.size() <= size_t(math::kStepExtras), "optim::cuda::decide_step: ",
                extras.size(), " extra values; a record holds ", math::kStepExtras);
-  DecideStepKernel k{partial, first, arrays, loss, {}, max_norm, table, window, state, records};
-  for (size_t e = 0; e < extras.size(); ++e) k.extra[e] = extras[e];
-  core_cuda::launch("optim::cuda::decide_step", {1}, {32}, 0, k);
-}
-
-void scale_many(const std::vector<TensorSlots>& tensors, const math::DeviceStepState* state) {
-  if (tensors.empty()) return;
-  core_cuda::require("optim::cuda::scale_many");
-  launch_many("optim::cuda::scale_many", tensors, ScaleOp{1.0f}, state);
+  StepDecision d{partial, first, static_cast<int64_t>(xs.size()), loss, {}, max_norm, table,
+                 window, state, records};
+  for (size_t e = 0; e < extras.size(); ++e) d.extra[e] = extras[e];
+  sum_squares_then(xs, ns, partial, &d);
 }
 
 void sgd_update_many(const std::vector<TensorSlots>& tensors,

@@ -22,7 +22,7 @@ namespace clustr::optim::cuda {
 // SGD's momentum buffer in a (null without momentum); Adam's exp_avg in a, exp_avg_sq in b.
 struct TensorSlots {
   float* p;
-  const float* g;
+  float* g;  // scaled in place by the updates of a step decided on the device
   float* a;
   float* b;
   int64_t n;
@@ -50,19 +50,23 @@ std::vector<double> sum_squares(const std::vector<const float*>& xs,
 int64_t sum_square_blocks(const std::vector<int64_t>& ns, std::vector<int64_t>* first);
 void sum_squares_partials(const std::vector<const float*>& xs, const std::vector<int64_t>& ns,
                           double* partial);
-// One thread on the device: the norm from the partials (first: a device copy of
-// sum_square_blocks's), whether the step is finite (its loss, a device scalar, and the norm),
-// the clip scale for max_norm (0: no clipping), the scalars of update number state->taken from
-// table (window entries), and the step's record (records[state->queued], with the values of
-// the device scalars `extras`, at most kStepExtras). Queued past the window, it sets
-// state->overflow and skips.
-void decide_step(const double* partial, const int64_t* first, int64_t arrays, const float* loss,
+// The step's sum of squares of the gradients xs (sum_squares_partials's launches into partial)
+// and then, on the device, in one thread of the last launch's block that finishes last
+// (core/cuda/kernel.h's last_to_arrive; a launch of its own where there is nothing to sum): the
+// norm from the partials (first: a device copy of sum_square_blocks's), whether the step is
+// finite (its loss, a device scalar, and the norm), the clip scale for max_norm (0: no
+// clipping), the scalars of update number state->taken from table (window entries), and the
+// step's record (records[state->queued], with the values of the device scalars `extras`, at most
+// kStepExtras). Queued past the window, it sets state->overflow and skips.
+void decide_step(const std::vector<const float*>& xs, const std::vector<int64_t>& ns,
+                 double* partial, const int64_t* first, const float* loss,
                  const std::vector<const float*>& extras, double max_norm,
                  const math::StepScalars* table, int32_t window, math::DeviceStepState* state,
                  math::StepRecord* records);
 // The multi-tensor launches with their scalars read from the device state (and nothing done
-// when it says the step is skipped): the clip scale, SGD's and the Adam family's scalars.
-void scale_many(const std::vector<TensorSlots>& tensors, const math::DeviceStepState* state);
+// when it says the step is skipped): the clip scale, SGD's and the Adam family's scalars. The
+// updates apply the step's clip scale to each gradient as they read it (and leave it scaled),
+// so a step decided on the device needs no scaling launch of its own.
 void sgd_update_many(const std::vector<TensorSlots>& tensors,
                      const math::DeviceStepState* state);
 void adam_update_many(const std::vector<TensorSlots>& tensors,
