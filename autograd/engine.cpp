@@ -180,12 +180,17 @@ void run_backward(const Variable& root, const Tensor& grad) {
 // kept tensor serves every backward (a fill launch a step saved), except while a graph is being
 // captured (a tensor made then would belong to the graph's pool). Held here too, it is never
 // the sole owner of its storage, so the engine never writes into it (sums and leaves copy).
+// Made once, and waited for then, so that a backward on any stream may read it.
 Tensor seed_gradient(const Shape& shape, Device device) {
   if (device != Device::cuda || cuda::capturing()) return Tensor::full(shape, 1.0f, device);
   static std::mutex mu;
   static Tensor one;
   std::lock_guard<std::mutex> lock(mu);
-  if (!one.defined()) one = Tensor::full({}, 1.0f, Device::cuda);
+  if (!one.defined()) {
+    Tensor made = Tensor::full({}, 1.0f, Device::cuda);
+    (void)made.item();  // read back through its stream: the fill is done
+    one = std::move(made);
+  }
   return one.reshape(shape);
 }
 
