@@ -10,7 +10,8 @@
 # 3. runs the cuda tests on the GPU with CLUSTR_REQUIRE_GPU=1 (no usable GPU fails, never skips);
 # 4. runs compute-sanitizer's memcheck over the cuda tests (racecheck, synccheck and initcheck
 #    come after the benchmarks, in step 7);
-# 5. trains the main job (the copy task to its target) with --device cuda;
+# 5. trains the main job (the copy task to its target) with --device cuda, then resumes it (in a
+#    copy) at a batch past the device's memory: a clear error, exit 1, the folder unchanged;
 # 6. runs the GPU benchmarks: cuBLAS GEMM in fp32, TF32 and bf16, the three attention types from
 #    N = 512 up (the paper's Figure 4, PNGs), full attention beside PyTorch's
 #    scaled_dot_product_attention in bf16 and fp32 at batch 1 and 8
@@ -209,6 +210,20 @@ if [ "$emulate" = 1 ]; then
     --log-interval 1
 else
   step main_job 240 "$build/apps/copy_task" --device cuda --out "$out/copy_task" --overwrite
+fi
+# The device's memory running out (scripts/device_oom_check.sh): the main job's run resumed,
+# in a copy, at a batch past the device's memory must stop with the error that names the tensor,
+# the bytes and --batch, exit 1 and leave its folder as it was. On the GPU: 780,000 sequences of
+# N = 128, 1e8 tokens (the most the held-out sets allow); the first layer's Q, K and V alone
+# would take 150 GB. Emulated: a 6 MiB device and a batch of 64.
+if [ ! -f "$out/copy_task/checkpoint.safetensors" ]; then
+  not_run device_oom "the main job left no checkpoint to resume"
+elif [ "$emulate" = 1 ]; then
+  step device_oom 120 env CLUSTR_EMULATION_MEMORY=6M bash scripts/device_oom_check.sh \
+    "$build/apps/copy_task" "$out/copy_task" "$out/device_oom_run" 64 --warmup 1 --length 7
+else
+  step device_oom 180 bash scripts/device_oom_check.sh "$build/apps/copy_task" \
+    "$out/copy_task" "$out/device_oom_run" 780000
 fi
 
 # ---- 6. benchmarks -----------------------------------------------------------------------------
