@@ -153,6 +153,7 @@ void run_backward(const Variable& root, const Tensor& grad) {
       if (i < sums.size() && sums[i].defined()) {  // the sum taken out for the offer goes back
         Tensor& slot = pending[e.node.get()];
         if (gi.defined() && gi.shares_storage(sums[i]) && gi.raw() == sums[i].raw()) {
+          check_grad_shape(gi, e.node->output_shape, n->name(), i);
           slot = std::move(gi);  // the node added its gradient into the sum
           gi = Tensor();
         } else {

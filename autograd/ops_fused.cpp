@@ -46,11 +46,9 @@ class FeedForwardReluNode : public Node {
     FeedForwardNeeds need;
     need.dx = needs_grad(0), need.dW1 = needs_grad(1), need.db1 = needs_grad(2);
     need.dW2 = needs_grad(3), need.db2 = needs_grad(4);
-    const Tensor dx_sum = sums.empty() ? Tensor() : sums[0];
-    FeedForwardGrads d =
-        feed_forward_relu_backward(dy, X_, W1_, W2_, H_, need, precision_, dx_sum);
-    if (dx_sum.defined()) d.dx = dx_sum;
-    else if (need.dx) d.dx = d.dx.reshape(x_shape_);
+    FeedForwardGrads d = feed_forward_relu_backward(dy, X_, W1_, W2_, H_, need, precision_,
+                                                    sums.empty() ? Tensor() : sums[0]);
+    if (need.dx) d.dx = d.dx.reshape(x_shape_);  // the sum itself, where it took it
     return {std::move(d.dx), std::move(d.dW1), std::move(d.db1), std::move(d.dW2),
             std::move(d.db2)};
   }

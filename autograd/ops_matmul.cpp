@@ -71,11 +71,10 @@ class LinearNode : public Node {
   std::vector<Tensor> backward_adding(const Tensor& g, const std::vector<Tensor>& sums) override {
     std::vector<Tensor> out(has_bias_ ? 3 : 2);
     const Tensor dy = g.reshape({rows_, out_});  // (R, out)
-    const Tensor dx_sum = sums.empty() ? Tensor() : sums[0];
     LinearGrads d = linear_backward(dy, X_, W_, needs_grad(0), needs_grad(1),
-                                    has_bias_ && needs_grad(2), precision_, dx_sum);
-    if (dx_sum.defined()) out[0] = dx_sum;
-    else if (needs_grad(0)) out[0] = d.dx.reshape(x_shape_);
+                                    has_bias_ && needs_grad(2), precision_,
+                                    sums.empty() ? Tensor() : sums[0]);
+    if (needs_grad(0)) out[0] = d.dx.reshape(x_shape_);  // the sum itself, where it took it
     out[1] = std::move(d.dW);
     if (has_bias_) out[2] = std::move(d.db);
     return out;

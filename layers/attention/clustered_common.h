@@ -433,8 +433,8 @@ inline void device_params(const char* op, const Dims& d, const Tensor& lengths,
     if (!cuda::deferring_checks() && BH > 0) {
       std::vector<int32_t> bad(static_cast<size_t>(BH));
       cuda::copy_d2h(bad.data(), counts.i32() + BH * d.C, bad.size() * sizeof(int32_t));
-      for (int32_t b : bad)
-        if (b > 0) check_assignment_values(op, assignment, d);
+      if (std::any_of(bad.begin(), bad.end(), [](int32_t b) { return b > 0; }))
+        check_assignment_values(op, assignment, d);
     }
   }
   if (lengths.defined()) {
